@@ -1,0 +1,56 @@
+# Two commands on a fresh machine:
+#   make serve   install, make synthetic data, train a small default model (if none), export it,
+#                start Triton + the gateway and print one sample prediction (Ctrl-C stops both)
+#   make test    install, then run every test (unit, integration, e2e with a real tritonserver)
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+RKT := $(BIN)/routerkt
+# glibc's malloc returning memory through mmap made PyTorch CPU training ~1.8x slower here (same results)
+export GLIBC_TUNABLES := glibc.malloc.mmap_max=0
+
+DEFAULT_DATA := data/synthetic.csv
+DEFAULT_RUN := runs/default
+DEFAULT_MODEL := routerkt-akt
+PYTEST_ARGS ?=
+
+.PHONY: install test serve unit integration e2e bench clean-default
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade "pip==25.3"
+
+# Re-install only when the project's dependencies change.
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e ".[all]"
+	touch $@
+
+install: $(VENV)/.installed
+
+test: install
+	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
+
+unit: install
+	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+
+integration: install
+	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
+
+e2e: install
+	$(BIN)/python -m pytest tests/e2e $(PYTEST_ARGS)
+
+$(DEFAULT_DATA): | install
+	$(RKT) synth --out $@ --learners 600 --seed 7
+
+$(DEFAULT_RUN)/metrics.json: | $(DEFAULT_DATA) install
+	$(RKT) train --data $(DEFAULT_DATA) --preset $(DEFAULT_MODEL) --folds 1 --epochs 4 --out $(DEFAULT_RUN)
+
+model_repository/$(DEFAULT_MODEL)/config.pbtxt: | $(DEFAULT_RUN)/metrics.json install
+	$(RKT) export --run $(DEFAULT_RUN) --repository model_repository --name $(DEFAULT_MODEL)
+
+serve: install model_repository/$(DEFAULT_MODEL)/config.pbtxt
+	$(RKT) serve --repository model_repository --sample-model $(DEFAULT_MODEL)
+
+clean-default:
+	rm -rf $(DEFAULT_RUN) model_repository/$(DEFAULT_MODEL)

@@ -1,0 +1,95 @@
+"""The `routerkt` console script: one dispatcher, subcommands imported lazily.
+
+Each subcommand lives in the package that owns it and exposes `add_arguments(parser)` and
+`run(args) -> int`. Only the chosen subcommand's module is imported, so `routerkt serve` and
+`routerkt predict` never import torch.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from routerkt.errors import UserError
+
+# command -> (module, help). Nested benches are "bench <name>".
+COMMANDS: dict[str, tuple[str, str]] = {
+    "synth": ("training.data.synthetic_cli", "write a synthetic learner dataset (canonical CSV)"),
+    "train": ("training.train_cli", "train a preset with K-fold cross-validation"),
+    "evaluate": ("training.evaluate_cli", "evaluate a run on a dataset and write plots"),
+    "reproduce": ("training.reproduce", "run the paper's comparison grid, resumable"),
+    "export": ("export.cli", "export a run to ONNX and the Triton model repository"),
+    "serve": ("serving.cli_serve", "start tritonserver and the gRPC/HTTP gateway"),
+    "predict": ("serving.cli_predict", "call the gateway's Predict from the command line"),
+}
+BENCHES: dict[str, tuple[str, str]] = {
+    "train": ("training.bench", "training throughput per preset"),
+    "throughput": ("loadtest.throughput", "inference throughput: PyTorch vs onnxruntime vs Triton"),
+    "load": ("loadtest.load", "locust load test against the gateway"),
+}
+# Commands that run PyTorch: glibc's mmap threshold makes CPU training ~1.8x slower unless disabled.
+TORCH_COMMANDS = {"train", "evaluate", "reproduce", "export", "bench"}
+MALLOC_TUNABLE = "glibc.malloc.mmap_max=0"
+
+
+def _maybe_reexec(argv: list[str]) -> None:
+    if not argv or argv[0] not in TORCH_COMMANDS:
+        return
+    if MALLOC_TUNABLE in os.environ.get("GLIBC_TUNABLES", "") or os.environ.get("ROUTERKT_NO_REEXEC"):
+        return
+    env = dict(os.environ)
+    env["GLIBC_TUNABLES"] = ":".join(filter(None, [env.get("GLIBC_TUNABLES"), MALLOC_TUNABLE]))
+    env["ROUTERKT_NO_REEXEC"] = "1"
+    os.execve(sys.executable, [sys.executable, "-m", "routerkt.cli", *argv], env)
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, str]]:
+    parser = argparse.ArgumentParser(prog="routerkt", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    modules: dict[str, str] = {}
+    for name, (module, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+        modules[name] = module
+    bench = sub.add_parser("bench", help="benchmarks: " + ", ".join(BENCHES))
+    bench_sub = bench.add_subparsers(dest="bench", metavar="BENCH")
+    bench_sub.required = True
+    for name, (module, help_text) in BENCHES.items():
+        bench_sub.add_parser(name, help=help_text, add_help=False)
+        modules[f"bench {name}"] = module
+    return parser, modules
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _maybe_reexec(argv)
+    parser, modules = build_parser()
+    if not argv or argv[0] in ("-h", "--help"):
+        parser.print_help()
+        return 0 if argv else 2
+    key = argv[0]
+    rest = argv[1:]
+    if key == "bench":
+        if not rest or rest[0] not in BENCHES:
+            parser.parse_args(argv)  # prints usage and exits 2 (or help)
+        key, rest = f"bench {rest[0]}", rest[1:]
+    if key not in modules:
+        parser.parse_args(argv)
+        return 2
+    module = importlib.import_module(modules[key])
+    sub = argparse.ArgumentParser(prog=f"routerkt {key}", description=getattr(module, "__doc__", "").splitlines()[0] if module.__doc__ else None)
+    module.add_arguments(sub)
+    args = sub.parse_args(rest)
+    try:
+        return int(module.run(args) or 0)
+    except UserError as exc:
+        print(f"routerkt {key}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"routerkt {key}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

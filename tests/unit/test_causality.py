@@ -1,0 +1,78 @@
+"""Exact causality for every preset (dropout off): the prediction at position t must not change when
+the response at t, any later question or skill, or the amount of left padding changes."""
+import pytest
+import torch
+
+from training.config import RoutingScope
+from training.models.registry import PRESETS, build_model, preset_config, with_vocab
+
+pytestmark = pytest.mark.unit
+TOL = 1e-6
+NQ, NS = 40, 12
+
+
+def _model(name: str, **overrides):
+    torch.manual_seed(0)
+    cfg = with_vocab(preset_config(name), NQ, NS)
+    for k, v in overrides.items():
+        setattr(cfg, k, v)
+    return build_model(cfg).eval()
+
+
+def _batch(B=3, L=24, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(2, NQ, (B, L), generator=g)
+    s = torch.randint(2, NS, (B, L), generator=g)
+    r = torch.randint(0, 2, (B, L), generator=g)
+    for b, pad in enumerate([0, 5, 11][:B]):      # different padding per row
+        q[b, :pad], s[b, :pad], r[b, :pad] = 0, 0, -1
+    return q, s, r
+
+
+def _probs(model, q, s, r):
+    with torch.no_grad():
+        return torch.sigmoid(model(q, s, r).logits)
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_response_at_t_and_future_do_not_leak(name):
+    model = _model(name)
+    q, s, r = _batch()
+    base = _probs(model, q, s, r)
+    L = q.shape[1]
+    for t in (12, 17, L - 2):
+        r2 = r.clone()
+        r2[:, t:] = torch.where(r2[:, t:] >= 0, 1 - r2[:, t:], r2[:, t:])    # flip responses at >= t
+        q2, s2 = q.clone(), s.clone()
+        q2[:, t + 1:] = torch.randint(2, NQ, q2[:, t + 1:].shape)             # change later questions/skills
+        s2[:, t + 1:] = torch.randint(2, NS, s2[:, t + 1:].shape)
+        moved = _probs(model, q2, s2, r2)
+        diff = (moved - base).abs() * (s != 0)                               # predictions at padding are unused
+        assert diff[:, : t + 1].max().item() < TOL
+        assert diff[:, t + 1:].max().item() > 0                               # the test can fail
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_left_padding_amount_does_not_matter(name):
+    model = _model(name)
+    q, s, r = _batch(B=3, L=24)
+    base = _probs(model, q, s, r)
+    extra = 9
+    pad = lambda x, v: torch.cat([torch.full((x.shape[0], extra), v, dtype=x.dtype), x], dim=1)
+    longer = _probs(model, pad(q, 0), pad(s, 0), pad(r, -1))[:, extra:]
+    valid = s != 0
+    assert (longer - base)[valid].abs().max().item() < TOL
+    trimmed = _probs(model, q[:, 5:], s[:, 5:], r[:, 5:])               # rows 1, 2 lose only padding
+    assert (trimmed[1:] - base[1:, 5:])[valid[1:, 5:]].abs().max().item() < TOL
+
+
+def test_sequence_scope_leaks_and_prefix_does_not():
+    """The paper's whole-window routing sees the future: the test above would catch it."""
+    q, s, r = _batch()
+    r2 = r.clone()
+    r2[:, 20:] = 1 - r2[:, 20:].clamp(min=0)
+    leaky = _model("routerkt-akt", routing_scope=RoutingScope.SEQUENCE)
+    diff = (_probs(leaky, q, s, r2) - _probs(leaky, q, s, r))[:, :20].abs().max().item()
+    assert diff > TOL
+    causal = _model("routerkt-akt", routing_scope=RoutingScope.PREFIX)
+    assert (_probs(causal, q, s, r2) - _probs(causal, q, s, r))[:, :20].abs().max().item() < TOL

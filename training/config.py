@@ -1,0 +1,196 @@
+"""Configuration dataclasses for data, model and training, their enums, and JSON (de)serialisation.
+
+A run is fully described by `RunConfig` (data + model + train). It is saved as JSON next to the
+weights (meta.json) so that evaluation and export can rebuild the model from that file alone.
+`apply_overrides` implements the CLI's `--set section.key=value`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Backbone(str, enum.Enum):
+    AKT = "akt"            # question encoder + knowledge encoder + retriever, Rasch difficulty (Ghosh et al.)
+    CL4KT = "cl4kt"        # question encoder -> interaction encoder -> retriever, optional contrastive loss
+    SIMPLEKT = "simplekt"  # one retriever stack over difficulty-aware embeddings (pyKT simpleKT)
+    DKT = "dkt"            # LSTM baseline (Piech et al.); ignores every attention field
+
+
+class AttentionKind(str, enum.Enum):
+    STANDARD = "standard"    # softmax(QK^T/sqrt(d) + M)
+    MONOTONIC = "monotonic"  # AKT context-aware exponential decay, trained with gradient
+    RELATIVE = "relative"    # RKT-style: sigmoid(a)*content + (1-sigmoid(a))*recency kernel exp(-|i-j|/tau)
+    ALIBI = "alibi"          # FoLiBi/ALiBi: softmax(QK^T/sqrt(d) - m_h*(i-j) + M)
+
+
+class HeadMode(str, enum.Enum):
+    DENSE = "dense"    # every head always on, weight 1
+    ROUTER = "router"  # RouterKT: shared heads + top-K routed dynamic heads
+
+
+class RoutingScope(str, enum.Enum):
+    PREFIX = "prefix"      # causal person-wise: mean of token routing weights over valid positions <= t
+    SEQUENCE = "sequence"  # the paper's whole-window mean: leaks the future; reproduction only, refused by export
+    TOKEN = "token"        # each position uses its own routing weights (ablation)
+
+
+class ExpertKind(str, enum.Enum):
+    HEADS = "heads"  # attention heads are the experts (RouterKT)
+    FFN = "ffn"      # dense attention, the feed-forward block is a mixture of FFN experts (ablation)
+
+
+class Protocol(str, enum.Enum):
+    RECENT = "recent"  # the paper's: the most recent `window` interactions per learner
+    CHUNKS = "chunks"  # split each history into consecutive `window`-long pieces (uses all data)
+
+
+@dataclass
+class DataConfig:
+    path: str = ""                  # canonical CSV (plain or .gz)
+    protocol: Protocol = Protocol.RECENT
+    window: int = 100               # interactions per sequence (model max length)
+    min_interactions: int = 5       # learners (and chunks) shorter than this are dropped
+    folds: int = 5                  # K of K-fold cross-validation over learners
+    valid_ratio: float = 0.1        # share of each fold's training learners used for early stopping
+    seed: int = 12405               # split seed (the reference code's)
+    collapse_repeats: bool = False  # merge consecutive rows with the same question and answer (assist2009 multi-skill rows)
+    folds_file: str = ""            # JSON {fold: [learner ids]} giving the test learners of each fold
+
+
+@dataclass
+class ModelConfig:
+    backbone: Backbone = Backbone.AKT
+    attention: AttentionKind = AttentionKind.STANDARD
+    heads: HeadMode = HeadMode.DENSE
+    routing_scope: RoutingScope = RoutingScope.PREFIX
+    experts: ExpertKind = ExpertKind.HEADS
+    d_model: int = 64               # embedding / hidden width
+    n_blocks: int = 2               # AKT: encoder depth (retriever stack has 2x); CL4KT: depth of each stack
+    n_heads: int = 8
+    d_ff: int = 256                 # feed-forward width, the same for every variant so they compare fairly
+    dropout: float = 0.05
+    final_fc: int = 512             # prediction MLP: 2d -> final_fc -> final_fc2 -> 1
+    final_fc2: int = 256
+    max_len: int = 100              # longest sequence; precomputed biases are built for this length
+    n_shared: int = 1               # router: always-on heads
+    n_selected: int = 2             # router: dynamic heads picked per token (top-K)
+    balance_beta: float = 0.01      # router: weight of the load-balance loss (summed over layers)
+    rasch_l2: float = 1e-3          # weight of mean(mu_q^2), the Rasch difficulty regulariser (0 disables)
+    contrastive: bool = False       # CL4KT: add the InfoNCE loss over augmented views
+    cl_weight: float = 0.1          # CL4KT: weight of the contrastive loss
+    cl_temperature: float = 0.05
+    cl_mask_prob: float = 0.2       # augmentations: mask / crop / permute / replace probabilities
+    cl_crop_prob: float = 0.3
+    cl_permute_prob: float = 0.3
+    cl_replace_prob: float = 0.3
+    lstm_hidden: int = 128          # DKT only
+    n_questions: int = 0            # vocabulary sizes (padding and unknown rows included); set from the data
+    n_skills: int = 0
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 300
+    batch_size: int = 512
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    grad_clip: float = 2.0          # max global grad norm
+    patience: int = 10              # stop after this many epochs without a validation AUC improvement
+    seed: int = 12405
+    threads: int = 0                # torch intra-op threads (0 = all cores)
+    bf16: bool = False              # bfloat16 autocast on CPU (forward/backward); weights stay float32
+    length_buckets: bool = True     # batch learners of similar length and trim shared padding (same results, less work)
+
+
+@dataclass
+class RunConfig:
+    preset: str = ""
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+# ----------------------------------------------------------------------------------------------
+# JSON round trip
+
+def to_dict(obj: Any) -> Any:
+    """Dataclass -> plain JSON-able dict (enums become their values)."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    return obj
+
+
+def _coerce(tp: Any, value: Any, where: str) -> Any:
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        try:
+            return tp(value)
+        except ValueError:
+            choices = ", ".join(m.value for m in tp)
+            raise ValueError(f"{where}: {value!r} is not one of {choices}") from None
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ValueError(f"{where}: expected an object")
+        return from_dict(tp, value, where)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            return value.lower() in ("1", "true", "yes", "on")
+        raise ValueError(f"{where}: {value!r} is not a boolean")
+    if tp is int:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError(f"{where}: {value!r} is not an integer")
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: {value!r} is not an integer") from None
+    if tp is float:
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: {value!r} is not a number") from None
+    if tp is str:
+        return str(value)
+    return value
+
+
+def from_dict(cls: type, data: dict, where: str = "") -> Any:
+    """Plain dict -> dataclass, validating types; unknown keys are an error (typos must not pass silently)."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(f"{where or cls.__name__}: unknown field(s) {', '.join(unknown)}")
+    kwargs = {k: _coerce(hints[k], v, f"{where + '.' if where else ''}{k}") for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def run_config_from_json(text: str) -> RunConfig:
+    return from_dict(RunConfig, json.loads(text))
+
+
+def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
+    """Apply `section.key=value` strings (sections: data, model, train); returns a new config."""
+    out = from_dict(RunConfig, to_dict(cfg))
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"--set {item!r}: expected section.key=value")
+        key, value = item.split("=", 1)
+        parts = key.strip().split(".")
+        if len(parts) != 2 or parts[0] not in ("data", "model", "train"):
+            raise ValueError(f"--set {item!r}: key must be data.<field>, model.<field> or train.<field>")
+        section = getattr(out, parts[0])
+        hints = typing.get_type_hints(type(section))
+        if parts[1] not in hints:
+            raise ValueError(f"--set {item!r}: {parts[0]} has no field {parts[1]!r}")
+        setattr(section, parts[1], _coerce(hints[parts[1]], value.strip(), key))
+    return out

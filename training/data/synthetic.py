@@ -1,0 +1,181 @@
+"""Synthetic learners: the embedded default dataset (for `make serve` and the tests).
+
+Generative story (everything drawn from `np.random.default_rng(seed)`, so a seed gives one file):
+
+World, drawn once:
+- `n_skills` skills and `n_questions` questions; question q < n_skills belongs to skill q (so every
+  skill has one), the others to a uniformly drawn skill. Each question has a difficulty b ~ N(0, 0.8).
+- Skill 0 is PIVOTAL: skills 1 .. max(1, n_skills // 4) depend on it (`dependent_skills`).
+
+Learner, drawn independently:
+- ability theta ~ N(0, 0.8); forgetting time constant tau ~ 20 * LogNormal(0, 0.4) steps;
+  number of interactions T ~ Uniform{min_len .. max_len}.
+- 30% are REVIEWERS with a period P ~ Uniform{4 .. 8}: every P-th step they revisit the practised
+  skill they have not seen for longest (the others only come back to a skill by chance), and their
+  spaced practice makes memory durable: their tau is 3x longer (PERIODIC REVIEW).
+
+Each step t:
+1. Skill: a reviewer's review step picks as above. Otherwise the learner stays on the current skill
+   with probability 0.65, or switches to a skill drawn with weights (skill 0: 3, others: 1).
+2. Question: uniform among the skill's questions.
+3. Knowledge: k_s (starts at 0) fades with the steps since the skill was last practised:
+   k_eff = k_s * (0.25 + 0.75 * exp(-gap / tau))                                   (FORGETTING)
+4. Answer: P(correct) = sigmoid(theta - b_q + 2 * k_eff + pivot - 0.3), where pivot is +1.2 on a
+   dependent skill once the learner has answered skill 0 correctly 3 times, and -0.6 before
+   (PIVOTAL SKILL); 0 on other skills.
+5. Learning: k_s = min(1.5, k_eff + (0.3 if correct else 0.15)), and the skill's clock restarts.
+
+So correctness depends on the question, the learner, the recency and outcome of practice on the same
+skill, and on one distant event (mastering skill 0) - structure an attention model can find.
+Raw ids are 0-based: user_id 0..n-1, question_id 0..n_questions-1, skill_id 0..n_skills-1.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from routerkt.errors import UserError
+from training.data.csv_reader import COLUMNS
+
+PIVOT_SKILL = 0
+PIVOT_CORRECT_NEEDED = 3   # correct answers on skill 0 that unlock the dependent skills
+PIVOT_BONUS = 1.2          # logit bonus on dependent skills once unlocked
+PIVOT_PENALTY = -0.6       # logit on dependent skills before that
+REVIEWER_SHARE = 0.3
+REVIEWER_TAU_FACTOR = 3.0  # reviewers forget this much more slowly
+STAY_PROB = 0.65           # probability of practising the same skill again
+PIVOT_WEIGHT = 3.0         # skill-choice weight of skill 0 (others 1)
+RETAINED = 0.25            # share of knowledge never forgotten
+KNOWLEDGE_SCALE = 2.0      # logit per unit of knowledge
+KNOWLEDGE_MAX = 1.5
+GAIN_CORRECT, GAIN_WRONG = 0.3, 0.15
+BASE_LOGIT = -0.3
+
+
+@dataclass
+class SyntheticConfig:
+    n_learners: int = 600
+    n_skills: int = 20      # skill 0 is pivotal
+    n_questions: int = 200  # >= n_skills
+    min_len: int = 10       # interactions per learner, uniform in [min_len, max_len]
+    max_len: int = 300
+    seed: int = 7
+
+    def validate(self) -> None:
+        if self.n_learners < 1:
+            raise UserError(f"learners must be >= 1, got {self.n_learners}")
+        if self.n_skills < 2:
+            raise UserError(f"skills must be >= 2 (skill 0 is pivotal), got {self.n_skills}")
+        if self.n_questions < self.n_skills:
+            raise UserError(f"questions ({self.n_questions}) must be >= skills ({self.n_skills})")
+        if not 1 <= self.min_len <= self.max_len:
+            raise UserError(f"need 1 <= min-len <= max-len, got {self.min_len} and {self.max_len}")
+
+
+def dependent_skills(n_skills: int) -> range:
+    """Skills whose success depends on having mastered the pivotal skill 0."""
+    return range(1, max(1, n_skills // 4) + 1)
+
+
+def _learner(rng: np.random.Generator, cfg: SyntheticConfig, difficulty: list[float],
+             questions_of: list[list[int]], choice_cdf: list[float],
+             dependent: set[int]) -> tuple[dict, list[tuple[int, int, int]]]:
+    """One learner's profile and (question, skill, correct) rows."""
+    theta = float(rng.normal(0.0, 0.8))
+    tau = float(20.0 * rng.lognormal(0.0, 0.4))
+    reviewer = bool(rng.random() < REVIEWER_SHARE)
+    period = int(rng.integers(4, 9)) if reviewer else 0
+    if reviewer:
+        tau *= REVIEWER_TAU_FACTOR
+    length = int(rng.integers(cfg.min_len, cfg.max_len + 1))
+    u = rng.random((length, 4))  # stay?, which skill, which question, correct?
+
+    knowledge = [0.0] * cfg.n_skills
+    last_seen = [-1] * cfg.n_skills  # -1 = never practised
+    pivot_correct = 0
+    current = bisect.bisect_right(choice_cdf, u[0, 1] * choice_cdf[-1])
+    rows = []
+    for t in range(length):
+        review = reviewer and t % period == period - 1
+        practised = [s for s in range(cfg.n_skills) if last_seen[s] >= 0 and s != current] if review else []
+        if practised:
+            skill = min(practised, key=lambda s: last_seen[s])
+        else:
+            if t > 0 and u[t, 0] >= STAY_PROB:
+                current = bisect.bisect_right(choice_cdf, u[t, 1] * choice_cdf[-1])
+            skill = current
+        pool = questions_of[skill]
+        q = pool[min(int(u[t, 2] * len(pool)), len(pool) - 1)]
+        if last_seen[skill] < 0:
+            k_eff = 0.0
+        else:
+            gap = t - last_seen[skill]
+            k_eff = knowledge[skill] * (RETAINED + (1 - RETAINED) * math.exp(-gap / tau))
+        pivot = 0.0
+        if skill in dependent:
+            pivot = PIVOT_BONUS if pivot_correct >= PIVOT_CORRECT_NEEDED else PIVOT_PENALTY
+        logit = theta - difficulty[q] + KNOWLEDGE_SCALE * k_eff + pivot + BASE_LOGIT
+        correct = int(u[t, 3] < 1.0 / (1.0 + math.exp(-logit)))
+        knowledge[skill] = min(KNOWLEDGE_MAX, k_eff + (GAIN_CORRECT if correct else GAIN_WRONG))
+        last_seen[skill] = t
+        if skill == PIVOT_SKILL and correct:
+            pivot_correct += 1
+        rows.append((q, skill, correct))
+    profile = {"ability": theta, "tau": tau, "reviewer": reviewer, "period": period, "length": length}
+    return profile, rows
+
+
+def simulate(cfg: SyntheticConfig) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(interactions in the canonical columns, one profile row per learner with the hidden truth)."""
+    cfg.validate()
+    rng = np.random.default_rng(cfg.seed)
+    question_skill = np.concatenate([np.arange(cfg.n_skills),
+                                     rng.integers(0, cfg.n_skills, cfg.n_questions - cfg.n_skills)])
+    difficulty = rng.normal(0.0, 0.8, cfg.n_questions).tolist()
+    questions_of = [np.flatnonzero(question_skill == s).tolist() for s in range(cfg.n_skills)]
+    weights = [PIVOT_WEIGHT if s == PIVOT_SKILL else 1.0 for s in range(cfg.n_skills)]
+    choice_cdf = np.cumsum(weights).tolist()
+    dependent = set(dependent_skills(cfg.n_skills))
+
+    users, orders, qs, ss, cs, profiles = [], [], [], [], [], []
+    for user in range(cfg.n_learners):
+        profile, rows = _learner(rng, cfg, difficulty, questions_of, choice_cdf, dependent)
+        profiles.append({"user_id": user, **profile})
+        users.extend([user] * len(rows))
+        orders.extend(range(len(rows)))
+        for q, s, c in rows:
+            qs.append(q)
+            ss.append(s)
+            cs.append(c)
+    df = pd.DataFrame({"user_id": users, "order": orders, "question_id": qs, "skill_id": ss, "correct": cs},
+                      columns=list(COLUMNS)).astype(np.int64)
+    return df, pd.DataFrame(profiles)
+
+
+def generate(n_learners: int, seed: int, n_skills: int = 20, n_questions: int = 200, min_len: int = 10,
+             max_len: int = 300) -> pd.DataFrame:
+    """Synthetic interactions in the canonical columns, sorted by user then order."""
+    cfg = SyntheticConfig(n_learners=n_learners, n_skills=n_skills, n_questions=n_questions,
+                          min_len=min_len, max_len=max_len, seed=seed)
+    return simulate(cfg)[0]
+
+
+def write_csv(df: pd.DataFrame, path: str | os.PathLike) -> None:
+    """Write `df` as a canonical CSV atomically (`<path>.tmp-<pid>`, then os.replace); a `.gz` name is
+    gzip-compressed with a zero timestamp, so the same data give the same bytes."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    compression = {"method": "gzip", "mtime": 0} if target.name.endswith(".gz") else None
+    tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
+    try:
+        df.to_csv(tmp, index=False, columns=list(COLUMNS), compression=compression)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,89 @@
+"""The one model interface (`KTModel`) and the backbone registry decorator.
+
+Every model takes re-indexed, left-padded `questions`, `skills`, `responses` [B, L] and returns a
+`ModelOutput` with logits [B, L] for P(correct at t | questions <= t, responses < t), an explicit
+weighted auxiliary loss, and on request attention maps and routing weights. Subclasses implement
+`compute`; the trainer, exporter and evaluator only ever call `forward` (never branch on a name).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+from training.config import Backbone, ModelConfig
+from training.models.attention import MultiHeadAttention
+from training.models.context import SequenceContext
+from training.models.outputs import Collector, ModelOutput
+
+MODELS: dict[Backbone, type["KTModel"]] = {}
+
+
+def register(backbone: Backbone) -> Callable[[type["KTModel"]], type["KTModel"]]:
+    def wrap(cls: type[KTModel]) -> type[KTModel]:
+        MODELS[backbone] = cls
+        return cls
+    return wrap
+
+
+def masked_mean(values: Tensor, valid: Tensor) -> Tensor:
+    """Mean of `values` [B, L, ...] over valid positions [B, L] (and any trailing dims)."""
+    mask = valid.to(values.dtype).view(*valid.shape, *([1] * (values.dim() - 2)))
+    denom = mask.sum() * (values[0, 0].numel() if values.dim() > 2 else 1)
+    return (values * mask).sum() / denom.clamp(min=1.0)
+
+
+class KTModel(nn.Module):
+    # Parameter tables holding per-question difficulty; initialised to 0 (Rasch: start from the skill)
+    zero_init: tuple[str, ...] = ()
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if cfg.n_questions < 2 or cfg.n_skills < 2:
+            raise ValueError("model config needs n_questions and n_skills from the vocabulary")
+        self.config = cfg
+
+    def reset_parameters(self) -> None:
+        """Xavier-uniform for every matrix (embeddings included), zero biases, zero difficulty tables.
+        Padding rows of embeddings are zeroed again afterwards."""
+        for name, p in self.named_parameters():
+            if any(name.startswith(z) for z in self.zero_init):
+                nn.init.zeros_(p)
+            elif p.dim() > 1 and "lstm" not in name:
+                nn.init.xavier_uniform_(p)
+            elif name.endswith(".bias") and "lstm" not in name:
+                nn.init.zeros_(p)
+        for m in self.modules():
+            if isinstance(m, nn.Embedding) and m.padding_idx is not None:
+                with torch.no_grad():
+                    m.weight[m.padding_idx].zero_()
+
+    def compute(self, questions: Tensor, skills: Tensor, responses: Tensor, ctx: SequenceContext,
+                collect: Collector) -> tuple[Tensor, dict[str, tuple[float, Tensor]]]:
+        """Return logits [B, L] and auxiliary terms {name: (weight, unweighted scalar)}."""
+        raise NotImplementedError
+
+    def forward(self, questions: Tensor, skills: Tensor, responses: Tensor, *,
+                return_attention: bool = False, return_routing: bool = False) -> ModelOutput:
+        ctx = SequenceContext.build(skills)
+        collect = Collector(want_attention=return_attention, want_routing=return_routing)
+        logits, terms = self.compute(questions, skills, responses.clamp(0, 1), ctx, collect)
+        if collect.balance:
+            terms["balance"] = (self.config.balance_beta, collect.balance_loss(logits.device))
+        aux_loss = torch.zeros((), device=logits.device)
+        for weight, value in terms.values():
+            if weight:
+                aux_loss = aux_loss + weight * value.float()
+        return ModelOutput(
+            logits=logits.float(), aux_loss=aux_loss,
+            aux={name: value.detach() for name, (_, value) in terms.items()},
+            attention=collect.attention if return_attention else None,
+            attention_names=collect.names if return_attention else None,
+            routing=collect.routing if return_routing else None)
+
+    def freeze_biases(self) -> None:
+        """Precompute learner-independent attention biases as constants (before export)."""
+        for m in self.modules():
+            if isinstance(m, MultiHeadAttention):
+                m.freeze_biases()

@@ -1,0 +1,57 @@
+"""The one registry: backbone enum -> model class (filled by @register in each backbone module), and
+presets with the papers' names -> ModelConfig field values. Trainer, exporter and evaluator call
+`build_model(config)` and never branch on a model name.
+
+Every attention preset uses the same width and depth (d_model 64, 2 blocks, 8 heads, d_ff 256), so
+the variants differ only in their attention bias or routing.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from routerkt.errors import UserError
+from training.config import ModelConfig, from_dict, to_dict
+from training.models import akt, cl4kt, dkt, simplekt  # noqa: F401  (registration side effect)
+from training.models.base import MODELS, KTModel
+
+_ROUTER = {"heads": "router", "attention": "standard"}
+_CL4KT = {"backbone": "cl4kt", "contrastive": True, "dropout": 0.2}
+_SIMPLEKT = {"backbone": "simplekt", "dropout": 0.1}
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # AKT backbone: the attention-bias comparison of the RouterKT paper
+    "akt": {"backbone": "akt", "attention": "monotonic"},
+    "akt-standard": {"backbone": "akt", "attention": "standard"},
+    "folibi-akt": {"backbone": "akt", "attention": "alibi"},
+    "rkt-akt": {"backbone": "akt", "attention": "relative"},
+    "routerkt-akt": {"backbone": "akt", **_ROUTER},
+    # CL4KT backbone (contrastive loss on, as in CL4KT and RouterCL4KT)
+    "cl4kt": {**_CL4KT, "attention": "monotonic"},
+    "folibi-cl4kt": {**_CL4KT, "attention": "alibi"},
+    "routerkt-cl4kt": {**_CL4KT, **_ROUTER},
+    # SimpleKT backbone
+    "simplekt": {**_SIMPLEKT, "attention": "standard"},
+    "folibi-simplekt": {**_SIMPLEKT, "attention": "alibi"},
+    "routerkt-simplekt": {**_SIMPLEKT, **_ROUTER},
+    # the classic reference point
+    "dkt": {"backbone": "dkt", "dropout": 0.2},
+}
+
+
+def preset_names() -> list[str]:
+    return list(PRESETS)
+
+
+def preset_config(name: str) -> ModelConfig:
+    if name not in PRESETS:
+        raise UserError(f"unknown preset {name!r}; choose one of: {', '.join(PRESETS)}")
+    return from_dict(ModelConfig, {**to_dict(ModelConfig()), **PRESETS[name]})
+
+
+def build_model(cfg: ModelConfig) -> KTModel:
+    return MODELS[cfg.backbone](cfg)
+
+
+def with_vocab(cfg: ModelConfig, n_questions: int, n_skills: int) -> ModelConfig:
+    return dataclasses.replace(cfg, n_questions=n_questions, n_skills=n_skills)

@@ -1,0 +1,130 @@
+"""One training run end to end: read the data, build the vocabulary and the folds, train each fold
+(resumable: folds with a result.json are skipped), and write DIR/metrics.json.
+
+Run directory layout:
+    DIR/config.json            the RunConfig (preset + overrides)
+    DIR/vocab.json             the id vocabulary (also inside every meta.json)
+    DIR/folds.json             the learner ids of each fold (train / valid / test)
+    DIR/fold-K/{model.pt, meta.json, history.json, result.json, tensorboard/}
+    DIR/metrics.json           {"auc": {"mean", "std", "folds"}, "acc": ..., "rmse": ..., ...}
+    DIR/plots/training_curves.{png,json}
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from routerkt.errors import UserError
+from training.checkpoint import atomic_write_json, git_sha
+from training.config import RunConfig, from_dict, to_dict
+from training.data.csv_reader import collapse_repeats, read_interactions
+from training.data.protocol import Fold, load_folds_file, make_folds, make_sequences
+from training.data.vocab import Vocab
+from training.loop import FoldData, train_fold
+from training.metrics import aggregate
+from training.models.registry import with_vocab
+
+
+def prepare(cfg: RunConfig):
+    """Read and window the data; returns (config with vocabulary sizes, vocab, sequences, folds)."""
+    dc = cfg.data
+    inter = read_interactions(dc.path)
+    if dc.collapse_repeats:
+        inter = collapse_repeats(inter)
+    vocab = Vocab.build(inter)
+    seqs = make_sequences(inter, vocab, dc.protocol, dc.window, dc.min_interactions)
+    if len(seqs) == 0:
+        raise UserError(f"{dc.path}: no learner has >= {dc.min_interactions} interactions")
+    learners = np.unique(seqs.learners)
+    if dc.folds_file:
+        folds = load_folds_file(dc.folds_file, learners)
+    else:
+        folds = make_folds(learners, dc.folds, dc.valid_ratio, dc.seed)
+    cfg.model = with_vocab(cfg.model, vocab.n_questions, vocab.n_skills)
+    cfg.model.max_len = dc.window
+    return cfg, vocab, seqs, folds
+
+
+def _check_resume(out: Path, cfg: RunConfig) -> None:
+    saved = out / "config.json"
+    if not saved.exists():
+        return
+    try:
+        previous = from_dict(RunConfig, json.loads(saved.read_text()))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"{saved}: unreadable run config ({exc})") from None
+    a, b = to_dict(previous), to_dict(cfg)
+    a["train"].pop("epochs"), b["train"].pop("epochs")
+    if a != b:
+        raise UserError(f"{out} holds a run with a different configuration; choose another --out")
+
+
+def run_training(cfg: RunConfig, out: Path, progress: bool = True) -> dict:
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file")
+    if cfg.train.threads > 0:
+        torch.set_num_threads(cfg.train.threads)
+    cfg, vocab, seqs, folds = prepare(cfg)
+    _check_resume(out, cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / "config.json", to_dict(cfg))
+    vocab.save(out / "vocab.json")
+    atomic_write_json(out / "folds.json", [
+        {"fold": f.index, "train": f.train.tolist(), "valid": f.valid.tolist(), "test": f.test.tolist()} for f in folds])
+    run_id = f"{out.name}-{cfg.preset or 'custom'}"
+    log = lambda m: tqdm.write(m, file=sys.stderr)  # noqa: E731
+    log(f"{cfg.preset}: {len(seqs)} sequences of {len(np.unique(seqs.learners))} learners, "
+        f"{vocab.n_questions} question ids, {vocab.n_skills} skill ids, {len(folds)} fold(s) -> {out}")
+    results, started = [], time.perf_counter()
+    for fold in tqdm(folds, desc="folds", unit="fold", disable=not progress, file=sys.stderr):
+        fold_dir = out / f"fold-{fold.index}"
+        done = fold_dir / "result.json"
+        if done.exists():
+            results.append(json.loads(done.read_text()))
+            log(f"fold {fold.index}: already done (test auc {results[-1]['test']['auc']:.4f}), skipped")
+            continue
+        data = FoldData(train=seqs.select_learners(fold.train), valid=seqs.select_learners(fold.valid),
+                        test=seqs.select_learners(fold.test))
+        results.append(train_fold(cfg, vocab, data, fold_dir, fold.index, run_id, log=log, progress=progress))
+        log(f"fold {fold.index}: test auc {results[-1]['test']['auc']:.4f} acc {results[-1]['test']['acc']:.4f} "
+            f"rmse {results[-1]['test']['rmse']:.4f}")
+    metrics = aggregate([r["test"] for r in results])
+    metrics.update({"preset": cfg.preset, "dataset": cfg.data.path, "folds": len(results),
+                    "best_epochs": [r["best_epoch"] for r in results],
+                    "valid_auc": [r["valid_auc"] for r in results],
+                    "train_seq_per_s": float(np.median([r["train_seq_per_s"] for r in results])),
+                    "fold_seconds": [round(r["seconds"], 1) for r in results],
+                    "wall_seconds_this_invocation": round(time.perf_counter() - started, 1),
+                    "git_sha": git_sha(), "run_id": run_id})
+    atomic_write_json(out / "metrics.json", metrics)
+    try:
+        from training.plots import training_curves
+        training_curves(out)
+    except ImportError:
+        pass
+    return metrics
+
+
+def best_fold_dir(run: Path) -> Path:
+    """The fold checkpoint with the highest validation AUC (what export serves by default)."""
+    run = Path(run)
+    folds = sorted(p for p in run.glob("fold-*") if (p / "meta.json").exists())
+    if not folds:
+        raise UserError(f"{run}: no fold checkpoint (fold-*/meta.json); is this a training run?")
+
+    def score(p: Path) -> float:
+        try:
+            return float(json.loads((p / "meta.json").read_text()).get("valid_auc", -1.0))
+        except (ValueError, OSError):
+            return -1.0
+    return max(folds, key=score)
+
+
+__all__ = ["run_training", "prepare", "best_fold_dir", "Fold"]

@@ -1,0 +1,58 @@
+"""`routerkt train`: train a preset on a canonical CSV with K-fold cross-validation.
+
+Example: routerkt train --data ../shared/datasets/assist2009/interactions.csv.gz --preset routerkt-akt --folds 1 --epochs 3
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from routerkt.errors import UserError
+from training.config import RunConfig, apply_overrides
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", required=True, help="canonical CSV user_id,order,question_id,skill_id,correct (.csv or .csv.gz)")
+    p.add_argument("--preset", required=True, help="model preset, e.g. routerkt-akt, akt, folibi-akt, dkt")
+    p.add_argument("--folds", type=int, default=5, help="K of K-fold cross-validation over learners (1 = one 80/20 split)")
+    p.add_argument("--epochs", type=int, default=None, help="maximum epochs per fold (default 300, early stopping)")
+    p.add_argument("--out", default=None, help="run directory (default runs/<preset>-<timestamp>); an existing run resumes")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a config field, e.g. model.n_selected=4, train.lr=3e-4, data.protocol=chunks")
+    p.add_argument("--folds-file", default=None, help="JSON {fold: [learner ids]} giving each fold's test learners")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def build_config(args: argparse.Namespace) -> RunConfig:
+    from training.models.registry import preset_config
+    cfg = RunConfig(preset=args.preset, model=preset_config(args.preset))
+    cfg.data.path = args.data
+    cfg.data.folds = args.folds
+    if args.folds_file:
+        cfg.data.folds_file = args.folds_file
+    if args.epochs is not None:
+        cfg.train.epochs = args.epochs
+    try:
+        cfg = apply_overrides(cfg, args.overrides)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    if cfg.train.epochs < 1:
+        raise UserError("--epochs must be >= 1")
+    if cfg.data.folds < 1:
+        raise UserError("--folds must be >= 1")
+    if not Path(cfg.data.path).is_file():
+        raise UserError(f"--data {cfg.data.path}: no such file")
+    return cfg
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = build_config(args)
+    from training.run import run_training
+    out = Path(args.out or f"runs/{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}")
+    metrics = run_training(cfg, out, progress=not args.no_progress and sys.stderr.isatty())
+    summary = {k: {"mean": round(metrics[k]["mean"], 4), "std": round(metrics[k]["std"], 4)} for k in ("auc", "acc", "rmse")}
+    print(json.dumps({"run": str(out), **summary}))
+    return 0
