@@ -73,7 +73,9 @@ class ModelConfig:
     n_blocks: int = 2               # AKT: encoder depth (retriever stack has 2x); CL4KT: depth of each stack
     n_heads: int = 8
     d_ff: int = 256                 # feed-forward width, the same for every variant so they compare fairly
-    dropout: float = 0.05
+    dropout: float = 0.05           # dropout on embeddings' residual paths, FFN and prediction MLP
+    attn_dropout: float = 0.0       # dropout on attention probabilities (0 keeps the fused CPU kernel)
+    fused_attention: bool = True    # scaled_dot_product_attention where the kind allows it (speed only)
     final_fc: int = 512             # prediction MLP: 2d -> final_fc -> final_fc2 -> 1
     final_fc2: int = 256
     max_len: int = 100              # longest sequence; precomputed biases are built for this length

@@ -1,0 +1,123 @@
+"""`routerkt bench train`: training throughput (sequences per second) per preset on the same data, in
+one run, interleaved so machine drift hits every variant alike.
+
+Each measurement trains one epoch (or --batches batches) of fold 0's training learners with a fixed
+batch order. Two modes:
+- optimized: this project's defaults (fused attention, no dropout on attention probabilities,
+  length-bucketed trimmed batches) plus bf16 autocast;
+- eager: the plain implementation (explicit attention with attention dropout, float32, every batch
+  padded to the full window), the reference point for the speed-up ratio.
+Prints a table with each preset's throughput and its ratio to the first preset, and (with both
+modes) the optimized/eager speed-up; --out writes the numbers as JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+MODES = {
+    "optimized": ["train.bf16=true"],
+    "eager": ["model.fused_attention=false", "model.attn_dropout=0.05", "train.length_buckets=false"],
+}
+DEFAULT_PRESETS = "routerkt-akt,akt-standard,folibi-akt,rkt-akt,akt"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", default=None, help="canonical CSV (default: 600 synthetic learners)")
+    p.add_argument("--presets", default=DEFAULT_PRESETS, help="comma-separated presets")
+    p.add_argument("--modes", default="optimized", help="comma-separated: optimized, eager")
+    p.add_argument("--batches", type=int, default=0, help="batches per measurement (0 = one full epoch)")
+    p.add_argument("--repeats", type=int, default=2, help="interleaved repetitions (median reported)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = all cores)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], help="config override for every run")
+    p.add_argument("--out", default=None, help="write results JSON here")
+
+
+def measure(cfg, seqs, batches: int, seed: int = 0) -> float:
+    import torch
+    from training.batching import iterate
+    from training.loop import batch_loss
+    from training.models.registry import build_model
+    torch.manual_seed(seed)
+    model = build_model(cfg.model).train()
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.train.lr)
+    # one untimed warm-up step on the first batch
+    first = next(iterate(seqs, cfg.train.batch_size, shuffle=True, buckets=cfg.train.length_buckets, seed=seed))
+    loss, _ = batch_loss(model, first, cfg.train.bf16)
+    loss.backward()
+    opt.zero_grad()
+    n, started = 0, time.perf_counter()
+    for i, batch in enumerate(iterate(seqs, cfg.train.batch_size, shuffle=True, buckets=cfg.train.length_buckets, seed=seed)):
+        if batches and i >= batches:
+            break
+        loss, _ = batch_loss(model, batch, cfg.train.bf16)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+        opt.step()
+        n += batch.size
+    return n / (time.perf_counter() - started)
+
+
+def run(args: argparse.Namespace) -> int:
+    import tempfile
+
+    import torch
+    from routerkt.errors import UserError
+    from training.config import RunConfig, apply_overrides
+    from training.models.registry import preset_config
+    from training.run import prepare
+
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    presets = [p.strip() for p in args.presets.split(",") if p.strip()]
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    for m in modes:
+        if m not in MODES:
+            raise UserError(f"unknown mode {m!r}; choose from {', '.join(MODES)}")
+    data = args.data
+    if data is None:
+        from training.data.synthetic import generate, write_csv
+        data = str(Path(tempfile.mkdtemp(prefix="routerkt-bench-")) / "synthetic.csv")
+        write_csv(generate(n_learners=600, seed=7), data)
+    prepared = {}
+    for preset in presets:
+        for mode in modes:
+            cfg = RunConfig(preset=preset, model=preset_config(preset))
+            cfg.data.path = data
+            try:
+                cfg = apply_overrides(cfg, MODES[mode] + args.overrides)
+            except ValueError as exc:
+                raise UserError(str(exc)) from None
+            cfg, vocab, seqs, folds = prepare(cfg)
+            prepared[(preset, mode)] = (cfg, seqs.select_learners(folds[0].train))
+    samples: dict[tuple[str, str], list[float]] = {k: [] for k in prepared}
+    for rep in range(args.repeats):
+        for key, (cfg, train) in prepared.items():           # interleaved: every variant once per repeat
+            samples[key].append(measure(cfg, train, args.batches, seed=rep))
+            print(f"repeat {rep} {key[0]:<18} {key[1]:<9} {samples[key][-1]:8.1f} seq/s", file=sys.stderr)
+    median = {k: statistics.median(v) for k, v in samples.items()}
+    reference = median[(presets[0], modes[0])]
+    n_train = len(next(iter(prepared.values()))[1])
+    print(f"\ntraining throughput, {n_train} training sequences of {data}, torch threads {torch.get_num_threads()}, "
+          f"median of {args.repeats}")
+    header = f"| preset | mode | seq/s (median) | min..max | vs {presets[0]} |" + (" optimized / eager |" if len(modes) > 1 else "")
+    print(header)
+    print("|" + "---|" * (header.count("|") - 1))
+    for (preset, mode), value in median.items():
+        row = (f"| {preset} | {mode} | {value:.0f} | {min(samples[(preset, mode)]):.0f}..{max(samples[(preset, mode)]):.0f} "
+               f"| {value / median[(presets[0], mode)]:.2f}x |")
+        if len(modes) > 1:
+            row += f" {value / median[(preset, 'eager')]:.2f}x |" if (preset, "eager") in median and mode != "eager" else " |"
+        print(row)
+    if args.out:
+        from training.checkpoint import atomic_write_json
+        atomic_write_json(Path(args.out), {"data": data, "threads": torch.get_num_threads(), "repeats": args.repeats,
+                                           "batches": args.batches, "reference": reference,
+                                           "results": [{"preset": p, "mode": m, "median_seq_per_s": median[(p, m)],
+                                                        "samples": samples[(p, m)]} for (p, m) in median]})
+    return 0
