@@ -1,0 +1,128 @@
+"""`export_run`: turn a training run into a new model version of the Triton repository.
+
+Steps: rebuild the model from the chosen fold's meta.json alone -> refuse non-servable configs ->
+ONNX export with frozen biases -> parity check against PyTorch (random batches at several sizes
+and lengths, plus real batches when the run's data file is readable) -> (TensorRT plan on a GPU
+host) -> render config.pbtxt -> publish the version atomically. Any failure leaves the repository
+untouched.
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from export import signature
+from export.onnx_export import PARITY_TOL, ExportError, check_parity, export_onnx
+from export.repository import publish_version
+from export.triton_config import (PARAM_N_QUESTIONS, PARAM_N_SKILLS, Backend, TritonModelOptions,
+                                  render_config)
+from routerkt.errors import UserError
+
+BACKEND_MODEL = Path(__file__).resolve().parent / "triton_backend" / "model.py"
+INFO_FORMAT = "routerkt-model-info/1"
+
+
+@dataclass
+class ExportResult:
+    name: str
+    version: int
+    repository: Path
+    parity_max_abs_diff: float
+    parity_cases: list = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+
+
+def _check_repository(repository: Path) -> None:
+    if repository.exists() and not repository.is_dir():
+        raise UserError(f"repository path {repository} is a file")
+
+
+def real_batches(config, vocab, n: int = 48) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Up to two batches of real windows from the run's data file (empty if it is not readable)."""
+    from training.data.csv_reader import read_interactions
+    from training.data.protocol import make_sequences
+    path = Path(config.data.path)
+    if not path.is_file():
+        return []
+    try:
+        seqs = make_sequences(read_interactions(path), vocab, config.data.protocol, config.data.window,
+                              config.data.min_interactions)
+    except UserError:
+        return []
+    rng = np.random.default_rng(0)
+    idx = rng.choice(len(seqs), size=min(n, len(seqs)), replace=False)
+    half = max(1, len(idx) // 2)
+    return [(seqs.questions[i], seqs.skills[i], seqs.responses[i]) for i in (idx[:half], idx[half:]) if len(i)]
+
+
+def export_run(run: Path, repository: Path, name: str | None = None, version: int | None = None,
+               backend: Backend = Backend.PYTHON, fold: int | None = None, keep_versions: int = 3,
+               options: TritonModelOptions | None = None, log=print) -> ExportResult:
+    from training.checkpoint import load_checkpoint
+    from training.run import best_fold_dir
+
+    run, repository = Path(run), Path(repository)
+    _check_repository(repository)
+    if not run.exists():
+        raise UserError(f"run {run} does not exist")
+    fold_dir = run / f"fold-{fold}" if fold is not None else best_fold_dir(run)
+    ckpt = load_checkpoint(fold_dir)
+    cfg = ckpt.config
+    name = name or cfg.preset or "model"
+    options = options or TritonModelOptions()
+    options.backend = Backend(backend)
+    options.window = cfg.model.max_len
+    meta = ckpt.meta
+    provenance = {"run_id": str(meta.get("run_id", run.name)), "git_sha": str(meta.get("git_sha", "unknown")),
+                  "valid_auc": f"{float(meta.get('valid_auc', float('nan'))):.6f}", "preset": cfg.preset,
+                  "fold": str(meta.get("fold", "")), "epoch": str(meta.get("epoch", ""))}
+    options.parameters = {**options.parameters, PARAM_N_QUESTIONS: str(cfg.model.n_questions),
+                          PARAM_N_SKILLS: str(cfg.model.n_skills), **provenance}
+    config_text = render_config(name, options)          # validates name and options before heavy work
+
+    if options.backend is Backend.TENSORRT:
+        from export.tensorrt import tensorrt_available
+        ok, why = tensorrt_available()
+        if not ok:
+            raise UserError(f"--backend tensorrt needs TensorRT and a GPU on this host: {why}; "
+                            "export with --backend onnxruntime here and build the plan on the GPU host "
+                            "(see README, 'TensorRT')")
+
+    with tempfile.TemporaryDirectory(prefix="routerkt-export-") as tmp:
+        onnx_path = Path(tmp) / signature.ONNX_FILE
+        started = time.perf_counter()
+        export_onnx(ckpt.model, onnx_path)
+        report = check_parity(ckpt.model, onnx_path, batches=real_batches(cfg, ckpt.vocab))
+        log(f"exported {fold_dir} to ONNX in {time.perf_counter() - started:.1f}s; parity max |ort - torch| = "
+            f"{report.max_abs_diff:.2e} over {len(report.cases)} batches")
+        if not report.ok:
+            raise ExportError(f"parity check failed: max |onnxruntime - pytorch| = {report.max_abs_diff:.3e} "
+                              f"> {PARITY_TOL:g}; nothing was published")
+        files: dict[str, Path | bytes] = {signature.VOCAB_FILE: json.dumps(ckpt.vocab.to_json()).encode()}
+        if options.backend is Backend.TENSORRT:
+            from export.tensorrt import build_engine
+            plan = Path(tmp) / signature.PLAN_FILE
+            build_engine(onnx_path, plan, window=options.window, max_batch=options.max_batch_size, fp16=options.fp16)
+            files[signature.PLAN_FILE] = plan
+        else:
+            files[signature.ONNX_FILE] = onnx_path
+        if options.backend is Backend.PYTHON:
+            files["model.py"] = BACKEND_MODEL
+        info = {"format": INFO_FORMAT, "name": name, "preset": cfg.preset,
+                "backbone": cfg.model.backbone.value, "attention": cfg.model.attention.value,
+                "heads": cfg.model.heads.value, "routing_scope": cfg.model.routing_scope.value,
+                "window": cfg.model.max_len, "n_questions": cfg.model.n_questions, "n_skills": cfg.model.n_skills,
+                "backend": options.backend.value, "inputs": list(signature.INPUT_NAMES),
+                "outputs": list(signature.OUTPUT_NAMES), "padding": "left",
+                "provenance": {**provenance, "run": str(run), "fold_dir": str(fold_dir),
+                               "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+                "parity_max_abs_diff": report.max_abs_diff}
+        files[signature.INFO_FILE] = (json.dumps(info, indent=2) + "\n").encode()
+        version = publish_version(repository, name, files, config_text, version=version, keep_versions=keep_versions)
+    return ExportResult(name=name, version=version, repository=repository, parity_max_abs_diff=report.max_abs_diff,
+                        parity_cases=report.cases, files=sorted(files))

@@ -1,0 +1,163 @@
+"""Triton Python-backend model: runs one exported KT model (model.onnx) with onnxruntime on CPU.
+
+Copied verbatim into every version folder of a python-backend model by `routerkt export`. It runs
+inside Triton's `triton_python_backend_stub` with the project venv's interpreter, so it imports only
+numpy, onnxruntime, the standard library and `triton_python_backend_utils`, never the project.
+The tensor names below mirror export/signature.py (a unit test keeps them equal).
+
+Triton 2.51 facts this file is written around (docs: serving-notes.md):
+- the python backend does NOT merge a dynamic batch: `execute` gets a list of requests and must
+  concatenate / split them itself;
+- one exception in `execute` fails every request of the batch, so each request is validated on its
+  own and gets its own error;
+- a request whose client deadline expired while queued still arrives here: check `is_cancelled()`;
+- `pb_utils.Tensor.from_dlpack` on a numpy array kills the stub: outputs use `pb_utils.Tensor`.
+"""
+import json
+import os
+import time
+
+import numpy as np
+import onnxruntime as ort
+import triton_python_backend_utils as pb_utils
+
+# Mirrors export/signature.py (INPUT_NAMES, PROBS, ONNX_FILE).
+QUESTIONS = "questions"
+SKILLS = "skills"
+RESPONSES = "responses"
+INPUT_NAMES = (QUESTIONS, SKILLS, RESPONSES)
+PROBS = "probs"
+ONNX_FILE = "model.onnx"
+
+# Parameter keys of config.pbtxt (mirrors export/triton_config.py).
+PARAM_ORT_INTRA_OP_THREADS = "ORT_INTRA_OP_THREADS"
+PARAM_WINDOW = "WINDOW"
+PARAM_N_QUESTIONS = "N_QUESTIONS"
+PARAM_N_SKILLS = "N_SKILLS"
+
+EXEC_METRIC = "routerkt_triton_model_exec_seconds"
+EXEC_BUCKETS = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0]
+
+
+class TritonPythonModel:
+    """One instance per Triton model instance (instance_group count)."""
+
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+        self.model_name = args["model_name"]
+        self.n_questions = _positive_int(params, PARAM_N_QUESTIONS)
+        self.n_skills = _positive_int(params, PARAM_N_SKILLS)
+        self.window = int(params[PARAM_WINDOW]) if params.get(PARAM_WINDOW, "").isdigit() else None
+
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.intra_op_num_threads = int(params.get(PARAM_ORT_INTRA_OP_THREADS, "1") or "1")
+        options.inter_op_num_threads = 1
+        path = os.path.join(args["model_repository"], args["model_version"], ONNX_FILE)
+        self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        names = {i.name for i in self.session.get_inputs()}
+        if names != set(INPUT_NAMES) or PROBS not in {o.name for o in self.session.get_outputs()}:
+            raise pb_utils.TritonModelException(
+                f"{ONNX_FILE} does not match the signature: inputs {sorted(names)}, "
+                f"expected {sorted(INPUT_NAMES)} and output {PROBS!r}")
+        # The family must stay referenced as long as its metric: dropping it unregisters the metric.
+        self.exec_family, self.exec_seconds = _exec_histogram(self.model_name, args["model_version"])
+
+    def execute(self, requests):
+        responses = [None] * len(requests)
+        good, feeds = [], []                       # feeds[k][name]: int64 [b_k, L]
+        for i, request in enumerate(requests):
+            if request.is_cancelled():
+                responses[i] = _error("request cancelled", pb_utils.TritonError.CANCELLED)
+                continue
+            arrays, problem = self._read(request)
+            if problem is not None:
+                responses[i] = _error(problem, pb_utils.TritonError.INVALID_ARG)
+                continue
+            good.append(i)
+            feeds.append(arrays)
+        if not good:
+            return responses
+
+        batch = {name: np.concatenate([f[name] for f in feeds]) if len(feeds) > 1 else feeds[0][name]
+                 for name in INPUT_NAMES}          # int64 [B, L]
+        started = time.perf_counter()
+        try:
+            probs = self.session.run([PROBS], batch)[0]   # float32 [B, L]
+        except Exception:                          # ORT errors carry paths: answer generically
+            for i in good:
+                responses[i] = _error("model execution failed", pb_utils.TritonError.INTERNAL)
+            return responses
+        if self.exec_seconds is not None:
+            self.exec_seconds.observe(time.perf_counter() - started)
+
+        probs = np.asarray(probs, dtype=np.float32)
+        offset = 0
+        for i, arrays in zip(good, feeds):
+            rows = arrays[QUESTIONS].shape[0]
+            out = np.ascontiguousarray(probs[offset:offset + rows])
+            offset += rows
+            responses[i] = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(PROBS, out)])
+        return responses
+
+    def _read(self, request):
+        """The three int64 [b, L] inputs of one request, or (None, message) when invalid."""
+        arrays = {}
+        for name in INPUT_NAMES:
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            if tensor is None:
+                return None, f"missing input '{name}'"
+            arrays[name] = tensor.as_numpy()
+        shape = arrays[QUESTIONS].shape
+        for name in INPUT_NAMES:
+            a = arrays[name]
+            if a.ndim != 2 or a.shape != shape:
+                return None, (f"input '{name}' has shape {list(a.shape)}; all inputs must share one "
+                              f"[batch, window] shape, '{QUESTIONS}' has {list(shape)}")
+            if a.dtype != np.int64:
+                return None, f"input '{name}' must be INT64, got {a.dtype}"
+        if self.window is not None and shape[1] != self.window:
+            return None, f"input '{QUESTIONS}' has window {shape[1]}, expected {self.window}"
+        limits = ((QUESTIONS, self.n_questions), (SKILLS, self.n_skills))
+        for name, size in limits:
+            a = arrays[name]
+            if a.size and (a.min() < 0 or a.max() >= size):
+                return None, f"input '{name}' has ids outside [0, {size})"
+        r = arrays[RESPONSES]
+        if r.size and (r.min() < -1 or r.max() > 1):      # int64: the range check is {-1, 0, 1}
+            return None, f"input '{RESPONSES}' must hold only -1, 0 or 1"
+        return arrays, None
+
+    def finalize(self):
+        self.session = None
+        self.exec_seconds = None
+        self.exec_family = None
+
+
+def _error(message, code):
+    return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message, code))
+
+
+def _positive_int(params, key):
+    value = params.get(key, "")
+    if not value.isdigit() or int(value) < 1:
+        raise pb_utils.TritonModelException(
+            f"config.pbtxt parameter {key} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _exec_histogram(model_name, version):
+    """(family, histogram) of ORT run time per execution; (None, None) without the histogram API."""
+    family_cls = getattr(pb_utils, "MetricFamily", None)
+    if family_cls is None or not hasattr(family_cls, "HISTOGRAM"):
+        return None, None
+    try:
+        family = family_cls(
+            name=EXEC_METRIC,
+            description="onnxruntime execution time of one (dynamic) batch in the python backend",
+            kind=family_cls.HISTOGRAM)
+        metric = family.Metric(labels={"model": model_name, "version": str(version)}, buckets=EXEC_BUCKETS)
+        return family, metric
+    except Exception:                              # metrics disabled or API mismatch: serve anyway
+        return None, None

@@ -1,0 +1,408 @@
+"""Start and stop the `tritonserver` binary bundled in the nvidia-pytriton wheel (Triton 2.51, CPU).
+
+The wheel ships the server, the python backend library and one Python stub per interpreter
+version, but running it standalone needs four things (docs: serving-notes.md §1), all done here:
+1. a backend directory assembled by hand: python/{libtriton_python.so,
+   triton_python_backend_utils.py, triton_python_backend_stub (for this interpreter's X.Y)};
+   built once, atomically, under the venv (or the temp dir when the venv is read-only);
+2. LD_LIBRARY_PATH with the wheel's `nvidia_pytriton.libs` (a copied stub loses its RPATH);
+3. LD_LIBRARY_PATH with this interpreter's LIBDIR (else the stub loads another libpython);
+4. PATH starting with the venv's bin (the stub's embedded Python finds its prefix via python3).
+Everything is found relative to the CURRENT interpreter (sys.executable's venv). The repository is
+byte-compiled before start (the stub writes __pycache__ otherwise, which reloads poll-mode models).
+Servers listen on 127.0.0.1 only; only processes started here are signalled, by PID.
+"""
+from __future__ import annotations
+
+import atexit
+import compileall
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Sequence
+
+from routerkt.errors import UserError
+
+HOST = "127.0.0.1"
+STUB_NAME = "triton_python_backend_stub"
+SHM_PREFIX = "/dev/shm/triton_python_backend_shm_region"
+_PORT_RETRIES = 3            # auto-chosen ports can be taken between choice and bind
+_LIVE: set["TritonServer"] = set()   # started and not yet stopped: stopped at interpreter exit
+
+
+@dataclass
+class TritonPorts:
+    http: int
+    grpc: int
+    metrics: int
+
+
+class ModelControl(str, Enum):
+    EXPLICIT = "explicit"    # --model-control-mode=explicit --load-model=*  (load/unload API on)
+    POLL = "poll"            # Triton rescans the repository every 2 s (load/unload API refused)
+    NONE = "none"            # load everything once at start
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return sock.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    """Paths of the nvidia-pytriton install of the current interpreter."""
+
+    server: Path             # pytriton/tritonserver/bin/tritonserver
+    python_backend: Path     # pytriton/tritonserver/backends/python (library + utils, no stub)
+    stub: Path               # pytriton/tritonserver/python_backend_stubs/<X.Y>/triton_python_backend_stub
+    libs: Path               # site-packages/nvidia_pytriton.libs
+    caches: Path             # pytriton/tritonserver/caches
+
+
+def find_install() -> TritonInstall:
+    """Locate tritonserver in the nvidia-pytriton package importable by this interpreter."""
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        raise UserError(f"nvidia-pytriton is not installed for {sys.executable} "
+                        "(install the project with its 'serve' extra)")
+    package = Path(list(spec.submodule_search_locations)[0])
+    root = package / "tritonserver"
+    pyver = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    install = TritonInstall(
+        server=root / "bin" / "tritonserver",
+        python_backend=root / "backends" / "python",
+        stub=root / "python_backend_stubs" / pyver / STUB_NAME,
+        libs=package.parent / "nvidia_pytriton.libs",
+        caches=root / "caches",
+    )
+    for path in (install.server, install.python_backend / "libtriton_python.so",
+                 install.python_backend / "triton_python_backend_utils.py", install.stub, install.libs):
+        if not path.exists():
+            raise UserError(f"incomplete nvidia-pytriton install: {path} is missing (Python {pyver})")
+    return install
+
+
+def backend_dir(install: TritonInstall) -> Path:
+    """The assembled --backend-directory (built once; rebuilt if the wheel's files changed)."""
+    sources = [install.python_backend / "libtriton_python.so",
+               install.python_backend / "triton_python_backend_utils.py", install.stub]
+    pyver = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    candidates = [Path(sys.prefix) / "triton-backends",
+                  Path(tempfile.gettempdir()) / f"routerkt-triton-backends-{os.getuid()}-py{pyver}"]
+    for root in candidates:
+        python_dir = root / "python"
+        if not all(_same_file(src, python_dir / src.name) for src in sources):
+            try:
+                _assemble(root, sources)
+            except OSError:
+                pass                   # read-only, or a concurrent builder won: checked just below
+        if all(_same_file(src, python_dir / src.name) for src in sources):
+            return root
+    raise UserError("cannot assemble a Triton backend directory (venv and temp dir not writable)")
+
+
+def _assemble(root: Path, sources: Sequence[Path]) -> None:
+    """Copy `sources` into root/python atomically: staged beside it, then one rename."""
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=root))
+    try:
+        fresh = staging / "python"
+        fresh.mkdir()
+        for src in sources:
+            shutil.copy2(src, fresh / src.name)          # keeps the stub's executable bit
+        python_dir = root / "python"
+        if python_dir.exists():        # a stale copy (the wheel changed): move it out of the way
+            os.rename(python_dir, staging / "stale")
+        os.rename(fresh, python_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def server_env(install: TritonInstall) -> dict[str, str]:
+    """The environment tritonserver and its Python stubs need (see the module docstring)."""
+    env = dict(os.environ)
+    scripts = sysconfig.get_path("scripts") or str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join(p for p in (scripts, env.get("PATH", "")) if p)
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(
+        p for p in (str(install.libs), libdir, env.get("LD_LIBRARY_PATH", "")) if p)
+    return env
+
+
+class TritonServer:
+    """One tritonserver process serving `repository` on 127.0.0.1."""
+
+    def __init__(self, repository: Path | str, ports: TritonPorts | None = None,
+                 model_control: str = "explicit", log_path: Path | None = None,
+                 extra_args: Sequence[str] = (), exit_timeout_s: int = 10) -> None:
+        self.repository = Path(repository).resolve()
+        self._auto_ports = ports is None
+        self.ports = ports or TritonPorts(free_port(), free_port(), free_port())
+        try:
+            self.model_control = ModelControl(model_control)
+        except ValueError:
+            raise UserError(f"model_control must be one of {[m.value for m in ModelControl]}, "
+                            f"got {model_control!r}") from None
+        self._own_log = log_path is None     # None: a temp file, deleted when the server exits
+        self.log_path = Path(log_path) if log_path else None
+        self.extra_args = list(extra_args)
+        self.exit_timeout_s = exit_timeout_s
+        self._proc: subprocess.Popen | None = None
+        self._shm_seen: set[str] = set()      # python-backend shm files our processes mapped
+        self._stubs_seen: set[int] = set()    # stub PIDs seen (they outlive a dead server briefly)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def start(self, timeout: float = 90.0) -> None:
+        """Spawn the server and wait (bounded) until /v2/health/ready answers 200."""
+        if self.is_running():
+            raise RuntimeError(f"tritonserver already running (pid {self.pid})")
+        if not self.repository.is_dir():
+            raise UserError(f"model repository {self.repository} is not a folder")
+        install = find_install()
+        backends = backend_dir(install)
+        compileall.compile_dir(str(self.repository), quiet=1)
+        deadline = time.monotonic() + timeout
+        for attempt in range(_PORT_RETRIES):
+            self._spawn(install, backends)
+            error = self._wait_ready(deadline)
+            if error is None:
+                self._snapshot_shm()
+                return
+            tail = self.log_tail()
+            self.stop(timeout=10.0)
+            if self._auto_ports and "already in use" in tail and attempt + 1 < _PORT_RETRIES:
+                self.ports = TritonPorts(free_port(), free_port(), free_port())
+                continue
+            raise RuntimeError(f"tritonserver did not become ready: {error}\n--- log tail ---\n{tail}")
+
+    def stop(self, timeout: float = 20.0) -> int:
+        """SIGTERM, wait up to `timeout`, then SIGKILL; returns the exit code (0 if never started)."""
+        proc = self._proc
+        if proc is None:
+            return 0
+        if proc.poll() is None:
+            self.stub_pids()                   # records the stubs and their shm regions
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10.0)
+        self._after_exit()
+        return proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL the server (crash-recovery tests); its stubs exit when they lose the parent."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return
+        self.stub_pids()                       # records the stubs and their shm regions
+        proc.kill()
+        proc.wait(timeout=10.0)
+        self._after_exit()
+
+    def is_running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def __enter__(self) -> "TritonServer":
+        if not self.is_running():
+            self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    # -- addresses and processes -----------------------------------------------------------------
+    @property
+    def grpc_url(self) -> str:
+        return f"{HOST}:{self.ports.grpc}"
+
+    @property
+    def http_url(self) -> str:
+        return f"{HOST}:{self.ports.http}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"{HOST}:{self.ports.metrics}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def stub_pids(self) -> list[int]:
+        """PIDs of this server's triton_python_backend_stub children (read from /proc)."""
+        if not self.is_running():
+            return []
+        pids = [pid for pid in _children(self._proc.pid) if STUB_NAME in _cmdline(pid)]
+        self._snapshot_shm(pids)
+        return pids
+
+    def log_tail(self, lines: int = 60) -> str:
+        """The last `lines` lines of the server log ('' when there is none)."""
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        with open(self.log_path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - 64 * 1024))
+            text = handle.read().decode("utf-8", "replace")
+        return "\n".join(text.splitlines()[-lines:])
+
+    # -- internals -------------------------------------------------------------------------------
+    def command(self, install: TritonInstall, backends: Path) -> list[str]:
+        """The tritonserver argv (without starting anything)."""
+        args = [
+            str(install.server),
+            f"--model-repository={self.repository}",
+            f"--backend-directory={backends}",
+            f"--cache-directory={install.caches}",
+            f"--http-address={HOST}", f"--grpc-address={HOST}", f"--metrics-address={HOST}",
+            f"--http-port={self.ports.http}", f"--grpc-port={self.ports.grpc}",
+            f"--metrics-port={self.ports.metrics}",
+            "--allow-gpu-metrics=false", "--pinned-memory-pool-byte-size=0",
+            "--metrics-config", "summary_latencies=true",
+            f"--exit-timeout-secs={self.exit_timeout_s}",
+        ]
+        if self.model_control is ModelControl.EXPLICIT:
+            args += ["--model-control-mode=explicit", "--load-model=*"]
+        elif self.model_control is ModelControl.POLL:
+            args += ["--model-control-mode=poll", "--repository-poll-secs=2"]
+        return args + self.extra_args
+
+    def _spawn(self, install: TritonInstall, backends: Path) -> None:
+        if self.log_path is None:
+            fd, name = tempfile.mkstemp(prefix="routerkt-triton-", suffix=".log")
+            os.close(fd)
+            self.log_path = Path(name)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            # A new session: Ctrl-C in a terminal reaches our process, which stops Triton in order.
+            self._proc = subprocess.Popen(self.command(install, backends), stdin=subprocess.DEVNULL,
+                                          stdout=log, stderr=subprocess.STDOUT,
+                                          env=server_env(install), start_new_session=True)
+        _LIVE.add(self)
+
+    def _wait_ready(self, deadline: float) -> str | None:
+        url = f"http://{self.http_url}/v2/health/ready"
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))   # never via a proxy
+        while time.monotonic() < deadline:
+            code = self._proc.poll()
+            if code is not None:
+                return f"tritonserver exited with code {code}"
+            self._snapshot_shm()               # best effort: a failing load may exit uncleanly
+            try:
+                with opener.open(url, timeout=1.0) as response:
+                    if response.status == 200:
+                        return None
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.2)
+        return "timed out waiting for /v2/health/ready"
+
+    def _snapshot_shm(self, stub_pids: Sequence[int] | None = None) -> None:
+        """Remember the python-backend shared-memory files our server (and stubs) map."""
+        if not self.is_running():
+            return
+        children = list(stub_pids) if stub_pids is not None else _children(self._proc.pid)
+        self._stubs_seen.update(pid for pid in children if STUB_NAME in _cmdline(pid))
+        pids = [self._proc.pid] + children
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/maps") as maps:
+                    for line in maps:          # addr perms offset dev inode [path]
+                        parts = line.rstrip("\n").split(None, 5)
+                        if len(parts) == 6 and parts[5].startswith(SHM_PREFIX) \
+                                and not parts[5].endswith(" (deleted)"):
+                            self._shm_seen.add(parts[5])
+            except OSError:
+                continue
+
+    def _after_exit(self) -> None:
+        """Wait (bounded) for our stubs to exit, then remove the shared-memory files that only our
+        (now dead) server and its stubs mapped; the names hold a per-server UUID."""
+        _LIVE.discard(self)
+        _wait_gone(sorted(self._stubs_seen), timeout=10.0)
+        self._stubs_seen.clear()
+        for path in sorted(self._shm_seen):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                continue
+        self._shm_seen.clear()
+        if self._own_log and self.log_path is not None:   # a temp log of ours: pass log_path to keep it
+            self.log_path.unlink(missing_ok=True)
+            self.log_path = None
+
+
+def _same_file(src: Path, dst: Path) -> bool:
+    try:
+        return dst.stat().st_size == src.stat().st_size and os.access(dst, os.R_OK)
+    except OSError:
+        return False
+
+
+def _children(pid: int) -> list[int]:
+    """Direct children of `pid`, from /proc/<p>/stat (field 4 is the parent PID)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                stat = handle.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) > 1 and fields[1] == str(pid):
+            found.append(int(entry))
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read().replace(b"\0", b" ").decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _wait_gone(pids: Sequence[int], timeout: float) -> None:
+    """Wait (bounded) until none of `pids` is alive; zombies count as gone."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    """True while `pid` runs a Python stub (a zombie or a reused PID counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            stat = handle.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2:][:1] not in ("Z", "X") and STUB_NAME in _cmdline(pid)
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    """Stop servers this process started and never stopped (e.g. a test that crashed)."""
+    for server in list(_LIVE):
+        try:
+            server.stop(timeout=10.0)
+        except Exception:
+            pass

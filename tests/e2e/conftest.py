@@ -1,0 +1,78 @@
+"""Shared fixtures for the e2e tests: a tiny signature-conforming ONNX model (no project models).
+
+- `tiny_kt_model`: a small torch module (embeddings + causal cumulative mean) and its vocabulary
+  sizes; `tiny_kt_onnx`: that module exported with the dynamo exporter (opset 18, dynamic batch and
+  seq axes, tensor names from export/signature.py). Both are built once per test session.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from export import signature
+
+TINY_N_QUESTIONS = 50
+TINY_N_SKILLS = 12
+
+
+def _build_module():
+    import torch
+    from torch import nn
+
+    class TinyKT(nn.Module):
+        """P(correct at t) from questions <= t and responses < t (causal cumulative mean)."""
+
+        def __init__(self, n_questions: int, n_skills: int, dim: int = 8) -> None:
+            super().__init__()
+            self.question = nn.Embedding(n_questions, dim)
+            self.skill = nn.Embedding(n_skills, dim)
+            self.response = nn.Embedding(3, dim)        # responses -1/0/1 -> rows 0/1/2
+
+        def forward(self, questions, skills, responses):  # each int64 [B, L]
+            target = self.question(questions) + self.skill(skills)                 # [B, L, d]
+            past = self.response(responses.clamp(-1, 1) + 1) + target             # [B, L, d]
+            summed = torch.cumsum(past, dim=1) - past                              # strictly past
+            steps = torch.arange(questions.shape[1], device=questions.device)     # [L]
+            count = steps.clamp(min=1).to(target.dtype).view(1, -1, 1)            # [1, L, 1]
+            history = summed / count                                               # [B, L, d]
+            return torch.sigmoid((history * target).sum(-1) + 0.1)                 # [B, L]
+
+    torch.manual_seed(0)
+    return TinyKT(TINY_N_QUESTIONS, TINY_N_SKILLS).eval()
+
+
+@dataclass
+class TinyModel:
+    module: object            # torch.nn.Module
+    n_questions: int
+    n_skills: int
+    onnx_path: Path | None = None
+
+
+@pytest.fixture(scope="session")
+def tiny_kt_model() -> TinyModel:
+    pytest.importorskip("torch")
+    return TinyModel(_build_module(), TINY_N_QUESTIONS, TINY_N_SKILLS)
+
+
+@pytest.fixture(scope="session")
+def tiny_kt_onnx(tiny_kt_model: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
+    """`tiny_kt_model` with `onnx_path` set to its exported model.onnx."""
+    import torch
+
+    path = tmp_path_factory.mktemp("tiny_onnx") / signature.ONNX_FILE
+    example = tuple(torch.zeros(2, 10, dtype=torch.int64) for _ in signature.INPUT_NAMES)
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    seq = torch.export.Dim("seq", min=2, max=512)
+    with warnings.catch_warnings():            # exporter chatter (torchvision, LeafSpec, axis names)
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            tiny_kt_model.module, example, str(path), dynamo=True, opset_version=18,
+            input_names=list(signature.INPUT_NAMES), output_names=list(signature.OUTPUT_NAMES),
+            dynamic_shapes={name: {0: batch, 1: seq} for name in signature.INPUT_NAMES},
+            external_data=False, verbose=False)
+    tiny_kt_model.onnx_path = path
+    return tiny_kt_model

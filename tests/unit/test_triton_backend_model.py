@@ -1,0 +1,231 @@
+"""The Triton Python-backend model (export/triton_backend/model.py) without Triton.
+
+model.py cannot import the project, so its tensor names are literals: they must equal
+export/signature.py. Its request handling is exercised against a fake `triton_python_backend_utils`
+and a tiny ONNX graph built with onnx.helper.
+"""
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from export import signature, triton_config
+from export.triton_backend import MODEL_PY
+
+pytestmark = pytest.mark.unit
+
+N_Q, N_S, WINDOW = 20, 6, 5
+
+
+def _literals() -> dict[str, object]:
+    tree = ast.parse(MODEL_PY.read_text())
+    found = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                found[node.targets[0].id] = ast.literal_eval(node.value)
+            except ValueError:
+                continue
+    return found
+
+
+def test_tensor_and_parameter_literals_match_the_signature() -> None:
+    lit = _literals()
+    assert (lit["QUESTIONS"], lit["SKILLS"], lit["RESPONSES"]) == signature.INPUT_NAMES
+    assert lit["PROBS"] == signature.PROBS
+    assert lit["ONNX_FILE"] == signature.ONNX_FILE
+    assert lit["PARAM_ORT_INTRA_OP_THREADS"] == triton_config.PARAM_ORT_INTRA_OP_THREADS
+    assert lit["PARAM_WINDOW"] == triton_config.PARAM_WINDOW
+    assert lit["PARAM_N_QUESTIONS"] == triton_config.PARAM_N_QUESTIONS
+    assert lit["PARAM_N_SKILLS"] == triton_config.PARAM_N_SKILLS
+
+
+def test_model_py_imports_nothing_from_the_project() -> None:
+    tree = ast.parse(MODEL_PY.read_text())
+    modules = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+               for alias in node.names}
+    modules |= {node.module.split(".")[0] for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and node.module}
+    assert modules <= {"json", "os", "time", "numpy", "onnxruntime", "triton_python_backend_utils"}
+
+
+# -- a fake triton_python_backend_utils -----------------------------------------------------------
+class _TritonError(Exception):
+    UNKNOWN, INTERNAL, NOT_FOUND, INVALID_ARG, UNAVAILABLE, UNSUPPORTED, ALREADY_EXISTS, CANCELLED = range(8)
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self._message, self._code = message, code
+
+    def message(self) -> str:
+        return self._message
+
+    def code(self) -> int:
+        return self._code
+
+
+class _Tensor:
+    def __init__(self, name: str, array: np.ndarray) -> None:
+        self._name, self._array = name, array
+
+    def name(self) -> str:
+        return self._name
+
+    def as_numpy(self) -> np.ndarray:
+        return self._array
+
+
+class _Response:
+    def __init__(self, output_tensors=(), error=None) -> None:
+        self.output_tensors, self.error = list(output_tensors), error
+
+
+class _Request:
+    def __init__(self, arrays: dict[str, np.ndarray], cancelled: bool = False) -> None:
+        self.arrays, self.cancelled = arrays, cancelled
+
+    def is_cancelled(self) -> bool:
+        return self.cancelled
+
+
+class _Histogram:
+    def __init__(self) -> None:
+        self.observed: list[float] = []
+
+    def observe(self, value: float) -> None:
+        self.observed.append(value)
+
+
+class _MetricFamily:
+    COUNTER, GAUGE, HISTOGRAM = range(3)
+    created: list["_MetricFamily"] = []
+
+    def __init__(self, name: str, description: str, kind: int) -> None:
+        self.name, self.kind, self.metrics = name, kind, []
+        _MetricFamily.created.append(self)
+
+    def Metric(self, labels: dict, buckets: list | None = None) -> _Histogram:  # noqa: N802 - Triton's name
+        self.metrics.append((labels, buckets))
+        return _Histogram()
+
+
+def _fake_pb_utils() -> types.ModuleType:
+    module = types.ModuleType("triton_python_backend_utils")
+    module.TritonError = _TritonError
+    module.TritonModelException = RuntimeError
+    module.Tensor = _Tensor
+    module.InferenceResponse = _Response
+    module.MetricFamily = _MetricFamily
+    module.get_input_tensor_by_name = lambda request, name: (
+        _Tensor(name, request.arrays[name]) if name in request.arrays else None)
+    return module
+
+
+def _tiny_onnx(path: Path) -> None:
+    """probs = sigmoid(0.01*q + 0.1*s + r): int64 [B, L] x3 -> float32 [B, L]."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    inputs = [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "seq"]) for n in signature.INPUT_NAMES]
+    output = helper.make_tensor_value_info(signature.PROBS, TensorProto.FLOAT, ["batch", "seq"])
+    consts = [helper.make_tensor(f"w_{n}", TensorProto.FLOAT, [], [w])
+              for n, w in zip(signature.INPUT_NAMES, (0.01, 0.1, 1.0))]
+    nodes = []
+    for n in signature.INPUT_NAMES:
+        nodes.append(helper.make_node("Cast", [n], [f"f_{n}"], to=TensorProto.FLOAT))
+        nodes.append(helper.make_node("Mul", [f"f_{n}", f"w_{n}"], [f"m_{n}"]))
+    nodes.append(helper.make_node("Sum", [f"m_{n}" for n in signature.INPUT_NAMES], ["z"]))
+    nodes.append(helper.make_node("Sigmoid", ["z"], [signature.PROBS]))
+    graph = helper.make_graph(nodes, "tiny", inputs, [output], initializer=consts)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 10                          # readable by onnxruntime 1.31 (max IR 13)
+    onnx.save(model, str(path))
+
+
+def _expected(questions: np.ndarray, skills: np.ndarray, responses: np.ndarray) -> np.ndarray:
+    return (1 / (1 + np.exp(-(0.01 * questions + 0.1 * skills + responses)))).astype(np.float32)
+
+
+@pytest.fixture()
+def model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", _fake_pb_utils())
+    spec = importlib.util.spec_from_file_location("routerkt_test_backend_model", MODEL_PY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    (tmp_path / "1").mkdir()
+    _tiny_onnx(tmp_path / "1" / signature.ONNX_FILE)
+    options = triton_config.TritonModelOptions(window=WINDOW, parameters={
+        triton_config.PARAM_N_QUESTIONS: str(N_Q), triton_config.PARAM_N_SKILLS: str(N_S)})
+    config = triton_config.build_config("tiny", options)
+    from google.protobuf import json_format
+    instance = module.TritonPythonModel()
+    instance.initialize({"model_config": json.dumps(json_format.MessageToDict(config, preserving_proto_field_name=True)),
+                         "model_repository": str(tmp_path), "model_version": "1", "model_name": "tiny"})
+    yield instance
+    instance.finalize()
+
+
+def _arrays(rows: int, seed: int, **overrides) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    arrays = {"questions": rng.integers(0, N_Q, (rows, WINDOW)), "skills": rng.integers(0, N_S, (rows, WINDOW)),
+              "responses": rng.integers(-1, 2, (rows, WINDOW))}
+    arrays.update(overrides)
+    return {k: np.asarray(v, dtype=np.int64) for k, v in arrays.items()}
+
+
+def test_execute_splits_one_run_per_request_and_isolates_bad_requests(model) -> None:
+    good_a, good_b = _arrays(2, 1), _arrays(1, 2)
+    bad_q = _arrays(1, 3, questions=np.full((1, WINDOW), N_Q))
+    bad_s = _arrays(1, 4, skills=np.full((1, WINDOW), -1))
+    bad_r = _arrays(1, 5, responses=np.full((1, WINDOW), 2))
+    bad_shape = {**_arrays(1, 6), "skills": np.zeros((2, WINDOW), dtype=np.int64)}
+    requests = [_Request(good_a), _Request(bad_q), _Request(good_b), _Request(_arrays(1, 7), cancelled=True),
+                _Request(bad_s), _Request(bad_r), _Request(bad_shape)]
+    responses = model.execute(requests)
+    assert len(responses) == len(requests)
+    for index, arrays in ((0, good_a), (2, good_b)):
+        assert responses[index].error is None
+        (tensor,) = responses[index].output_tensors
+        assert tensor.name() == signature.PROBS
+        np.testing.assert_allclose(tensor.as_numpy(), _expected(**arrays), atol=1e-6)
+    expected_errors = {1: "'questions'", 4: "'skills'", 5: "'responses'", 6: "'skills'"}
+    for index, name in expected_errors.items():
+        error = responses[index].error
+        assert error.code() == _TritonError.INVALID_ARG and name in error.message()
+    assert responses[3].error.code() == _TritonError.CANCELLED
+    assert len(model.exec_seconds.observed) == 1          # one ORT run for the whole batch
+
+
+def test_all_bad_batch_never_runs_the_model(model) -> None:
+    responses = model.execute([_Request(_arrays(1, 1, questions=np.full((1, WINDOW), 10_000)))])
+    assert responses[0].error.code() == _TritonError.INVALID_ARG
+    assert model.exec_seconds.observed == []
+
+
+def test_ort_failure_answers_each_good_request_with_a_generic_error(model, monkeypatch) -> None:
+    class Broken:
+        def run(self, *args, **kwargs):
+            raise RuntimeError("[ONNXRuntimeError] at /secret/path/model.onnx: boom")
+
+    monkeypatch.setattr(model, "session", Broken())
+    responses = model.execute([_Request(_arrays(1, 1)), _Request(_arrays(2, 2))])
+    for response in responses:
+        assert response.error.code() == _TritonError.INTERNAL
+        assert response.error.message() == "model execution failed"
+
+
+def test_histogram_metric_is_registered_with_model_labels(model) -> None:
+    family = model.exec_family
+    assert family.name == "routerkt_triton_model_exec_seconds" and family.kind == _MetricFamily.HISTOGRAM
+    labels, buckets = family.metrics[0]
+    assert labels == {"model": "tiny", "version": "1"}
+    assert buckets == sorted(buckets) and buckets[0] < 0.001

@@ -1,0 +1,157 @@
+"""config.pbtxt rendering: every backend renders, parses back, and carries the signature."""
+from __future__ import annotations
+
+import pytest
+from tritonclient.grpc import model_config_pb2 as mc
+
+from export import signature
+from export.triton_config import (
+    HEADER, PARAM_N_QUESTIONS, PARAM_N_SKILLS, PARAM_ORT_INTRA_OP_THREADS, PARAM_WINDOW, WARMUP_NAME,
+    Backend, TritonModelOptions, build_config, parse_config, render_config,
+)
+from routerkt.errors import UserError
+
+pytestmark = pytest.mark.unit
+
+VOCAB = {PARAM_N_QUESTIONS: "4001", PARAM_N_SKILLS: "120"}
+PROVENANCE = {"run_id": "run-7", "git_sha": "abc123", "valid_auc": "0.7812", "preset": "routerkt-akt"}
+
+
+def _options(**kwargs) -> TritonModelOptions:
+    kwargs.setdefault("parameters", {**VOCAB, **PROVENANCE})
+    return TritonModelOptions(**kwargs)
+
+
+def _round_trip(name: str, options: TritonModelOptions) -> mc.ModelConfig:
+    text = render_config(name, options)
+    config = parse_config(text)
+    assert config == build_config(name, options)
+    return config
+
+
+def _assert_signature(config: mc.ModelConfig, window: int) -> None:
+    assert [(t.name, mc.DataType.Name(t.data_type), list(t.dims)) for t in config.input] == [
+        (s.name, s.triton_dtype, [window]) for s in signature.INPUTS]
+    assert [(t.name, mc.DataType.Name(t.data_type), list(t.dims)) for t in config.output] == [
+        (s.name, s.triton_dtype, [window]) for s in signature.OUTPUTS]
+    assert [t.name for t in config.input] == ["questions", "skills", "responses"]
+    assert mc.DataType.Name(config.output[0].data_type) == "TYPE_FP32"
+
+
+def _assert_batching_without_queue_policy(config: mc.ModelConfig, options: TritonModelOptions) -> None:
+    batching = config.dynamic_batching
+    assert config.HasField("dynamic_batching")
+    assert list(batching.preferred_batch_size) == sorted(options.preferred_batch_sizes)
+    assert batching.max_queue_delay_microseconds == options.max_queue_delay_us
+    assert not batching.HasField("default_queue_policy")
+    assert batching.priority_levels == 0
+    assert len(batching.priority_queue_policy) == 0
+
+
+@pytest.mark.parametrize("backend", list(Backend))
+def test_every_backend_round_trips_with_signature_and_batching(backend: Backend) -> None:
+    options = _options(backend=backend, window=64, max_batch_size=256, preferred_batch_sizes=[32, 8],
+                       max_queue_delay_us=1500, instance_count=2, version_policy_latest=3)
+    config = _round_trip("routerkt-akt", options)
+    assert config.name == "routerkt-akt"
+    assert config.max_batch_size == 256
+    assert config.version_policy.latest.num_versions == 3
+    _assert_signature(config, window=64)
+    _assert_batching_without_queue_policy(config, options)
+    assert [g.count for g in config.instance_group] == [2]
+    for key, value in {**VOCAB, **PROVENANCE}.items():
+        assert config.parameters[key].string_value == value
+
+
+def test_python_backend_runs_on_cpu_with_ort_parameters() -> None:
+    config = _round_trip("kt", _options(window=100, ort_intra_op_threads=3))
+    assert config.backend == "python"
+    assert config.platform == ""
+    assert [mc.ModelInstanceGroup.Kind.Name(g.kind) for g in config.instance_group] == ["KIND_CPU"]
+    assert config.parameters[PARAM_ORT_INTRA_OP_THREADS].string_value == "3"
+    assert config.parameters[PARAM_WINDOW].string_value == "100"
+    assert not config.HasField("optimization")
+
+
+def test_defaults_match_the_measured_setup() -> None:
+    options = _options()
+    config = _round_trip("kt", options)
+    assert config.max_batch_size == 1024
+    assert list(config.input[0].dims) == [100]
+    assert config.parameters[PARAM_ORT_INTRA_OP_THREADS].string_value == "2"
+    assert config.instance_group[0].count == 1
+    assert config.version_policy.latest.num_versions == 2
+    assert config.dynamic_batching.max_queue_delay_microseconds == 2000
+
+
+def test_warmup_is_one_zero_filled_batch_of_every_input() -> None:
+    config = _round_trip("kt", _options(window=30))
+    assert len(config.model_warmup) == 1
+    warmup = config.model_warmup[0]
+    assert (warmup.name, warmup.batch_size, warmup.count) == (WARMUP_NAME, 1, 1)
+    assert sorted(warmup.inputs) == sorted(signature.INPUT_NAMES)
+    for spec in signature.INPUTS:
+        entry = warmup.inputs[spec.name]
+        assert entry.zero_data and list(entry.dims) == [30]
+        assert mc.DataType.Name(entry.data_type) == spec.triton_dtype
+    assert len(_round_trip("kt", _options(warmup=False)).model_warmup) == 0
+
+
+@pytest.mark.parametrize("fp16, precision", [(True, "FP16"), (False, "FP32")])
+def test_onnxruntime_backend_targets_gpu_with_tensorrt_accelerator(fp16: bool, precision: str) -> None:
+    config = _round_trip("kt", _options(backend=Backend.ONNXRUNTIME, fp16=fp16, trt_max_workspace_bytes=1 << 28))
+    assert (config.platform, config.backend) == ("onnxruntime_onnx", "onnxruntime")
+    assert config.default_model_filename == signature.ONNX_FILE
+    assert [mc.ModelInstanceGroup.Kind.Name(g.kind) for g in config.instance_group] == ["KIND_GPU"]
+    accelerators = config.optimization.execution_accelerators.gpu_execution_accelerator
+    assert [a.name for a in accelerators] == ["tensorrt"]
+    assert accelerators[0].parameters["precision_mode"] == precision
+    assert accelerators[0].parameters["max_workspace_size_bytes"] == str(1 << 28)
+    assert config.parameters["intra_op_thread_count"].string_value == "2"
+
+
+def test_tensorrt_backend_serves_a_plan_on_gpu() -> None:
+    config = _round_trip("kt", _options(backend="tensorrt"))
+    assert config.platform == "tensorrt_plan"
+    assert config.default_model_filename == signature.PLAN_FILE
+    assert [mc.ModelInstanceGroup.Kind.Name(g.kind) for g in config.instance_group] == ["KIND_GPU"]
+    assert not config.optimization.execution_accelerators.gpu_execution_accelerator
+
+
+def test_rendered_text_explains_the_missing_queue_policy_only_in_comments() -> None:
+    text = render_config("kt", _options())
+    assert text.startswith(HEADER)
+    body = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+    assert not any("queue_policy" in line or "priority" in line for line in body)
+    assert "default_queue_policy" in HEADER and "priority_levels" in HEADER
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"preferred_batch_sizes": [8, 2048]}, "preferred batch size 2048"),
+    ({"max_batch_size": 0}, "max_batch_size"),
+    ({"window": -1}, "window"),
+    ({"max_queue_delay_us": -5}, "max_queue_delay_us"),
+    ({"parameters": {PARAM_N_SKILLS: "12"}}, PARAM_N_QUESTIONS),
+    ({"parameters": {**VOCAB, PARAM_WINDOW: "50"}}, "conflicts"),
+    ({"parameters": {**VOCAB, "bad key": "1"}}, "bad key"),
+])
+def test_bad_options_raise_user_error_naming_the_field(kwargs: dict, message: str) -> None:
+    with pytest.raises(UserError, match=message):
+        render_config("kt", _options(**kwargs))
+
+
+def test_unknown_backend_and_bad_model_name_are_user_errors() -> None:
+    with pytest.raises(UserError, match="unknown Triton backend"):
+        TritonModelOptions(backend="openvino")
+    with pytest.raises(UserError, match="model name"):
+        render_config("../escape", _options())
+
+
+def test_vocabulary_sizes_are_optional_for_gpu_backends() -> None:
+    config = _round_trip("kt", TritonModelOptions(backend=Backend.TENSORRT))
+    assert PARAM_N_QUESTIONS not in config.parameters
+
+
+def test_parse_config_reports_malformed_text() -> None:
+    with pytest.raises(UserError, match="invalid config.pbtxt"):
+        parse_config('name: "kt"\nmax_batch_size: "many"\n')
