@@ -60,6 +60,7 @@ class DataConfig:
     seed: int = 12405               # split seed (the reference code's)
     collapse_repeats: bool = False  # merge consecutive rows with the same question and answer (assist2009 multi-skill rows)
     folds_file: str = ""            # JSON {fold: [learner ids]} giving the test learners of each fold
+    run_folds: int = 0              # train only the first N folds (0 = all); lets a long grid run part of K
 
 
 @dataclass
@@ -102,10 +103,10 @@ class TrainConfig:
     lr: float = 1e-3
     weight_decay: float = 0.0
     grad_clip: float = 2.0          # max global grad norm
-    patience: int = 10              # stop after this many epochs without a validation AUC improvement
+    patience: int = 10              # stop once this many epochs passed since the best validation AUC (strict ">", as the reference)
     seed: int = 12405
     threads: int = 0                # torch intra-op threads (0 = all cores)
-    bf16: bool = False              # bfloat16 autocast on CPU (forward/backward); weights stay float32
+    bf16: bool = True               # bfloat16 autocast for training steps (AVX512-BF16 CPUs); weights, attention and evaluation stay float32
     length_buckets: bool = True     # batch learners of similar length and trim shared padding (same results, less work)
 
 

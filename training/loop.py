@@ -47,13 +47,12 @@ def batch_loss(model: KTModel, batch: Batch, bf16: bool = False) -> tuple[torch.
 
 
 @torch.inference_mode()
-def predict(model: KTModel, seqs: Sequences, batch_size: int, bf16: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """Labels and probabilities of every scored position of `seqs`."""
+def predict(model: KTModel, seqs: Sequences, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Labels and probabilities of every scored position of `seqs` (float32, as served)."""
     model.eval()
     labels, probs = [], []
     for batch in iterate(seqs, batch_size, shuffle=False):
-        with autocast(bf16):
-            logits = model(batch.questions, batch.skills, batch.responses).logits
+        logits = model(batch.questions, batch.skills, batch.responses).logits
         scored = batch.responses >= 0
         labels.append(batch.responses[scored].numpy())
         probs.append(torch.sigmoid(logits.float())[scored].numpy())
@@ -62,8 +61,8 @@ def predict(model: KTModel, seqs: Sequences, batch_size: int, bf16: bool = False
     return np.concatenate(labels), np.concatenate(probs)
 
 
-def evaluate(model: KTModel, seqs: Sequences, batch_size: int, bf16: bool = False) -> dict[str, float]:
-    return summarize(*predict(model, seqs, batch_size, bf16))
+def evaluate(model: KTModel, seqs: Sequences, batch_size: int) -> dict[str, float]:
+    return summarize(*predict(model, seqs, batch_size))
 
 
 def train_fold(cfg: RunConfig, vocab: Vocab, data: FoldData, fold_dir: Path, fold: int, run_id: str,
@@ -94,7 +93,7 @@ def train_fold(cfg: RunConfig, vocab: Vocab, data: FoldData, fold_dir: Path, fol
             for k, v in parts.items():
                 totals[k] = totals.get(k, 0.0) + float(v) * batch.size
         train_seconds = time.perf_counter() - t0
-        valid = evaluate(model, data.valid, tc.batch_size, tc.bf16)
+        valid = evaluate(model, data.valid, tc.batch_size)
         row = {"epoch": epoch, "train_seconds": train_seconds, "train_seq_per_s": seen / max(train_seconds, 1e-9),
                **{f"train_{k}": v / max(seen, 1) for k, v in totals.items()},
                **{f"valid_{k}": v for k, v in valid.items()}}
@@ -111,11 +110,11 @@ def train_fold(cfg: RunConfig, vocab: Vocab, data: FoldData, fold_dir: Path, fol
         bar.set_postfix(valid_auc=f"{valid['auc']:.4f}", best=f"{best_auc:.4f}")
         log(f"fold {fold} epoch {epoch}: loss {row.get('train_bce', float('nan')):.4f} valid auc {valid['auc']:.4f} "
             f"acc {valid['acc']:.4f} ({row['train_seq_per_s']:.0f} seq/s){' *' if improved else ''}")
-        if epoch - best_epoch >= tc.patience:
+        if epoch - best_epoch > tc.patience:              # the reference code: stop after patience+1 flat epochs
             break
     writer.close()
     best = load_checkpoint(fold_dir)
-    test = evaluate(best.model, data.test, tc.batch_size, tc.bf16)
+    test = evaluate(best.model, data.test, tc.batch_size)
     result = {"fold": fold, "best_epoch": best_epoch, "epochs_run": len(history), "valid_auc": best_auc,
               "test": test, "seconds": time.perf_counter() - started,
               "train_seq_per_s": float(np.median([h["train_seq_per_s"] for h in history]))}

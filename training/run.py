@@ -60,7 +60,8 @@ def _check_resume(out: Path, cfg: RunConfig) -> None:
     except (ValueError, KeyError, TypeError) as exc:
         raise UserError(f"{saved}: unreadable run config ({exc})") from None
     a, b = to_dict(previous), to_dict(cfg)
-    a["train"].pop("epochs"), b["train"].pop("epochs")
+    for d in (a, b):                     # may change between invocations of the same run
+        d["train"].pop("epochs"), d["data"].pop("run_folds")
     if a != b:
         raise UserError(f"{out} holds a run with a different configuration; choose another --out")
 
@@ -83,6 +84,8 @@ def run_training(cfg: RunConfig, out: Path, progress: bool = True) -> dict:
     log(f"{cfg.preset}: {len(seqs)} sequences of {len(np.unique(seqs.learners))} learners, "
         f"{vocab.n_questions} question ids, {vocab.n_skills} skill ids, {len(folds)} fold(s) -> {out}")
     results, started = [], time.perf_counter()
+    if cfg.data.run_folds:
+        folds = folds[: cfg.data.run_folds]
     for fold in tqdm(folds, desc="folds", unit="fold", disable=not progress, file=sys.stderr):
         fold_dir = out / f"fold-{fold.index}"
         done = fold_dir / "result.json"
