@@ -9,7 +9,7 @@ import torch
 from routerkt.errors import UserError
 from training.config import AttentionKind, ExpertKind, HeadMode, ModelConfig, RoutingScope
 from training.models.biases import alibi_slopes, alibi_table
-from training.models.context import SequenceContext
+from training.models.context import MaskKind, SequenceContext
 from training.models.registry import PRESETS, build_model, preset_config, with_vocab
 from training.models.router import Router
 
@@ -87,7 +87,7 @@ def test_monotonic_gradients_reach_decay_and_query_key():
         assert attn.qk.weight.grad is not None and attn.qk.weight.grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("attention", [AttentionKind.STANDARD, AttentionKind.ALIBI])
+@pytest.mark.parametrize("attention", list(AttentionKind))
 @pytest.mark.parametrize("heads", list(HeadMode))
 def test_fused_equals_explicit_attention(attention, heads):
     cfg = with_vocab(ModelConfig(attention=attention, heads=heads), 30, 10)
@@ -107,7 +107,7 @@ def test_relative_frozen_kernel_equals_learned():
         before = model(q, s, r).logits
         model.freeze_biases()
         after = model(q, s, r).logits
-    assert model.retriever[0].attn.bias_table.shape == (8, cfg.max_len, cfg.max_len)
+    assert model.retriever[0].attn.frozen[MaskKind.PAST].shape == (8, cfg.max_len, cfg.max_len)
     assert torch.allclose(before, after, atol=1e-6)
 
 

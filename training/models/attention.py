@@ -1,22 +1,31 @@
 """Multi-head attention with the four attention kinds and optional RouterKT head routing.
 
-Kinds (one enum, `AttentionKind`), all with masks from `SequenceContext` and zeroed rows for
-queries that see no key:
-- STANDARD:  softmax(S + M) V, S = Q K^T / sqrt(d_k)
-- ALIBI:     softmax(S - m_h (i - j) + M) V, slopes m_h = 2^(-8h/H), table precomputed for max_len
-- RELATIVE:  [lam_h softmax(S + M) + (1 - lam_h) softmax(-|i - j| / tau_h + M)] V,
+Kinds (one enum, `AttentionKind`), all with masks from `SequenceContext` (M: 0 visible, NEG not)
+and zeroed rows for queries that see no key. S = Q K^T / sqrt(d_k).
+- STANDARD:  softmax(S + M) V
+- ALIBI:     softmax(S - m_h (i - j) + M) V, slopes m_h = 2^(-8h/H)
+- RELATIVE:  lam_h softmax(S + M) V + (1 - lam_h) softmax(-|i - j| / tau_h + M) V,
              lam_h = sigmoid(a_h), tau_h = softplus(b_h), both learned per head
-- MONOTONIC: AKT's context-aware decay S' = S * clamp(exp(-theta_h * dist), 1e-5, 1e5) with
-             dist = sqrt(|i - j| * sum of (detached) attention mass beyond j), theta_h = softplus(gamma_h);
-             the gradient reaches S (so Q/K) and gamma (unlike the FoLiBi/RouterKT reference code).
+- MONOTONIC: AKT's context-aware decay softmax(S * clamp(exp(-theta_h * dist), 1e-5) + M) V with
+             dist = sqrt(|i - j| * attention mass beyond key j), the mass from the (detached)
+             softmax(S + M); theta_h = softplus(gamma_h). The gradient reaches S (so Q/K) and gamma,
+             unlike the FoLiBi/RouterKT reference code.
 Queries and keys share one projection (kq_same, as in AKT/RouterKT). With a `Router`, each head's
-output is scaled by its routing weight before the output projection (RouterKT: all heads run).
+output is scaled by its routing weight before the output projection (RouterKT: every head runs).
 
-STANDARD and ALIBI use the fused `scaled_dot_product_attention` unless attention maps are
-requested; the explicit path computes the same thing (checked by a unit test).
+Inference cost: biases that do not depend on the learner add no [B, H, L, L] work.
+- ALiBi: under a row softmax -m_h (i - j) equals m_h (j - (L - 1)) (a row constant cancels), a bias
+  on keys only, folded into the product as one extra query/key channel: [q, 1] . [k, m_h (j-L+1) sqrt(d_k)].
+- Relative: softmax(-|i - j| / tau + M) V = (K (V * valid)) / (K valid) with K[h, i, j] =
+  exp(-(distance to j minus distance to the nearest visible key) / tau_h) on visible (i, j), a
+  [H, L, L] constant at inference: two small matmuls, no softmax over [B, H, L, L].
+- Both tables are precomputed for max_len by `freeze_biases()` (export) and sliced to L.
+The explicit path (attention maps requested, or fused_attention off) materialises the
+probabilities; a unit test checks that both paths agree.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -24,10 +33,26 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from training.config import AttentionKind, ModelConfig
-from training.models.biases import alibi_slopes, alibi_table, distance_table, recency_kernel
-from training.models.context import NEG, MaskKind, SequenceContext
+from training.models.biases import alibi_slopes, alibi_table, distance_table
+from training.models.context import MaskKind, SequenceContext
 from training.models.outputs import Collector
 from training.models.router import Router
+
+
+def _float32():
+    """Attention runs in float32, also under bf16 autocast (the CPU flash kernel's bf16 backward is
+    ~3x slower than its float32 one here, and the decay maths wants the precision); the
+    projections around it stay bf16."""
+    return torch.autocast("cpu", enabled=False) if torch.is_autocast_enabled("cpu") else contextlib.nullcontext()
+
+
+def recency_weights(distance: Tensor, tau: Tensor, mask: MaskKind) -> Tensor:
+    """[H, L, L] unnormalised recency attention: exp(-(i - j - s) / tau_h) on visible (i, j), else 0,
+    with s = 0 (CURRENT) or 1 (PAST) so the nearest visible key weighs exactly 1."""
+    shift = 0.0 if mask is MaskKind.CURRENT else 1.0
+    d = distance - shift                                                     # [L, L]
+    weights = torch.exp(-d.clamp(min=0.0)[None] / tau[:, None, None])        # [H, L, L]
+    return weights * (d >= 0).to(weights.dtype)
 
 
 class MultiHeadAttention(nn.Module):
@@ -46,38 +71,81 @@ class MultiHeadAttention(nn.Module):
             self.gamma = nn.Parameter(torch.empty(H, 1, 1))
             nn.init.xavier_uniform_(self.gamma)
         if self.kind is AttentionKind.ALIBI:
-            self.register_buffer("bias_table", alibi_table(H, cfg.max_len), persistent=False)   # [H, Lmax, Lmax]
+            slopes = torch.tensor(alibi_slopes(H))
+            self.register_buffer("alibi", alibi_table(H, cfg.max_len), persistent=False)      # [H, Lmax, Lmax]
+            key_pos = torch.arange(cfg.max_len, dtype=torch.float32) - (cfg.max_len - 1)      # -(Lmax-1) .. 0
+            self.register_buffer("alibi_keys", slopes[:, None] * key_pos * math.sqrt(self.d_k),
+                                 persistent=False)                                             # [H, Lmax]
         if self.kind is AttentionKind.RELATIVE:
             tau0 = torch.tensor([1.0 / m for m in alibi_slopes(H)])        # start as ALiBi-like recency
             self.mix_logit = nn.Parameter(torch.zeros(H))                   # lam = 0.5 at start
             self.tau_raw = nn.Parameter(tau0 + torch.log(-torch.expm1(-tau0)))   # softplus^-1(tau0)
-            self.register_buffer("bias_table", None, persistent=False)     # set by freeze_biases()
+            self.frozen: dict[MaskKind, Tensor] = {}                       # set by freeze_biases()
 
     # -- learner-independent biases --------------------------------------------------------------
     def freeze_biases(self) -> None:
-        """Precompute the relative recency kernel as a constant [H, Lmax, Lmax] (for export)."""
+        """Precompute the relative recency tables as constants [H, Lmax, Lmax] (before export)."""
         if self.kind is AttentionKind.RELATIVE:
             with torch.no_grad():
                 tau = F.softplus(self.tau_raw)
-                self.bias_table = recency_kernel(distance_table(self.max_len).to(tau.device), tau)
+                dist = distance_table(self.max_len).to(tau.device)
+                self.frozen = {m: recency_weights(dist, tau, m) for m in MaskKind}
 
-    def _table(self, L: int, ctx: SequenceContext) -> Tensor:
-        """[H, L, L] learner-independent logits for ALIBI / RELATIVE."""
-        if self.bias_table is not None:
-            return self.bias_table[:, :L, :L]
-        return recency_kernel(ctx.distance, F.softplus(self.tau_raw))
+    def _recency(self, L: int, mask: MaskKind, ctx: SequenceContext) -> Tensor:
+        if mask in self.frozen:
+            return self.frozen[mask][:, :L, :L]
+        return recency_weights(ctx.distance, F.softplus(self.tau_raw), mask)   # [H, L, L]
 
-    def _monotonic(self, scores: Tensor, allow: Tensor, ctx: SequenceContext) -> Tensor:
-        # scores: [B, H, L, L]; allow: [B, 1, L, L]
-        s = scores.detach().float()
-        p = torch.softmax(s.masked_fill(~allow, NEG), dim=-1) * allow       # rows w/o keys -> 0
-        # mass strictly beyond key j, summed from the right end (masked future first, left padding
-        # last) so it is exactly 0 at the last visible key and independent of the padding amount
-        remaining = p.flip(-1).cumsum(-1).flip(-1) - p                      # [B, H, L, L]
-        dist = (remaining * ctx.distance.abs()).clamp(min=0.0).sqrt()       # detached
-        theta = F.softplus(self.gamma.float())                              # [H, 1, 1]
-        effect = torch.exp(-theta * dist).clamp(1e-5, 1e5)
-        return scores * effect.to(scores.dtype)
+    def _relative_mix(self, content: Tensor, v: Tensor, L: int, mask: MaskKind, ctx: SequenceContext) -> Tensor:
+        """lam * content + (1 - lam) * recency attention applied to v; content/v: [B, H, L, dk]."""
+        weights = self._recency(L, mask, ctx).to(v.dtype)                    # [H, L, L]
+        valid = ctx.valid.to(v.dtype)[:, None, :, None]                      # [B, 1, L, 1]
+        recency = (weights @ (v * valid)) / (weights @ valid).clamp(min=1.0)  # [B, H, L, dk]
+        lam = torch.sigmoid(self.mix_logit).to(v.dtype)[None, :, None, None]
+        return lam * content + (1.0 - lam) * recency
+
+    def _monotonic_probs(self, q: Tensor, k: Tensor, mask: MaskKind, ctx: SequenceContext) -> Tensor:
+        scores = (q * (1.0 / math.sqrt(self.d_k))) @ k.transpose(-1, -2)    # [B, H, L, L]
+        bias = ctx.additive_mask(mask, scores.dtype)                         # [B, 1, L, L]
+        p = torch.softmax(scores.detach() + bias, dim=-1)
+        cum = p.cumsum(-1)                                                   # sequential: exact at the end
+        remaining = cum[..., -1:] - cum                                      # mass beyond j, >= 0, 0 at the last key
+        dist = (remaining * ctx.distance.abs()).sqrt()                       # detached
+        effect = torch.exp(-F.softplus(self.gamma.to(scores.dtype)) * dist).clamp(min=1e-5)   # <= 1
+        return torch.softmax(scores * effect + bias, dim=-1)
+
+    def _explicit_probs(self, q: Tensor, k: Tensor, mask: MaskKind, ctx: SequenceContext) -> Tensor:
+        """[B, H, L, L] attention probabilities (rows without keys zeroed) for the kinds that have
+        one distribution; RELATIVE returns the mixture."""
+        L = q.shape[2]
+        has_key = ctx.has_key(mask)
+        if self.kind is AttentionKind.MONOTONIC:
+            return self._monotonic_probs(q, k, mask, ctx) * has_key
+        scores = q @ k.transpose(-1, -2) / math.sqrt(self.d_k) + ctx.additive_mask(mask, q.dtype)
+        if self.kind is AttentionKind.ALIBI:
+            scores = scores + self.alibi[:, :L, :L].to(q.dtype)
+        probs = torch.softmax(scores, dim=-1) * has_key
+        if self.kind is AttentionKind.RELATIVE:
+            weights = self._recency(L, mask, ctx)[None] * ctx.valid[:, None, None, :].to(q.dtype)   # [B, H, L, L]
+            recency = weights / weights.sum(-1, keepdim=True).clamp(min=1.0)
+            lam = torch.sigmoid(self.mix_logit).to(q.dtype)[None, :, None, None]
+            probs = lam * probs + (1.0 - lam) * recency
+        return probs
+
+    def _fused(self, q: Tensor, k: Tensor, v: Tensor, mask: MaskKind, ctx: SequenceContext, drop: float) -> Tensor:
+        q, k, v = q.float(), k.float(), v.float()
+        B, H, L, dk = q.shape
+        bias = ctx.additive_mask(mask, torch.float32)                        # [B, 1, L, L]
+        if self.kind is AttentionKind.MONOTONIC:
+            return F.dropout(self._monotonic_probs(q, k, mask, ctx), drop, self.training) @ v
+        if self.kind is AttentionKind.ALIBI:                                 # one extra channel
+            keys = self.alibi_keys[:, -L:][None, :, :, None].expand(B, H, L, 1)
+            q = torch.cat([q, torch.ones_like(q[..., :1])], dim=-1)          # [B, H, L, dk+1]
+            k = torch.cat([k, keys], dim=-1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=drop, scale=1.0 / math.sqrt(dk))
+        if self.kind is AttentionKind.RELATIVE:
+            out = self._relative_mix(out, v, L, mask, ctx)
+        return out
 
     # -- forward -----------------------------------------------------------------------------------
     def forward(self, query: Tensor, key: Tensor, value: Tensor, ctx: SequenceContext,
@@ -90,40 +158,17 @@ class MultiHeadAttention(nn.Module):
         q = qp.view(B, L, H, dk).transpose(1, 2)                              # [B, H, L, dk]
         k = kp.view(B, L, H, dk).transpose(1, 2)
         v = self.v(value).view(B, L, H, dk).transpose(1, 2)
-        has_key = ctx.has_key(mask)                                           # [B, 1, L, 1]
-        explicit = not self.fused or collect.want_attention or self.kind in (AttentionKind.MONOTONIC, AttentionKind.RELATIVE)
         drop = self.dropout if self.training else 0.0
 
-        if not explicit:
-            # attention itself runs in float32 even under bf16 autocast: the CPU flash kernel's
-            # bf16 backward is ~3x slower than its float32 one here (projections stay bf16)
-            q, k, v = q.float(), k.float(), v.float()
-            bias = ctx.additive_mask(mask, torch.float32)                     # [B, 1, L, L]
-            if self.kind is AttentionKind.ALIBI:
-                bias = bias + self._table(L, ctx)                             # [B, H, L, L]
-            if torch.is_autocast_enabled("cpu"):
-                with torch.autocast("cpu", enabled=False):
-                    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=drop)
+        with _float32():
+            if collect.want_attention or not self.fused:
+                probs = self._explicit_probs(q.float(), k.float(), mask, ctx)    # [B, H, L, L]
+                if collect.want_attention:
+                    collect.attention.append(probs.detach())
+                    collect.names.append(self.name)
+                out = F.dropout(probs, drop, self.training) @ v.float()          # [B, H, L, dk]
             else:
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=drop)
-            out = out * has_key                                               # [B, H, L, dk]
-        else:
-            allow = ctx.allow(mask)                                           # [B, 1, L, L]
-            scores = q @ k.transpose(-1, -2) / math.sqrt(dk)                  # [B, H, L, L]
-            if self.kind is AttentionKind.ALIBI:
-                scores = scores + self._table(L, ctx).to(scores.dtype)
-            elif self.kind is AttentionKind.MONOTONIC:
-                scores = self._monotonic(scores, allow, ctx)
-            probs = torch.softmax(scores.masked_fill(~allow, NEG), dim=-1) * has_key
-            if self.kind is AttentionKind.RELATIVE:
-                kernel = self._table(L, ctx).to(scores.dtype)[None]           # [1, H, L, L]
-                recency = torch.softmax(kernel.masked_fill(~allow, NEG), dim=-1) * has_key
-                lam = torch.sigmoid(self.mix_logit).to(scores.dtype)[None, :, None, None]
-                probs = lam * probs + (1.0 - lam) * recency
-            if collect.want_attention:
-                collect.attention.append(probs.detach())
-                collect.names.append(self.name)
-            out = F.dropout(probs, drop, self.training) @ v                  # [B, H, L, dk]
+                out = self._fused(q, k, v, mask, ctx, drop) * ctx.has_key(mask)   # [B, H, L, dk]
 
         if self.router is not None:
             routing = self.router(qp, ctx)
@@ -133,4 +178,4 @@ class MultiHeadAttention(nn.Module):
             if collect.want_routing:
                 collect.routing.append(routing.weights.detach())
         out = out.transpose(1, 2).reshape(B, L, d)                            # [B, L, d]
-        return self.out(out)
+        return self.out(out.to(qp.dtype))

@@ -1,5 +1,5 @@
 """Attention biases that do not depend on the learner: ALiBi (FoLiBi) slopes and tables, and the
-relative-attention recency kernel. They are functions of the distance i - j only, so they are
+distance table used by the relative recency kernel. They are functions of the distance i - j only, so they are
 precomputed for the maximum window and sliced to the actual length (which works for left-padded
 windows because a top-left [L, L] block of an i - j table is itself an i - j table).
 """
@@ -37,9 +37,3 @@ def alibi_table(n_heads: int, max_len: int) -> Tensor:
     j > i are masked anyway; they hold +m_h * (j - i) and are never visible."""
     slopes = torch.tensor(alibi_slopes(n_heads), dtype=torch.float32)   # [H]
     return -slopes[:, None, None] * distance_table(max_len)[None]       # [H, Lmax, Lmax]
-
-
-def recency_kernel(distance: Tensor, tau: Tensor) -> Tensor:
-    """Relative attention's recency logits -|i - j| / tau_h.
-    distance: [L, L]; tau: [H] (positive). Returns [H, L, L]."""
-    return -distance.abs()[None] / tau[:, None, None]
