@@ -206,7 +206,7 @@ class TritonServer:
         return proc.returncode
 
     def kill(self) -> None:
-        """SIGKILL the server (crash-recovery tests); its stubs exit when they lose the parent."""
+        """SIGKILL the server (crash-recovery tests); orphaned stubs are killed too."""
         proc = self._proc
         if proc is None or proc.poll() is not None:
             return
@@ -331,10 +331,19 @@ class TritonServer:
                 continue
 
     def _after_exit(self) -> None:
-        """Wait (bounded) for our stubs to exit, then remove the shared-memory files that only our
-        (now dead) server and its stubs mapped; the names hold a per-server UUID."""
+        """Wait (bounded) for our stubs to exit (SIGKILL the orphans that do not), then remove the
+        shared-memory files that only our (now dead) server and its stubs mapped; the names hold a
+        per-server UUID."""
         _LIVE.discard(self)
-        _wait_gone(sorted(self._stubs_seen), timeout=10.0)
+        stubs = sorted(self._stubs_seen)
+        _wait_gone(stubs, timeout=3.0)
+        for pid in stubs:                      # a stub killed mid-request never exits on its own (2.51)
+            if STUB_NAME in _cmdline(pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        _wait_gone(stubs, timeout=5.0)
         self._stubs_seen.clear()
         for path in sorted(self._shm_seen):
             try:

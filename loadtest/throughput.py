@@ -1,0 +1,213 @@
+"""`routerkt bench throughput`: inference throughput of the attention variants, side by side, at
+three levels in one run (the RouterKT paper's Table 4 setting: batch 512, history length 100).
+
+Levels, each measured on the same fixed batch of full-length windows:
+  pytorch      eager PyTorch, eval mode, inference_mode
+  onnxruntime  the exported ONNX model in-process (graph optimisation ALL, intra-op threads)
+  triton       the same ONNX model served by the bundled tritonserver (python backend running
+               onnxruntime, dynamic batching on), called through tritonclient's gRPC client: the batch
+               is sent as `--triton-requests` concurrent requests that the dynamic batcher merges.
+Variants are interleaved inside each repetition so machine drift hits all of them alike; every
+(variant, level) gets warm-up calls first. Weights are random (speed does not depend on them).
+Writes OUT/throughput.json ({level: {preset: median samples/s}} plus spreads and settings),
+OUT/throughput.md (ratios to standard attention beside the paper's) and OUT/throughput_chart.png.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+LEVELS = ("pytorch", "onnxruntime", "triton")
+DEFAULT_PRESETS = ("akt-standard", "routerkt-akt", "folibi-akt", "rkt-akt", "akt")
+LABELS = {"akt-standard": "standard", "routerkt-akt": "RouterKT", "folibi-akt": "ALiBi (FoLiBi)",
+          "rkt-akt": "relative (RKT)", "akt": "monotonic (AKT)"}
+PAPER_RATIO = {"akt-standard": "1.00", "routerkt-akt": "0.87-0.89", "folibi-akt": "0.75",
+               "rkt-akt": "0.73", "akt": "0.31"}
+N_QUESTIONS, N_SKILLS = 17_000, 120          # assist2009-sized vocabularies
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--batch", type=int, default=512)
+    p.add_argument("--seq-len", type=int, default=100)
+    p.add_argument("--presets", default=",".join(DEFAULT_PRESETS), help="comma-separated; the first is the reference")
+    p.add_argument("--levels", default=",".join(LEVELS))
+    p.add_argument("--repeats", type=int, default=5, help="interleaved timed repetitions (median reported)")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2, help="torch and onnxruntime intra-op threads")
+    p.add_argument("--triton-requests", type=int, default=8, help="concurrent requests the batch is split into")
+    p.add_argument("--out", default="bench/throughput", help="output directory")
+
+
+def make_batch(batch: int, length: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"questions": rng.integers(2, N_QUESTIONS, (batch, length)).astype(np.int64),
+            "skills": rng.integers(2, N_SKILLS, (batch, length)).astype(np.int64),
+            "responses": rng.integers(0, 2, (batch, length)).astype(np.int64)}
+
+
+class TorchLevel:
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self, feeds: dict[str, np.ndarray]) -> None:
+        import torch
+        with torch.inference_mode():
+            self.model(*(torch.from_numpy(feeds[k]) for k in ("questions", "skills", "responses")))
+
+
+class OrtLevel:
+    def __init__(self, path: Path, threads: int):
+        from export.onnx_export import ort_session
+        self.session = ort_session(path, threads=threads)
+
+    def __call__(self, feeds: dict[str, np.ndarray]) -> None:
+        self.session.run(["probs"], feeds)
+
+
+class TritonLevel:
+    """Splits the batch into concurrent requests (tritonclient gRPC async_infer on one channel)."""
+
+    def __init__(self, url: str, name: str, requests: int):
+        import tritonclient.grpc as grpcclient
+        self.module, self.name, self.requests = grpcclient, name, requests
+        self.client = grpcclient.InferenceServerClient(url)
+
+    def __call__(self, feeds: dict[str, np.ndarray]) -> None:
+        import threading
+        parts = [{k: v[i::self.requests] for k, v in feeds.items()} for i in range(self.requests)]
+        done, errors, lock = threading.Event(), [], threading.Lock()
+        pending = [len(parts)]
+
+        def finished(result, error) -> None:
+            with lock:
+                if error is not None:
+                    errors.append(error)
+                pending[0] -= 1
+                if pending[0] == 0:
+                    done.set()
+        for part in parts:
+            inputs = []
+            for key, arr in part.items():
+                tensor = self.module.InferInput(key, list(arr.shape), "INT64")
+                tensor.set_data_from_numpy(arr)
+                inputs.append(tensor)
+            self.client.async_infer(self.name, inputs, finished, client_timeout=120.0,
+                                    outputs=[self.module.InferRequestedOutput("probs")])
+        if not done.wait(180.0) or errors:
+            raise RuntimeError(f"triton inference failed: {errors[:1] or 'timeout'}")
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def build_repository(presets: list[str], models: dict, onnx: dict[str, Path], repo: Path, batch: int,
+                     length: int, threads: int) -> None:
+    from export.repository import publish_version
+    from export.triton_backend import MODEL_PY
+    from export.triton_config import PARAM_N_QUESTIONS, PARAM_N_SKILLS, TritonModelOptions, render_config
+    for preset in presets:
+        options = TritonModelOptions(window=length, max_batch_size=max(batch, 8), ort_intra_op_threads=threads,
+                                     preferred_batch_sizes=sorted({min(batch, 128), min(batch, 256), batch}),
+                                     max_queue_delay_us=5000,
+                                     parameters={PARAM_N_QUESTIONS: str(N_QUESTIONS), PARAM_N_SKILLS: str(N_SKILLS)})
+        publish_version(repo, preset, {"model.onnx": onnx[preset], "model.py": MODEL_PY}, render_config(preset, options))
+
+
+def table(results: dict[str, dict[str, float]], presets: list[str], levels: list[str]) -> list[str]:
+    ref = presets[0]
+    head = "| variant | preset | " + " | ".join(f"{lv} samples/s | {lv} ratio" for lv in levels) + " | paper ratio |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for p in presets:
+        cells = []
+        for lv in levels:
+            v = results[lv].get(p)
+            cells += [f"{v:,.0f}" if v else "-", f"{v / results[lv][ref]:.2f}x" if v and results[lv].get(ref) else "-"]
+        lines.append(f"| {LABELS.get(p, p)} | {p} | " + " | ".join(cells) + f" | {PAPER_RATIO.get(p, '-')} |")
+    if "onnxruntime" in levels and "pytorch" in levels:
+        r = [results["onnxruntime"][p] / results["pytorch"][p] for p in presets]
+        lines.append(f"\nonnxruntime / PyTorch eager: {min(r):.2f}x .. {max(r):.2f}x (target >= 2x)")
+    if "triton" in levels and "onnxruntime" in levels:
+        r = [results["triton"][p] / results["onnxruntime"][p] for p in presets]
+        lines.append(f"Triton / in-process onnxruntime: {min(r):.2f}x .. {max(r):.2f}x (target >= 0.8x)")
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from export.onnx_export import check_parity, export_onnx
+    from routerkt.errors import UserError
+    from training.models.registry import build_model, preset_config, with_vocab
+
+    presets = [p.strip() for p in args.presets.split(",") if p.strip()]
+    levels = [lv.strip() for lv in args.levels.split(",") if lv.strip()]
+    if unknown := set(levels) - set(LEVELS):
+        raise UserError(f"unknown level(s) {sorted(unknown)}; choose from {', '.join(LEVELS)}")
+    if args.batch < 1 or not 2 <= args.seq_len or args.repeats < 1 or args.triton_requests < 1:
+        raise UserError("--batch, --repeats and --triton-requests must be >= 1 and --seq-len >= 2")
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    feeds = make_batch(args.batch, args.seq_len)
+    work = Path(tempfile.mkdtemp(prefix="routerkt-throughput-"))
+    models, onnx, runners = {}, {}, {}
+    for preset in presets:
+        cfg = with_vocab(preset_config(preset), N_QUESTIONS, N_SKILLS)
+        cfg.max_len = args.seq_len
+        torch.manual_seed(0)
+        models[preset] = build_model(cfg).eval()
+        onnx[preset] = work / f"{preset}.onnx"
+        export_onnx(models[preset], onnx[preset])
+        parity = check_parity(models[preset], onnx[preset], shapes=((4, args.seq_len),))
+        print(f"{preset}: exported, parity {parity.max_abs_diff:.1e}", file=sys.stderr)
+        runners[("pytorch", preset)] = TorchLevel(models[preset])
+        runners[("onnxruntime", preset)] = OrtLevel(onnx[preset], args.threads)
+    server = None
+    try:
+        if "triton" in levels:
+            from serving.triton_launcher import TritonServer
+            build_repository(presets, models, onnx, work / "repository", args.batch, args.seq_len, args.threads)
+            server = TritonServer(work / "repository")
+            server.start(timeout=180)
+            for preset in presets:
+                runners[("triton", preset)] = TritonLevel(server.grpc_url, preset, args.triton_requests)
+        keys = [(lv, p) for p in presets for lv in levels]
+        for key in keys:
+            for _ in range(args.warmup):
+                runners[key](feeds)
+        samples: dict[tuple[str, str], list[float]] = {k: [] for k in keys}
+        for rep in range(args.repeats):
+            for key in keys:
+                started = time.perf_counter()
+                runners[key](feeds)
+                samples[key].append(args.batch / (time.perf_counter() - started))
+            print(f"repeat {rep + 1}/{args.repeats} done", file=sys.stderr)
+    finally:
+        for key, runner in runners.items():
+            if key[0] == "triton":
+                runner.close()
+        if server is not None:
+            server.stop()
+    results = {lv: {p: statistics.median(samples[(lv, p)]) for p in presets} for lv in levels}
+    spread = {lv: {p: [min(samples[(lv, p)]), max(samples[(lv, p)])] for p in presets} for lv in levels}
+    settings = {"batch": args.batch, "seq_len": args.seq_len, "repeats": args.repeats, "warmup": args.warmup,
+                "threads": args.threads, "triton_requests": args.triton_requests, "machine": platform.processor()
+                or platform.machine(), "cpus": __import__("os").cpu_count(), "torch": torch.__version__,
+                "date": time.strftime("%Y-%m-%d")}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "throughput.json").write_text(json.dumps({**results, "spread": spread, "settings": settings}, indent=2) + "\n")
+    lines = table(results, presets, levels)
+    (out / "throughput.md").write_text("\n".join(lines) + "\n")
+    from training.plots import grouped_bars
+    grouped_bars({lv: {LABELS.get(p, p): results[lv][p] for p in presets} for lv in levels}, out / "throughput_chart.png",
+                 "samples / s", f"inference throughput, batch {args.batch}, length {args.seq_len}, {settings['cpus']} CPUs")
+    print("\n".join(lines))
+    print(f"\nwrote {out / 'throughput.json'}, {out / 'throughput.md'}, {out / 'throughput_chart.png'}")
+    return 0

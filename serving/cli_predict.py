@@ -1,0 +1,106 @@
+"""`routerkt predict`: call the gateway's Predict from the command line.
+
+    routerkt predict --target localhost:50051 --model NAME [--version N]
+                     --history "q:s:c,q:s:c,..." --candidates "q[:s],q[:s]" [--timeout 2.0] [--json]
+
+History items are question:skill:correct (skill may be left empty, "q::c", to use the question's
+skill from the vocabulary, or -1 for an unknown skill); an empty --history is a cold start.
+Candidates are question ids, optionally with :skill. Prints one line per candidate (or one JSON
+object with --json). Bad flags: one-line error, exit 2. gRPC errors: one line with the status code
+and message, exit 1.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from routerkt.errors import UserError
+from serving.cli_serve import one_line_errors
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    one_line_errors(parser)
+    parser.add_argument("--target", default="localhost:50051", help="gateway gRPC address HOST:PORT")
+    parser.add_argument("--model", required=True, help="model name")
+    parser.add_argument("--version", type=int, default=0, help="model version (0 = latest served)")
+    parser.add_argument("--history", default="", help='past interactions, oldest first: "q:s:c,q:s:c" (may be empty)')
+    parser.add_argument("--candidates", required=True, help='candidate questions: "q[:s],q[:s]"')
+    parser.add_argument("--timeout", type=float, default=2.0, help="deadline of the call in seconds")
+    parser.add_argument("--json", action="store_true", help="print the response as one JSON object")
+
+
+def parse_int(text: str, what: str) -> int:
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise UserError(f"{what}: {text.strip()!r} is not an integer") from None
+
+
+def parse_history(text: str) -> list[tuple[int, int | None, int]]:
+    """'q:s:c,q::c' -> [(q, s, c), (q, None, c)]."""
+    items = []
+    for i, item in enumerate(p for p in text.split(",") if p.strip()):
+        parts = item.split(":")
+        if len(parts) != 3:
+            raise UserError(f"--history item {i + 1} {item.strip()!r} must be question:skill:correct")
+        question = parse_int(parts[0], f"--history item {i + 1} question")
+        skill = None if not parts[1].strip() else parse_int(parts[1], f"--history item {i + 1} skill")
+        items.append((question, skill, parse_int(parts[2], f"--history item {i + 1} correct")))
+    return items
+
+
+def parse_candidates(text: str) -> list[tuple[int, int | None]]:
+    """'q,q:s' -> [(q, None), (q, s)]."""
+    items = []
+    for i, item in enumerate(p for p in text.split(",") if p.strip()):
+        parts = item.split(":")
+        if len(parts) > 2:
+            raise UserError(f"--candidates item {i + 1} {item.strip()!r} must be question[:skill]")
+        skill = None if len(parts) == 1 or not parts[1].strip() else parse_int(parts[1], f"--candidates item {i + 1} skill")
+        items.append((parse_int(parts[0], f"--candidates item {i + 1} question"), skill))
+    if not items:
+        raise UserError("--candidates needs at least one question id")
+    return items
+
+
+def build_request(args: argparse.Namespace):
+    from serving.proto.routerkt.v1 import knowledge_tracing_pb2 as pb
+
+    if args.timeout <= 0:
+        raise UserError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    if ":" not in args.target:
+        raise UserError(f"--target must be HOST:PORT, got {args.target!r}")
+    history = [pb.Interaction(question_id=q, correct=c, **({} if s is None else {"skill_id": s}))
+               for q, s, c in parse_history(args.history)]
+    candidates = [pb.Candidate(question_id=q, **({} if s is None else {"skill_id": s}))
+                  for q, s in parse_candidates(args.candidates)]
+    try:
+        return pb.PredictRequest(model=args.model, version=args.version, history=history, candidates=candidates)
+    except ValueError as exc:                     # an id beyond int64
+        raise UserError(f"bad id: {exc}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    import grpc
+
+    from serving.proto.routerkt.v1 import knowledge_tracing_pb2_grpc as pb_grpc
+
+    request = build_request(args)
+    with grpc.insecure_channel(args.target) as channel:
+        try:
+            response = pb_grpc.KnowledgeTracingServiceStub(channel).Predict(request, timeout=args.timeout)
+        except grpc.RpcError as exc:
+            details = (exc.details() or "").splitlines()[0] if exc.details() else ""
+            print(f"routerkt predict: {exc.code().name}: {details}", file=sys.stderr)
+            return 1
+    if args.json:
+        print(json.dumps({"model": response.model, "version": response.version,
+                          "history_used": response.history_used,
+                          "candidates": [c.question_id for c in request.candidates],
+                          "probabilities": list(response.probabilities)}))
+    else:
+        print(f"model {response.model} version {response.version} (history used: {response.history_used})")
+        for candidate, p in zip(request.candidates, response.probabilities):
+            print(f"question {candidate.question_id}\tP(correct) = {p:.6f}")
+    return 0

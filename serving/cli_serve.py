@@ -1,0 +1,191 @@
+"""`routerkt serve`: start tritonserver (or use a running one) and the gRPC/HTTP gateway in front of it.
+
+    routerkt serve --repository model_repository [--grpc-port 50051] [--http-port 8080]
+                   [--triton-url HOST:PORT] [--sample-model NAME]
+
+Without --triton-url, the tritonserver bundled in nvidia-pytriton is started on free 127.0.0.1
+ports (never the gateway's) with --model-control-mode=explicit, and the gateway waits until it is
+ready. One log line per endpoint. Ctrl-C / SIGTERM: the gateway drains first, then Triton is
+stopped (by PID). --sample-model NAME makes one Predict over real gRPC loopback once the model is
+ready, with a small made-up history (ids from that model's vocabulary), prints the request and the
+probabilities, and keeps serving. Logs are JSON lines when stderr is not a terminal.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+
+from routerkt.errors import UserError
+from serving.settings import Settings
+
+log = logging.getLogger("routerkt.serve")
+SAMPLE_WAIT_S = 120.0          # how long --sample-model waits for the model to become ready
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message (and the exception, if any)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+                 "level": record.levelname.lower(), "logger": record.name, "message": record.getMessage()}
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False)
+
+
+def configure_logging(json_logs: bool | None = None, level: int = logging.INFO) -> None:
+    """JSON lines when stderr is not a TTY (or when asked), plain text otherwise."""
+    if json_logs is None:
+        json_logs = not sys.stderr.isatty()
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if json_logs else
+                         logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    one_line_errors(parser)
+    defaults = Settings()
+    parser.add_argument("--repository", type=Path, required=True, help="Triton model repository (routerkt export)")
+    parser.add_argument("--grpc-port", type=int, default=defaults.grpc_port, help="gateway gRPC port (0 = any free)")
+    parser.add_argument("--http-port", type=int, default=defaults.http_port,
+                        help="gateway HTTP port: /metrics, /livez, /readyz, /v1/predict (0 = any free, -1 = off)")
+    parser.add_argument("--host", default=defaults.host, help="address the gateway binds")
+    parser.add_argument("--triton-url", default=None,
+                        help="use the Triton server at HOST:PORT (gRPC) instead of starting one")
+    parser.add_argument("--sample-model", default=None, metavar="NAME",
+                        help="once ready, make one sample Predict with this model and print it")
+    parser.add_argument("--max-inflight", type=int, default=defaults.max_inflight,
+                        help="calls served at once; beyond: RESOURCE_EXHAUSTED")
+    parser.add_argument("--grace-period", type=float, default=defaults.grace_period_s,
+                        help="seconds in-flight calls may drain on shutdown")
+    parser.add_argument("--triton-log", type=Path, default=None, help="write Triton's log here (default: a temp file)")
+    parser.add_argument("--log-format", choices=("auto", "json", "plain"), default="auto",
+                        help="log format (auto: JSON when stderr is not a terminal)")
+
+
+def one_line_errors(parser: argparse.ArgumentParser) -> None:
+    """Make argparse report a bad flag as one line (no usage block), exit code 2."""
+    def error(message: str) -> None:
+        print(f"{parser.prog}: error: {message}", file=sys.stderr)
+        sys.exit(2)
+    parser.error = error  # type: ignore[method-assign]
+
+
+def run(args: argparse.Namespace) -> int:
+    repository = Path(args.repository)
+    if not repository.is_dir():
+        raise UserError(f"model repository {repository} is not a folder (run `routerkt export` first)")
+    settings = Settings(repository=repository, host=args.host, grpc_port=args.grpc_port,
+                        http_port=None if args.http_port is not None and args.http_port < 0 else args.http_port,
+                        max_inflight=args.max_inflight, grace_period_s=args.grace_period)
+    settings.validate()
+    if args.triton_url:
+        settings.triton_url = args.triton_url
+        settings.validate()
+    configure_logging(None if args.log_format == "auto" else args.log_format == "json")
+
+    triton = None
+    previous = signal.signal(signal.SIGTERM, _interrupt)       # SIGTERM while Triton starts: stop cleanly
+    try:
+        if args.triton_url:
+            log.info("Triton: using %s", settings.triton_url)
+        else:
+            triton = _start_triton(settings, args.triton_log)
+        code = asyncio.run(_serve(settings, args.sample_model))
+    finally:
+        if triton is not None:                                  # a second signal must not orphan Triton
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            try:
+                log.info("Triton stopped (exit code %s)", triton.stop())
+            finally:
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, previous)
+    return code
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _start_triton(settings: Settings, log_path: Path | None):
+    from serving.triton_launcher import TritonPorts, TritonServer, free_port
+
+    taken = {settings.grpc_port, settings.http_port}
+    ports = []
+    while len(ports) < 3:                                       # free ports, never the gateway's
+        port = free_port()
+        if port not in taken and port not in ports:
+            ports.append(port)
+    server = TritonServer(settings.repository, ports=TritonPorts(*ports), log_path=log_path)
+    log.info("Triton: starting tritonserver for %s", settings.repository)
+    try:
+        server.start(timeout=180)
+    except BaseException:
+        server.stop()
+        raise
+    settings.triton_url = server.grpc_url
+    log.info("Triton: gRPC %s, HTTP http://%s, metrics http://%s/metrics (pid %s, log %s)",
+             server.grpc_url, server.http_url, server.metrics_url, server.pid, server.log_path)
+    return server
+
+
+async def _serve(settings: Settings, sample_model: str | None) -> int:
+    from serving.server import GatewayServer, serve
+
+    async def started(server: GatewayServer) -> None:
+        log.info("gateway gRPC: %s:%d (routerkt.v1.KnowledgeTracingService, grpc.health.v1, reflection)",
+                 settings.host, server.grpc_port)
+        if server.http_port is not None:
+            base = f"http://{settings.host}:{server.http_port}"
+            log.info("gateway HTTP: %s (/v1/predict, /v1/predict_batch, /docs)", base)
+            log.info("gateway metrics: %s/metrics, health %s/livez %s/readyz", base, base, base)
+        if sample_model:
+            await sample_prediction(server, sample_model)
+
+    return await serve(settings, on_started=started)
+
+
+async def sample_prediction(server, model: str) -> None:
+    """One Predict over real gRPC loopback with a made-up history; prints request and answer."""
+    import grpc
+    from google.protobuf import json_format
+
+    from serving.proto.routerkt.v1 import knowledge_tracing_pb2 as pb
+    from serving.proto.routerkt.v1 import knowledge_tracing_pb2_grpc as pb_grpc
+
+    deadline = time.monotonic() + SAMPLE_WAIT_S
+    while not server.backend.ready_versions(model) and time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+    versions = server.registry.versions(model)
+    if not versions or not server.backend.ready_versions(model):
+        log.error("sample prediction skipped: model %r is not ready (models ready: %s)", model,
+                  server.backend.ready_models())
+        return
+    vocab = server.registry.get(model, max(server.backend.ready_versions(model))).vocab
+    questions = sorted(vocab.questions)[:8]
+    history = [pb.Interaction(question_id=q, skill_id=vocab.question_skill.get(q, -1), correct=i % 2)
+               for i, q in enumerate(questions[:5])]
+    request = pb.PredictRequest(model=model, history=history,
+                                candidates=[pb.Candidate(question_id=q) for q in questions[5:]])
+    host = "127.0.0.1" if server.settings.host in ("0.0.0.0", "::") else server.settings.host
+    async with grpc.aio.insecure_channel(f"{host}:{server.grpc_port}") as channel:
+        try:
+            response = await pb_grpc.KnowledgeTracingServiceStub(channel).Predict(request, timeout=10.0)
+        except grpc.aio.AioRpcError as exc:
+            log.error("sample prediction failed: %s: %s", exc.code().name, exc.details())
+            return
+    print("sample request: " + json_format.MessageToJson(request, indent=None), flush=True)
+    pairs = ", ".join(f"question {c.question_id}: {p:.4f}" for c, p in zip(request.candidates, response.probabilities))
+    print(f"sample response: model {response.model} version {response.version}, "
+          f"history_used {response.history_used}, P(correct) {pairs}", flush=True)

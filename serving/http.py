@@ -1,0 +1,223 @@
+"""The gateway's HTTP side (FastAPI, served by uvicorn on the gRPC server's event loop):
+
+- GET  /metrics            Prometheus text format (this gateway's registry only; Triton's metrics
+                            stay on Triton's own port)
+- GET  /livez              200 while the process runs
+- GET  /readyz             200 only when Triton and at least one model are ready (503 otherwise,
+                            and from the start of shutdown on)
+- POST /v1/predict         JSON mirror of Predict
+- POST /v1/predict_batch   JSON mirror of PredictBatch
+- GET  /openapi.json, /docs
+
+The JSON calls run the same PredictionService as gRPC (same validation, limits, in-flight slots).
+Errors are {"error": {"code": <gRPC code name>, "message", "field"}} with HTTP 400 (INVALID_ARGUMENT,
+also for malformed JSON / wrong types), 404 (NOT_FOUND), 413 (body over the size limit), 429
+(RESOURCE_EXHAUSTED), 503 (UNAVAILABLE), 504 (DEADLINE_EXCEEDED), 500 (INTERNAL). The deadline is
+settings.default_deadline_s unless the `X-Request-Timeout` header gives one in seconds.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any
+
+import grpc
+from fastapi import FastAPI, Header, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, Field
+
+from serving.errors import ServingError, invalid_argument
+from serving.proto.routerkt.v1 import knowledge_tracing_pb2 as pb
+from serving.service import Deadline
+
+if TYPE_CHECKING:
+    from serving.server import GatewayServer
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+JSON_SIZE_FACTOR = 4          # a JSON body may be this many times settings.max_message_bytes
+Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+Int32 = Annotated[int, Field(ge=INT32_MIN, le=INT32_MAX)]
+
+
+class InteractionIn(BaseModel):
+    question_id: Int64
+    skill_id: Int64 | None = Field(None, description="absent: the question's skill from the vocabulary; -1: unknown")
+    correct: Int32 = Field(description="0 or 1")
+
+
+class CandidateIn(BaseModel):
+    question_id: Int64
+    skill_id: Int64 | None = Field(None, description="absent: the question's skill from the vocabulary; -1: unknown")
+
+
+class PredictIn(BaseModel):
+    model: str
+    version: Int64 = Field(0, description="0 = the latest served version")
+    history: list[InteractionIn] = Field(default_factory=list, description="oldest first; may be empty")
+    candidates: list[CandidateIn]
+
+
+class PredictOut(BaseModel):
+    probabilities: list[float]
+    model: str
+    version: int
+    history_used: int
+
+
+class LearnerIn(BaseModel):
+    history: list[InteractionIn] = Field(default_factory=list)
+    candidates: list[CandidateIn]
+
+
+class LearnerOut(BaseModel):
+    probabilities: list[float]
+    history_used: int
+
+
+class PredictBatchIn(BaseModel):
+    model: str
+    version: Int64 = 0
+    learners: list[LearnerIn]
+
+
+class PredictBatchOut(BaseModel):
+    results: list[LearnerOut]
+    model: str
+    version: int
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+    field: str | None = None
+
+
+class ErrorOut(BaseModel):
+    error: ErrorDetail
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorOut, "description": text} for status, text in (
+        (400, "INVALID_ARGUMENT: the field is named"), (404, "NOT_FOUND: unknown model or version"),
+        (413, "body over the size limit"), (429, "RESOURCE_EXHAUSTED: the gateway is at its in-flight limit"),
+        (503, "UNAVAILABLE: Triton or the model is not ready"), (504, "DEADLINE_EXCEEDED"))}
+
+
+def create_app(gateway: "GatewayServer") -> FastAPI:
+    """The FastAPI app of one gateway."""
+    settings, metrics, service = gateway.settings, gateway.metrics, gateway.service
+    app = FastAPI(title="RouterKT gateway", version="1",
+                  description="JSON mirror of routerkt.v1.KnowledgeTracingService, plus health and metrics.")
+
+    @app.middleware("http")
+    async def guard_and_count(request: Request, call_next):
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > settings.max_message_bytes * JSON_SIZE_FACTOR:
+            error = ServingError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                 f"over {settings.max_message_bytes * JSON_SIZE_FACTOR} bytes", "body")
+            metrics.errors.labels(code=error.code_name).inc()
+            response = JSONResponse(status_code=413, content=error.to_json())
+        else:
+            response = await call_next(request)
+        route = request.scope.get("route")
+        metrics.http_requests.labels(handler=getattr(route, "path", "other"), status=str(response.status_code)).inc()
+        return response
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {"loc": ("body",), "msg": "invalid request"}
+        error = invalid_argument(_field_path(first.get("loc", ())), str(first.get("msg", "invalid value")))
+        metrics.errors.labels(code=error.code_name).inc()
+        return JSONResponse(status_code=400, content=error.to_json())
+
+    @app.get("/livez", summary="the process is up")
+    async def livez() -> dict[str, str]:
+        return {"status": "live"}
+
+    @app.get("/readyz", summary="Triton and at least one model are ready",
+             responses={503: {"description": "not ready"}})
+    async def readyz() -> JSONResponse:
+        ready = gateway.ready
+        body = {"ready": ready, "triton": gateway.backend.triton_ready, "stopping": gateway.stopping,
+                "models": gateway.backend.ready_models()}
+        return JSONResponse(status_code=200 if ready else 503, content=body)
+
+    @app.get("/metrics", summary="Prometheus metrics of the gateway", response_class=PlainTextResponse)
+    async def prometheus() -> PlainTextResponse:
+        return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/predict", response_model=PredictOut, responses=ERROR_RESPONSES,
+              summary="P(correct) for each candidate question of one learner")
+    async def predict(body: PredictIn, x_request_timeout: str | None = Header(None)) -> Any:
+        deadline = _deadline(x_request_timeout, settings.default_deadline_s)
+        if isinstance(deadline, ServingError):
+            metrics.errors.labels(code=deadline.code_name).inc()
+            return _error(deadline)
+        try:
+            request = pb.PredictRequest(model=body.model, version=body.version, history=_history(body.history),
+                                        candidates=_candidates(body.candidates))
+            response = await service.predict(request, deadline)
+        except ServingError as exc:
+            return _error(exc)
+        return PredictOut(probabilities=list(response.probabilities), model=response.model,
+                          version=response.version, history_used=response.history_used)
+
+    @app.post("/v1/predict_batch", response_model=PredictBatchOut, responses=ERROR_RESPONSES,
+              summary="P(correct) for the candidates of several learners")
+    async def predict_batch(body: PredictBatchIn, x_request_timeout: str | None = Header(None)) -> Any:
+        deadline = _deadline(x_request_timeout, settings.default_deadline_s)
+        if isinstance(deadline, ServingError):
+            metrics.errors.labels(code=deadline.code_name).inc()
+            return _error(deadline)
+        try:
+            learners = [pb.LearnerRequest(history=_history(l.history), candidates=_candidates(l.candidates))
+                        for l in body.learners]
+            request = pb.PredictBatchRequest(model=body.model, version=body.version, learners=learners)
+            response = await service.predict_batch(request, deadline)
+        except ServingError as exc:
+            return _error(exc)
+        return PredictBatchOut(results=[LearnerOut(probabilities=list(r.probabilities), history_used=r.history_used)
+                                        for r in response.results], model=response.model, version=response.version)
+
+    return app
+
+
+def _history(items: list[InteractionIn]) -> list[pb.Interaction]:
+    return [pb.Interaction(question_id=i.question_id, correct=i.correct,
+                           **({} if i.skill_id is None else {"skill_id": i.skill_id})) for i in items]
+
+
+def _candidates(items: list[CandidateIn]) -> list[pb.Candidate]:
+    return [pb.Candidate(question_id=c.question_id, **({} if c.skill_id is None else {"skill_id": c.skill_id}))
+            for c in items]
+
+
+def _deadline(header: str | None, default_s: float) -> Deadline | ServingError:
+    """The call's deadline, or the INVALID_ARGUMENT error for a bad X-Request-Timeout header."""
+    if header is None:
+        return Deadline.after(default_s)
+    try:
+        seconds = float(header)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        return invalid_argument("X-Request-Timeout", f"must be a positive number of seconds, got {header!r}")
+    return Deadline.after(seconds)
+
+
+def _error(exc: ServingError) -> JSONResponse:
+    headers = {"Retry-After": "1"} if exc.http_status in (429, 503) else None
+    return JSONResponse(status_code=exc.http_status, content=exc.to_json(), headers=headers)
+
+
+def _field_path(loc: tuple | list) -> str:
+    """('body', 'history', 3, 'skill_id') -> 'history[3].skill_id'."""
+    parts = [p for p in loc if p != "body"] if loc and loc[0] == "body" else list(loc)
+    path = ""
+    for part in parts:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += f".{part}" if path else str(part)
+    return path or "body"

@@ -1,0 +1,173 @@
+"""Every Prometheus metric of the gateway, built on an injectable CollectorRegistry (each test builds
+its own), and the grpc.aio server interceptor that fills the grpc_server_* family.
+
+Names: `grpc_server_started_total`, `grpc_server_handled_total` and `grpc_server_handling_seconds`
+follow go-grpc-prometheus / the common gRPC dashboards (labels grpc_service, grpc_method, grpc_type
+and grpc_code); the domain metrics are `routerkt_*` in base units (seconds, counts). Buckets suit
+millisecond latencies. Labels never carry learner ids, only model names, codes and reasons.
+
+Served by the gateway's HTTP port (serving/http.py) at /metrics. Triton's own metrics stay on its
+metrics port; `TRITON_METRICS` lists the ones our Grafana dashboard reads from there.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Awaitable, Callable
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5,
+                   1.0, 2.5, 5.0, 10.0)
+HISTORY_BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
+CANDIDATE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+
+# Metric names as exposed (counters with their _total suffix). The dashboard test checks against it.
+METRIC_NAMES = (
+    "grpc_server_started_total",
+    "grpc_server_handled_total",
+    "grpc_server_handling_seconds",
+    "routerkt_triton_request_seconds",
+    "routerkt_history_length",
+    "routerkt_candidates_per_call",
+    "routerkt_unknown_ids_total",
+    "routerkt_errors_total",
+    "routerkt_inflight_requests",
+    "routerkt_model_reloads_total",
+    "routerkt_model_ready",
+    "routerkt_triton_ready",
+    "routerkt_http_requests_total",
+)
+
+# Metrics read from Triton's own /metrics port (Triton 2.51, serving-notes.md §1), plus the
+# execution histogram our python-backend model.py registers there.
+TRITON_METRICS = (
+    "nv_inference_request_success",
+    "nv_inference_request_failure",
+    "nv_inference_count",
+    "nv_inference_exec_count",
+    "nv_inference_request_duration_us",
+    "nv_inference_queue_duration_us",
+    "nv_inference_compute_input_duration_us",
+    "nv_inference_compute_infer_duration_us",
+    "nv_inference_compute_output_duration_us",
+    "nv_inference_pending_request_count",
+    "nv_inference_request_summary_us",
+    "nv_inference_queue_summary_us",
+    "nv_inference_compute_infer_summary_us",
+    "nv_cpu_utilization",
+    "nv_cpu_memory_total_bytes",
+    "nv_cpu_memory_used_bytes",
+    "routerkt_triton_model_exec_seconds",
+)
+
+
+class Metrics:
+    """The metric objects, registered on `registry` (a fresh one when None)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        grpc_labels = ("grpc_service", "grpc_method", "grpc_type")
+        self.grpc_started = Counter(
+            "grpc_server_started", "RPCs started on the server.", grpc_labels, registry=r)
+        self.grpc_handled = Counter(
+            "grpc_server_handled", "RPCs completed on the server, regardless of success or failure.",
+            grpc_labels + ("grpc_code",), registry=r)
+        self.grpc_handling_seconds = Histogram(
+            "grpc_server_handling_seconds", "Response latency of RPCs handled by the server, in seconds.",
+            grpc_labels, buckets=LATENCY_BUCKETS, registry=r)
+        self.triton_seconds = Histogram(
+            "routerkt_triton_request_seconds", "Round trip of one Triton inference request, in seconds.",
+            ("model",), buckets=LATENCY_BUCKETS, registry=r)
+        self.history_length = Histogram(
+            "routerkt_history_length", "Interactions per learner received (before truncation to the window).",
+            buckets=HISTORY_BUCKETS, registry=r)
+        self.candidates = Histogram(
+            "routerkt_candidates_per_call", "Candidate questions per learner.",
+            buckets=CANDIDATE_BUCKETS, registry=r)
+        self.unknown_ids = Counter(
+            "routerkt_unknown_ids", "Ids missing from the model's vocabulary (questions mapped to the "
+            "unknown id; skills mapped to it (-1 / no recorded skill) or rejected).", ("kind",), registry=r)
+        self.errors = Counter(
+            "routerkt_errors", "Predict/PredictBatch calls (gRPC and HTTP) that failed, by gRPC code.",
+            ("code",), registry=r)
+        self.inflight = Gauge(
+            "routerkt_inflight_requests", "Predict/PredictBatch calls being served now.", registry=r)
+        self.reloads = Counter(
+            "routerkt_model_reloads", "Unload + load of a model through Triton's model-control API.",
+            ("model", "reason"), registry=r)
+        self.model_ready = Gauge(
+            "routerkt_model_ready", "1 when the model answers inferences (readiness probe), else 0.",
+            ("model",), registry=r)
+        self.triton_ready = Gauge(
+            "routerkt_triton_ready", "1 when Triton answers as ready, else 0.", registry=r)
+        self.http_requests = Counter(
+            "routerkt_http_requests", "HTTP requests to the gateway's HTTP port.", ("handler", "status"),
+            registry=r)
+        for kind in ("question", "skill"):          # expose zeros before the first unknown id
+            self.unknown_ids.labels(kind=kind)
+
+    def interceptor(self) -> "MetricsInterceptor":
+        return MetricsInterceptor(self)
+
+
+def split_method(full_method: str) -> tuple[str, str]:
+    """'/routerkt.v1.KnowledgeTracingService/Predict' -> ('routerkt.v1.KnowledgeTracingService', 'Predict')."""
+    service, _, method = full_method.lstrip("/").rpartition("/")
+    return service or "unknown", method or "unknown"
+
+
+class MetricsInterceptor(grpc.aio.ServerInterceptor):
+    """Counts every unary RPC (ours, health Check) with its final status code, including the
+    INVALID_ARGUMENT / NOT_FOUND / ... aborts of the servicer. Streaming RPCs (health Watch,
+    reflection) pass through uncounted. Messages rejected by gRPC itself before any handler runs
+    (over max_receive_message_length) never reach an interceptor and are not counted here."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]],
+                                handler_call_details: grpc.HandlerCallDetails) -> Any:
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        service, method = split_method(handler_call_details.method)
+        labels = {"grpc_service": service, "grpc_method": method, "grpc_type": "unary"}
+        inner = handler.unary_unary
+        metrics = self.metrics
+
+        async def observed(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            metrics.grpc_started.labels(**labels).inc()
+            started = time.perf_counter()
+            code = grpc.StatusCode.UNKNOWN
+            try:
+                response = await inner(request, context)
+                code = context.code() or grpc.StatusCode.OK
+                return response
+            except asyncio.CancelledError:
+                remaining = context.time_remaining()
+                code = (grpc.StatusCode.DEADLINE_EXCEEDED if remaining is not None and remaining <= 0
+                        else grpc.StatusCode.CANCELLED)
+                raise
+            except BaseException:
+                code = context.code() or grpc.StatusCode.UNKNOWN     # abort() sets the code first
+                raise
+            finally:
+                metrics.grpc_handled.labels(**labels, grpc_code=_code_name(code)).inc()
+                metrics.grpc_handling_seconds.labels(**labels).observe(time.perf_counter() - started)
+
+        return grpc.unary_unary_rpc_method_handler(
+            observed, request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer)
+
+
+def _code_name(code: Any) -> str:
+    if isinstance(code, grpc.StatusCode):
+        return code.name
+    if isinstance(code, int):                        # some paths report the integer value
+        for member in grpc.StatusCode:
+            if member.value[0] == code:
+                return member.name
+    return "UNKNOWN"

@@ -1,0 +1,169 @@
+"""The gateway's model registry: what each model version in the Triton repository needs on the
+gateway side (vocabulary, window, Triton's max batch size), read with export/repository.py.
+
+Per version folder: `vocab.json` (training/data/vocab.py) and `model_info.json` (window, ...);
+per model: `config.pbtxt` (max_batch_size). `refresh()` rescans the repository and re-reads only
+what changed (file size + mtime), so a newly exported version is picked up without a restart; a
+version whose files are broken is skipped with one log line (until its files change). Lookups
+never touch the disk. `refresh()` may run in a worker thread: it swaps in a new table atomically.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from export import signature
+from export.repository import CONFIG_FILE, list_models, list_versions, read_model_info
+from export.triton_config import parse_config
+from routerkt.errors import UserError
+from serving.errors import not_found
+from training.data.csv_reader import DataError
+from training.data.vocab import Vocab
+
+log = logging.getLogger("routerkt.gateway.models")
+
+
+@dataclass(frozen=True)
+class ModelVersion:
+    """One servable version of a model, as the gateway sees it."""
+
+    name: str
+    version: int
+    window: int              # sequence length the Triton config expects (dims [window])
+    max_batch_size: int      # rows per Triton request (config.pbtxt)
+    vocab: Vocab = field(repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class RefreshResult:
+    added: tuple[tuple[str, int], ...] = ()
+    removed: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def changed_models(self) -> set[str]:
+        return {name for name, _ in self.added + self.removed}
+
+
+_Stamp = tuple[tuple[int, int], ...]      # (size, mtime_ns) of the files a version is read from
+
+
+class ModelRegistry:
+    """Model name -> version -> ModelVersion, read from a Triton model repository."""
+
+    def __init__(self, repository: Path | str) -> None:
+        self.repository = Path(repository)
+        self._table: dict[str, dict[int, ModelVersion]] = {}
+        self._stamps: dict[tuple[str, int], _Stamp] = {}
+        self._broken: dict[tuple[str, int], _Stamp] = {}   # versions that failed to read, by stamp
+        self._missing: set[tuple[str, int]] = set()          # versions lacking a file (logged once)
+        self._refreshing = threading.Lock()                  # one refresh at a time (worker threads)
+
+    # -- lookups (no I/O) --------------------------------------------------------------------------
+    def models(self) -> list[str]:
+        return sorted(self._table)
+
+    def versions(self, name: str) -> list[int]:
+        return sorted(self._table.get(name, {}))
+
+    def snapshot(self) -> dict[str, dict[int, ModelVersion]]:
+        """The current table (do not mutate)."""
+        return self._table
+
+    def get(self, name: str, version: int) -> ModelVersion:
+        """Version `version` of `name` (version must be > 0); NOT_FOUND otherwise."""
+        versions = self._table.get(name)
+        if not versions:
+            raise not_found(f"unknown model {name!r}", field="model")
+        if version not in versions:
+            raise not_found(f"model {name!r} has no version {version} (versions: {sorted(versions)})",
+                            field="version")
+        return versions[version]
+
+    def require_model(self, name: str) -> dict[int, ModelVersion]:
+        versions = self._table.get(name)
+        if not versions:
+            raise not_found(f"unknown model {name!r}", field="model")
+        return versions
+
+    # -- loading --------------------------------------------------------------------------------------
+    def refresh(self) -> RefreshResult:
+        """Rescan the repository; (re)read versions whose files changed. Never raises for a bad
+        version (it is skipped and logged); returns what appeared and disappeared."""
+        with self._refreshing:
+            return self._refresh()
+
+    def _refresh(self) -> RefreshResult:
+        table: dict[str, dict[int, ModelVersion]] = {}
+        stamps: dict[tuple[str, int], _Stamp] = {}
+        for name in _safe(list_models, self.repository) or []:
+            config_path = self.repository / name / CONFIG_FILE
+            for version in _safe(list_versions, self.repository, name) or []:
+                key = (name, version)
+                stamp = self._stamp(config_path, name, version)
+                if stamp is None:
+                    continue
+                old = self._table.get(name, {}).get(version)
+                if old is not None and self._stamps.get(key) == stamp:
+                    entry: ModelVersion | None = old
+                elif self._broken.get(key) == stamp:
+                    entry = None
+                else:
+                    entry = self._read(name, version, config_path, stamp)
+                if entry is not None:
+                    table.setdefault(name, {})[version] = entry
+                    stamps[key] = stamp
+        before = {(n, v) for n, vs in self._table.items() for v in vs}
+        after = {(n, v) for n, vs in table.items() for v in vs}
+        self._table, self._stamps = table, stamps                 # atomic swap for readers
+        return RefreshResult(added=tuple(sorted(after - before)), removed=tuple(sorted(before - after)))
+
+    def _read(self, name: str, version: int, config_path: Path, stamp: _Stamp) -> ModelVersion | None:
+        folder = self.repository / name / str(version)
+        try:
+            info = read_model_info(self.repository, name, version)
+            window = info.get("window")
+            if isinstance(window, bool) or not isinstance(window, int) or window < 2:
+                raise UserError(f"{folder / signature.INFO_FILE}: 'window' must be an integer >= 2, got {window!r}")
+            config = parse_config(config_path.read_text(encoding="utf-8"))
+            if config.max_batch_size < 1:
+                raise UserError(f"{config_path}: max_batch_size must be >= 1 (the gateway sends [rows, window])")
+            dims = [list(t.dims) for t in config.input]
+            if any(d != [window] for d in dims):
+                raise UserError(f"{config_path}: input dims {dims} do not match the window {window} of "
+                                f"{signature.INFO_FILE}")
+            vocab = Vocab.load(folder / signature.VOCAB_FILE)
+        except (UserError, DataError, OSError, UnicodeDecodeError) as exc:
+            self._broken[(name, version)] = stamp
+            log.error("skipping model %s version %s: %s", name, version, str(exc).splitlines()[0])
+            return None
+        self._broken.pop((name, version), None)
+        log.info("model %s version %s: window %d, %d questions, %d skills", name, version, window,
+                 len(vocab.questions), len(vocab.skills))
+        return ModelVersion(name=name, version=version, window=window,
+                            max_batch_size=int(config.max_batch_size), vocab=vocab)
+
+    def _stamp(self, config_path: Path, name: str, version: int) -> _Stamp | None:
+        folder = self.repository / name / str(version)
+        try:
+            stats = [os.stat(p) for p in (config_path, folder / signature.INFO_FILE, folder / signature.VOCAB_FILE)]
+        except OSError as exc:   # half-published, being removed, or not a gateway-servable export
+            if (name, version) not in self._missing:
+                self._missing.add((name, version))
+                log.warning("model %s version %s is not servable by the gateway: %s is missing",
+                            name, version, Path(exc.filename or "?").name)
+            return None
+        self._missing.discard((name, version))
+        return tuple((s.st_size, s.st_mtime_ns) for s in stats)
+
+
+def _safe(function, *args):
+    try:
+        return function(*args)
+    except OSError as exc:
+        log.error("cannot scan the model repository: %s", exc)
+        return None
+
+

@@ -1,0 +1,85 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Interaction(_message.Message):
+    __slots__ = ("question_id", "skill_id", "correct")
+    QUESTION_ID_FIELD_NUMBER: _ClassVar[int]
+    SKILL_ID_FIELD_NUMBER: _ClassVar[int]
+    CORRECT_FIELD_NUMBER: _ClassVar[int]
+    question_id: int
+    skill_id: int
+    correct: int
+    def __init__(self, question_id: _Optional[int] = ..., skill_id: _Optional[int] = ..., correct: _Optional[int] = ...) -> None: ...
+
+class Candidate(_message.Message):
+    __slots__ = ("question_id", "skill_id")
+    QUESTION_ID_FIELD_NUMBER: _ClassVar[int]
+    SKILL_ID_FIELD_NUMBER: _ClassVar[int]
+    question_id: int
+    skill_id: int
+    def __init__(self, question_id: _Optional[int] = ..., skill_id: _Optional[int] = ...) -> None: ...
+
+class PredictRequest(_message.Message):
+    __slots__ = ("model", "version", "history", "candidates")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    version: int
+    history: _containers.RepeatedCompositeFieldContainer[Interaction]
+    candidates: _containers.RepeatedCompositeFieldContainer[Candidate]
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., history: _Optional[_Iterable[_Union[Interaction, _Mapping]]] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ...) -> None: ...
+
+class PredictResponse(_message.Message):
+    __slots__ = ("probabilities", "model", "version", "history_used")
+    PROBABILITIES_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_USED_FIELD_NUMBER: _ClassVar[int]
+    probabilities: _containers.RepeatedScalarFieldContainer[float]
+    model: str
+    version: int
+    history_used: int
+    def __init__(self, probabilities: _Optional[_Iterable[float]] = ..., model: _Optional[str] = ..., version: _Optional[int] = ..., history_used: _Optional[int] = ...) -> None: ...
+
+class LearnerRequest(_message.Message):
+    __slots__ = ("history", "candidates")
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    history: _containers.RepeatedCompositeFieldContainer[Interaction]
+    candidates: _containers.RepeatedCompositeFieldContainer[Candidate]
+    def __init__(self, history: _Optional[_Iterable[_Union[Interaction, _Mapping]]] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ...) -> None: ...
+
+class LearnerResult(_message.Message):
+    __slots__ = ("probabilities", "history_used")
+    PROBABILITIES_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_USED_FIELD_NUMBER: _ClassVar[int]
+    probabilities: _containers.RepeatedScalarFieldContainer[float]
+    history_used: int
+    def __init__(self, probabilities: _Optional[_Iterable[float]] = ..., history_used: _Optional[int] = ...) -> None: ...
+
+class PredictBatchRequest(_message.Message):
+    __slots__ = ("model", "version", "learners")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    LEARNERS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    version: int
+    learners: _containers.RepeatedCompositeFieldContainer[LearnerRequest]
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., learners: _Optional[_Iterable[_Union[LearnerRequest, _Mapping]]] = ...) -> None: ...
+
+class PredictBatchResponse(_message.Message):
+    __slots__ = ("results", "model", "version")
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[LearnerResult]
+    model: str
+    version: int
+    def __init__(self, results: _Optional[_Iterable[_Union[LearnerResult, _Mapping]]] = ..., model: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...

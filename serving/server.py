@@ -1,0 +1,291 @@
+"""The gateway process: gRPC server (KnowledgeTracingService, grpc.health.v1, reflection) plus the
+HTTP app (serving/http.py, uvicorn) on ONE asyncio event loop, the readiness probe and the
+repository poller, and graceful shutdown.
+
+    server, port = create_server(settings)        # inside a running event loop; binds both ports
+    await server.start()                          # first repository scan + Triton probe, then serve
+    ...
+    await server.stop()                           # NOT_SERVING, drain (grace period), close
+
+`serve(settings)` runs that until SIGTERM/SIGINT (what `routerkt serve` uses); `ThreadedGateway`
+runs it on a private loop in a daemon thread, for synchronous programs (load tests, tests).
+
+Health: the overall service "" and "routerkt.v1.KnowledgeTracingService" are SERVING only while
+Triton is ready and at least one model answers the probe; NOT_SERVING otherwise and from the start
+of shutdown on. Shutdown order: health NOT_SERVING -> stop accepting (gRPC and HTTP) -> in-flight
+calls drain for up to `grace_period_s`, then are cancelled -> background tasks and the Triton
+client are closed.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import socket
+import threading
+from concurrent.futures import Future
+from typing import Any, Awaitable, Callable, Coroutine
+
+import grpc
+import uvicorn
+from grpc_health.v1 import _async as health_aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from routerkt.errors import UserError
+from serving.http import create_app
+from serving.metrics import Metrics
+from serving.models import ModelRegistry
+from serving.proto.routerkt.v1 import knowledge_tracing_pb2 as pb
+from serving.proto.routerkt.v1 import knowledge_tracing_pb2_grpc as pb_grpc
+from serving.service import KnowledgeTracingServicer, PredictionService
+from serving.settings import SERVICE_NAME, Settings
+from serving.triton_backend import TritonBackend
+
+log = logging.getLogger("routerkt.gateway")
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+class _EmbeddedUvicorn(uvicorn.Server):
+    """uvicorn without its own signal handling: the gateway owns SIGTERM/SIGINT."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):  # type: ignore[override]
+        yield
+
+
+class GatewayServer:
+    """Both servers of one gateway and the tasks around them (see the module docstring)."""
+
+    def __init__(self, settings: Settings, metrics: Metrics, registry: ModelRegistry, backend: TritonBackend) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.registry = registry
+        self.backend = backend
+        self.service = PredictionService(settings, registry, backend, metrics)
+        self.health = health_aio.HealthServicer()
+        self.grpc = grpc.aio.server(
+            interceptors=[metrics.interceptor()],
+            options=[("grpc.max_receive_message_length", settings.max_message_bytes),
+                     ("grpc.max_send_message_length", settings.max_message_bytes),
+                     ("grpc.so_reuseport", 0)])
+        pb_grpc.add_KnowledgeTracingServiceServicer_to_server(KnowledgeTracingServicer(self.service), self.grpc)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
+        reflection.enable_server_reflection(
+            (pb.DESCRIPTOR.services_by_name["KnowledgeTracingService"].full_name,
+             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), self.grpc)
+        address = f"{settings.host}:{settings.grpc_port}"
+        try:
+            self.grpc_port = self.grpc.add_insecure_port(address)
+        except RuntimeError:
+            self.grpc_port = 0
+        if self.grpc_port == 0:
+            raise UserError(f"cannot listen for gRPC on {address} (port in use?)")
+        self._http_socket: socket.socket | None = None
+        self._http: _EmbeddedUvicorn | None = None
+        self.http_port: int | None = None
+        if settings.http_port is not None:
+            try:
+                self._http_socket = _bind(settings.host, settings.http_port)
+            except OSError as exc:
+                raise UserError(f"cannot listen for HTTP on {settings.host}:{settings.http_port}: "
+                                f"{exc.strerror}") from None
+            self.http_port = self._http_socket.getsockname()[1]
+        self._http_task: asyncio.Task | None = None
+        self._tasks: list[asyncio.Task] = []               # probe and repository loops
+        self._stopping = False
+        self._serving: bool | None = None
+        self._stopped = asyncio.Event()
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Scan the repository, probe Triton once, then start serving gRPC and HTTP."""
+        log.info("gateway settings: %s", json.dumps(self.settings.describe(), sort_keys=True))
+        await self.backend.start()
+        await asyncio.to_thread(self.registry.refresh)
+        await self.backend.probe(self.registry.snapshot())
+        await self._update_health()
+        await self.grpc.start()
+        if self._http_socket is not None:
+            app = create_app(self)
+            config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off",
+                                    timeout_graceful_shutdown=max(1, int(self.settings.grace_period_s)))
+            self._http = _EmbeddedUvicorn(config)
+            self._http_task = asyncio.create_task(self._http.serve(sockets=[self._http_socket]))
+        self._tasks.append(asyncio.create_task(self._probe_loop()))
+        self._tasks.append(asyncio.create_task(self._repository_loop()))
+        log.info("gateway started: gRPC %s:%d, HTTP %s, Triton %s, models %s", self.settings.host, self.grpc_port,
+                 f"{self.settings.host}:{self.http_port}" if self.http_port else "off", self.settings.triton_url,
+                 self.backend.ready_models() or "none ready yet")
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Graceful shutdown (idempotent): NOT_SERVING, stop accepting, drain, close."""
+        if self._stopping:
+            await self._stopped.wait()
+            return
+        self._stopping = True
+        grace = self.settings.grace_period_s if grace is None else grace
+        log.info("gateway shutting down: draining in-flight calls for up to %.1fs", grace)
+        await self.health.enter_graceful_shutdown()
+        if self._http is not None:
+            self._http.should_exit = True
+        await self.grpc.stop(grace)
+        if self._http_task is not None:
+            try:
+                await asyncio.wait_for(self._http_task, grace + 5)
+            except (asyncio.TimeoutError, Exception):
+                log.warning("the HTTP server did not stop in time")
+        elif self._http_socket is not None:
+            self._http_socket.close()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.backend.close()
+        log.info("gateway stopped")
+        self._stopped.set()
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    @property
+    def ready(self) -> bool:
+        return not self._stopping and self.backend.serving
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    # -- background ------------------------------------------------------------------------------
+    async def _probe_loop(self) -> None:
+        while True:
+            await self.backend.wait_wake(self.settings.probe_interval_s)
+            try:
+                await self.backend.probe(self.registry.snapshot())
+            except Exception:                              # never let the loop die
+                log.exception("readiness probe failed")
+            await self._update_health()
+
+    async def _repository_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.repository_poll_s)
+            try:
+                result = await asyncio.to_thread(self.registry.refresh)
+            except Exception:
+                log.exception("rescanning the model repository failed")
+                continue
+            if result.added or result.removed:
+                log.info("model repository changed: added %s, removed %s", list(result.added), list(result.removed))
+                self.backend.wake()
+
+    async def _update_health(self) -> None:
+        if self._stopping:
+            return
+        serving = self.backend.serving
+        if serving != self._serving:
+            log.info("health: %s (Triton ready: %s, models ready: %s)", "SERVING" if serving else "NOT_SERVING",
+                     self.backend.triton_ready, self.backend.ready_models())
+            self._serving = serving
+        status = SERVING if serving else NOT_SERVING
+        await self.health.set("", status)
+        await self.health.set(SERVICE_NAME, status)
+
+
+def create_server(settings: Settings, *, metrics: Metrics | None = None, registry: ModelRegistry | None = None,
+                  backend: TritonBackend | None = None) -> tuple[GatewayServer, int]:
+    """Build the gateway and bind its ports (call inside a running event loop); returns the server
+    (not started) and the bound gRPC port (useful with settings.grpc_port = 0)."""
+    settings.validate()
+    metrics = metrics or Metrics()
+    registry = registry or ModelRegistry(settings.repository)
+    backend = backend or TritonBackend(settings, metrics)
+    server = GatewayServer(settings, metrics, registry, backend)
+    return server, server.grpc_port
+
+
+async def serve(settings: Settings, on_started: Callable[[GatewayServer], Awaitable[None]] | None = None,
+                metrics: Metrics | None = None) -> int:
+    """Run the gateway until SIGTERM or SIGINT, then shut down gracefully; returns the exit code."""
+    server, _ = create_server(settings, metrics=metrics)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    side: asyncio.Task | None = None
+    try:
+        await server.start()
+        if on_started is not None:
+            side = asyncio.create_task(on_started(server))
+        await stop.wait()
+        log.info("signal received")
+        if side is not None and not side.done():
+            side.cancel()
+    finally:
+        await server.stop()                       # signals stay ours until the gateway has drained
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+    return 0
+
+
+class ThreadedGateway:
+    """A gateway on its own event loop in a daemon thread (for synchronous callers)."""
+
+    def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="routerkt-gateway", daemon=True)
+        self._thread.start()
+        try:
+            self.server: GatewayServer = self.call(self._create(settings, metrics))
+        except BaseException:
+            self._close_loop()
+            raise
+        self.grpc_port = self.server.grpc_port
+        self.http_port = self.server.http_port
+
+    @staticmethod
+    async def _create(settings: Settings, metrics: Metrics | None) -> GatewayServer:
+        server, _ = create_server(settings, metrics=metrics)
+        return server
+
+    def call(self, coro: Coroutine[Any, Any, Any], timeout: float = 60.0) -> Any:
+        """Run `coro` on the gateway's loop and wait (bounded) for its result."""
+        future: Future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        return future.result(timeout)
+
+    def start(self) -> "ThreadedGateway":
+        self.call(self.server.start())
+        return self
+
+    def stop(self, grace: float | None = None) -> None:
+        try:
+            self.call(self.server.stop(grace), timeout=(grace or self.server.settings.grace_period_s) + 30)
+        finally:
+            self._close_loop()
+
+    def _close_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            self._loop.close()
+
+    def __enter__(self) -> "ThreadedGateway":
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(False)
+    return sock
+

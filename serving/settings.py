@@ -1,0 +1,90 @@
+"""Settings of the gateway: one dataclass, every knob documented, validated in one place.
+
+`routerkt serve` builds it from its flags; tests build it directly (ports 0 = any free port).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from routerkt.errors import UserError
+
+MIB = 1 << 20
+SERVICE_NAME = "routerkt.v1.KnowledgeTracingService"   # health-check service name (and the proto's)
+
+
+@dataclass
+class Settings:
+    """How the gateway listens, talks to Triton and protects itself."""
+
+    # -- where things are ------------------------------------------------------------------------
+    repository: Path = Path("model_repository")  # Triton model repository (vocab.json + model_info.json per version)
+    triton_url: str = "127.0.0.1:8001"            # Triton's gRPC endpoint, HOST:PORT
+    host: str = "127.0.0.1"                       # address the gateway binds (gRPC and HTTP)
+    grpc_port: int = 50051                        # gateway gRPC port; 0 = any free port
+    http_port: int | None = 8080                  # /metrics, /livez, /readyz, JSON mirror; 0 = any free, None = off
+
+    # -- request limits (INVALID_ARGUMENT beyond them) ---------------------------------------------
+    max_candidates: int = 64                      # candidates per learner (all go into ONE Triton inference)
+    max_history: int = 10_000                     # interactions per learner accepted (only window-1 are used)
+    max_batch_learners: int = 64                  # learners per PredictBatch call
+    max_message_bytes: int = 4 * MIB              # gRPC max receive size; bigger messages get RESOURCE_EXHAUSTED
+    max_rows_per_infer: int = 256                 # rows per Triton request when packing a batch (capped by the
+                                                  # model's max_batch_size); must be >= max_candidates
+
+    # -- backpressure and deadlines ----------------------------------------------------------------
+    max_inflight: int = 64                        # Predict/PredictBatch calls served at once; beyond: RESOURCE_EXHAUSTED
+    inflight_wait_s: float = 0.0                  # how long a call may wait for a free slot (0 = reject at once)
+    default_deadline_s: float = 5.0               # deadline applied when the caller sets none (HTTP: always,
+                                                  # unless the X-Request-Timeout header says otherwise)
+    deadline_margin_s: float = 0.005              # kept back from the caller's deadline so the gateway answers
+                                                  # DEADLINE_EXCEEDED itself instead of being cancelled
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    grace_period_s: float = 10.0                  # SIGTERM: how long in-flight calls may drain before cancellation
+    probe_interval_s: float = 2.0                 # readiness probe period (a tiny real inference per model)
+    probe_timeout_s: float = 2.0                  # timeout of each probe call to Triton
+    probe_failures_before_reload: int = 2         # consecutive failed probes of a READY model before a reload
+    reload_timeout_s: float = 60.0                # unload + load of one model through Triton's model-control API
+    reload_cooldown_s: float = 5.0                # at least this long between two reloads (or loads) of one model
+    repository_poll_s: float = 5.0                # how often the model registry rescans the repository
+    manage_models: bool = True                    # ask Triton (explicit mode) to load repository models/versions
+                                                  # it does not serve yet
+
+    def validate(self) -> "Settings":
+        """Raise UserError naming the first bad field; returns self."""
+        self.repository = Path(self.repository)
+        for name in ("grpc_port", "http_port"):
+            value = getattr(self, name)
+            if value is None and name == "http_port":
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 65535:
+                raise UserError(f"settings.{name} must be a port number in [0, 65535], got {value!r}")
+        positive_ints = ("max_candidates", "max_history", "max_batch_learners", "max_message_bytes",
+                         "max_rows_per_infer", "max_inflight", "probe_failures_before_reload")
+        for name in positive_ints:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise UserError(f"settings.{name} must be a positive integer, got {value!r}")
+        positive_floats = ("default_deadline_s", "probe_interval_s", "probe_timeout_s", "reload_timeout_s",
+                           "repository_poll_s")
+        for name in positive_floats:
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+                raise UserError(f"settings.{name} must be a positive number of seconds, got {value!r}")
+        for name in ("inflight_wait_s", "deadline_margin_s", "grace_period_s", "reload_cooldown_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+                raise UserError(f"settings.{name} must be >= 0 seconds, got {value!r}")
+        if self.max_rows_per_infer < self.max_candidates:
+            raise UserError(f"settings.max_rows_per_infer ({self.max_rows_per_infer}) must be >= max_candidates "
+                            f"({self.max_candidates}): one learner's candidates go into one inference")
+        if not self.triton_url or ":" not in self.triton_url:
+            raise UserError(f"settings.triton_url must be HOST:PORT, got {self.triton_url!r}")
+        if not self.host:
+            raise UserError("settings.host must not be empty")
+        return self
+
+    def describe(self) -> dict[str, object]:
+        """The settings as plain values (logged once at start; holds no secrets)."""
+        return {f.name: (str(v) if isinstance(v := getattr(self, f.name), Path) else v) for f in fields(self)}

@@ -1,0 +1,96 @@
+"""Export: ONNX parity with PyTorch for every preset at several batch sizes and lengths, refusal of
+the leaking routing scope, and one-line errors that leave the repository untouched."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from export.onnx_export import ExportError, check_parity, example_inputs, export_onnx
+from routerkt.errors import UserError
+from training.config import RoutingScope
+from training.models.registry import PRESETS, build_model, preset_config, with_vocab
+
+pytestmark = pytest.mark.integration
+ROUTERKT = str(Path(sys.executable).parent / "routerkt")
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_onnx_parity_every_preset(name, tmp_path):
+    torch.manual_seed(0)
+    cfg = with_vocab(preset_config(name), 60, 14)
+    cfg.max_len = 50
+    model = build_model(cfg)
+    export_onnx(model, tmp_path / "m.onnx")
+    real_like = [example_inputs(60, 14, 16, 50, seed=9, min_len=1)]
+    report = check_parity(model, tmp_path / "m.onnx", batches=real_like,
+                          shapes=((1, 50), (5, 13), (33, 50), (2, 2), (128, 50)))
+    assert report.ok, report.cases
+    assert len(report.cases) == 6
+
+
+def test_sequence_scope_is_refused():
+    cfg = with_vocab(preset_config("routerkt-akt"), 30, 10)
+    cfg.routing_scope = RoutingScope.SEQUENCE
+    with pytest.raises(ExportError, match="sequence"):
+        export_onnx(build_model(cfg), Path("/nonexistent/never-written.onnx"))
+
+
+def _snapshot(root: Path) -> dict:
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in sorted(root.rglob("*"))} if root.exists() else {}
+
+
+def _export(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([ROUTERKT, "export", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_export_errors_leave_repository_untouched(kt_repository, tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(kt_repository.path, repo)
+    before = _snapshot(repo)
+    broken = tmp_path / "broken"
+    shutil.copytree(kt_repository.run, broken)
+    meta = json.loads((broken / "fold-0" / "meta.json").read_text())
+    meta["config"]["model"]["backbone"] = "transformer-xl"               # unknown model in the run
+    (broken / "fold-0" / "meta.json").write_text(json.dumps(meta))
+    truncated = tmp_path / "truncated"
+    shutil.copytree(kt_repository.run, truncated)
+    (truncated / "fold-0" / "model.pt").write_bytes(b"\x80\x02")
+    a_file = tmp_path / "repo.txt"
+    a_file.write_text("not a folder")
+    cases = [
+        (["--run", str(tmp_path / "missing"), "--repository", str(repo)], "does not exist"),
+        (["--run", str(broken), "--repository", str(repo)], "corrupt checkpoint metadata"),
+        (["--run", str(truncated), "--repository", str(repo)], "does not match"),
+        (["--run", str(kt_repository.run), "--repository", str(a_file)], "is a file"),
+        (["--run", str(kt_repository.run), "--repository", str(repo), "--name", "bad/name"], "model name"),
+        (["--run", str(kt_repository.run), "--repository", str(repo), "--backend", "tensorrt"], "TensorRT"),
+    ]
+    for args, message in cases:
+        proc = _export(*args)
+        assert proc.returncode == 2, (args, proc.stderr)
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and message in lines[0], (args, proc.stderr)
+    assert _snapshot(repo) == before
+    assert a_file.read_text() == "not a folder"
+
+
+def test_export_publishes_new_versions(kt_repository, tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(kt_repository.path, repo)
+    proc = _export("--run", str(kt_repository.run), "--repository", str(repo), "--name", "kt", "--keep-versions", "2")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["version"] == 2 and out["parity_max_abs_diff"] <= 1e-5
+    info = json.loads((repo / "kt" / "2" / "model_info.json").read_text())
+    assert info["window"] == 20 and info["provenance"]["run_id"]
+    config = (repo / "kt" / "config.pbtxt").read_text()
+    assert 'key: "valid_auc"' in config and "KIND_CPU" in config
+    vocab = json.loads((repo / "kt" / "2" / "vocab.json").read_text())
+    assert vocab["format"] == "routerkt-vocab/1" and np.all(np.array(list(vocab["questions"].values())) >= 2)

@@ -1,0 +1,74 @@
+"""`routerkt predict` / `routerkt serve` flag handling (no server needed) and Settings validation."""
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from routerkt.cli import main
+from routerkt.errors import UserError
+from serving.cli_predict import parse_candidates, parse_history
+from serving.cli_serve import JsonFormatter
+from serving.settings import Settings
+
+pytestmark = pytest.mark.unit
+
+
+def exit_code(argv: list[str]) -> int:
+    try:
+        return main(argv)
+    except SystemExit as exc:                # argparse errors
+        return int(exc.code)
+
+
+def test_parse_history_and_candidates() -> None:
+    assert parse_history("1:2:1, 3::0,4:-1:1") == [(1, 2, 1), (3, None, 0), (4, -1, 1)]
+    assert parse_history("") == []
+    assert parse_candidates("5,6:7, 8:") == [(5, None), (6, 7), (8, None)]
+
+
+@pytest.mark.parametrize("text", ["1:2", "1:2:3:4", "a:1:1", "1:x:0"])
+def test_bad_history_items(text: str) -> None:
+    with pytest.raises(UserError, match="--history item 1"):
+        parse_history(text)
+
+
+@pytest.mark.parametrize("text", ["", "1:2:3", "q"])
+def test_bad_candidates(text: str) -> None:
+    with pytest.raises(UserError, match="--candidates"):
+        parse_candidates(text)
+
+
+@pytest.mark.parametrize("argv", [
+    ["predict", "--candidates", "1"],                                        # no --model
+    ["predict", "--model", "kt"],                                            # no --candidates
+    ["predict", "--model", "kt", "--candidates", "1", "--version", "x"],
+    ["predict", "--model", "kt", "--candidates", "1", "--bogus"],
+    ["predict", "--model", "kt", "--candidates", "1:2:3"],
+    ["predict", "--model", "kt", "--candidates", "1", "--history", "1:2"],
+    ["predict", "--model", "kt", "--candidates", "1", "--timeout", "0"],
+    ["predict", "--model", "kt", "--candidates", "1", "--target", "nohostport"],
+    ["serve"],                                                               # no --repository
+    ["serve", "--repository", "/nonexistent/repository"],
+    ["serve", "--repository", ".", "--grpc-port", "99999"],
+])
+def test_bad_flags_exit_2_with_one_line(argv: list[str], capsys: pytest.CaptureFixture) -> None:
+    assert exit_code(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "error" in err, err
+
+
+def test_settings_validation_names_the_field() -> None:
+    Settings().validate()
+    for kwargs, field in (({"max_inflight": 0}, "max_inflight"), ({"grpc_port": -1}, "grpc_port"),
+                          ({"default_deadline_s": 0}, "default_deadline_s"), ({"triton_url": "x"}, "triton_url"),
+                          ({"max_candidates": 300}, "max_rows_per_infer"), ({"grace_period_s": -1}, "grace_period_s")):
+        with pytest.raises(UserError, match=field):
+            Settings(**kwargs).validate()
+
+
+def test_json_log_lines() -> None:
+    record = logging.LogRecord("routerkt.gateway", logging.INFO, __file__, 1, "gRPC on %s", ("127.0.0.1:1",), None)
+    entry = json.loads(JsonFormatter().format(record))
+    assert entry["message"] == "gRPC on 127.0.0.1:1" and entry["level"] == "info" and entry["logger"] == "routerkt.gateway"

@@ -1,0 +1,39 @@
+"""The gateway never imports torch, directly or indirectly (checked in a fresh interpreter)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+MODULES = ["serving.server", "serving.cli_serve", "serving.cli_predict", "serving.http", "serving.service",
+           "serving.triton_backend", "serving.models", "serving.features", "serving.validation", "serving.metrics",
+           "serving.settings", "serving.errors"]
+
+
+def test_serving_modules_do_not_import_torch() -> None:
+    code = ("import sys\n"
+            f"for name in {MODULES!r}:\n"
+            "    __import__(name)\n"
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'pandas', 'onnx', 'onnxscript'))\n"
+            "print('HEAVY', heavy)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "HEAVY []" in out.stdout, out.stdout
+
+
+def test_routerkt_serve_and_predict_dispatch_without_torch() -> None:
+    code = ("import sys\n"
+            "from routerkt.cli import build_parser\n"
+            "import importlib\n"
+            "_, modules = build_parser()\n"
+            "for cmd in ('serve', 'predict'):\n"
+            "    importlib.import_module(modules[cmd])\n"
+            "print('TORCH', 'torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "TORCH False" in out.stdout

@@ -1,0 +1,283 @@
+"""serving/models.py (registry over a hand-made repository) and serving/service.py with a FAKE
+backend standing in for Triton: version resolution, NOT_FOUND / UNAVAILABLE, in-flight limit,
+deadlines, error mapping without leaking Triton's text, batch packing, metrics."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from export import signature
+from export.repository import publish_version
+from export.triton_config import PARAM_N_QUESTIONS, PARAM_N_SKILLS, TritonModelOptions, render_config
+from serving.errors import ServingError
+from serving.metrics import Metrics
+from serving.models import ModelRegistry
+from serving.proto.routerkt.v1 import knowledge_tracing_pb2 as pb
+from serving.service import Deadline, PredictionService
+from serving.settings import Settings
+from serving.triton_backend import BackendError, FailureKind
+from training.data.vocab import Vocab
+
+pytestmark = pytest.mark.unit
+
+VOCAB = Vocab(questions={100: 2, 101: 3, 102: 4}, skills={7: 2, 8: 3}, question_skill={100: 7, 101: 8, 102: 7})
+
+
+def write_version(repo: Path, name: str, version: int, window: int = 5, max_batch_size: int = 1024,
+                  vocab: Vocab = VOCAB) -> None:
+    options = TritonModelOptions(window=window, max_batch_size=max_batch_size, preferred_batch_sizes=[1],
+                                 parameters={PARAM_N_QUESTIONS: str(vocab.n_questions),
+                                             PARAM_N_SKILLS: str(vocab.n_skills)})
+    files = {signature.VOCAB_FILE: json.dumps(vocab.to_json()).encode(),
+             signature.INFO_FILE: json.dumps({"window": window}).encode(), "model.py": b"# not run here\n"}
+    publish_version(repo, name, files, render_config(name, options), version=version)
+
+
+class FakeBackend:
+    """Answers like the model would: probs[:, t] = question id at t / 100. Records requests."""
+
+    def __init__(self) -> None:
+        self.triton_ready = True
+        self.ready: dict[str, set[int]] = {}
+        self.reloading: set[str] = set()
+        self.calls: list[tuple[str, int, np.ndarray, float]] = []
+        self.fail: BackendError | None = None
+        self.delay = 0.0
+
+    def ready_versions(self, model: str) -> frozenset[int]:
+        return frozenset(self.ready.get(model, set())) if self.triton_ready else frozenset()
+
+    def is_reloading(self, model: str) -> bool:
+        return model in self.reloading
+
+    async def infer(self, model, version, questions, skills, responses, timeout_s):
+        self.calls.append((model, version, questions.copy(), timeout_s))
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        if self.fail is not None:
+            raise self.fail
+        return questions.astype(np.float32) / 100.0
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    write_version(repo, "kt", 1)
+    write_version(repo, "kt", 2)
+    write_version(repo, "small", 1, max_batch_size=3)       # config.pbtxt (max_batch_size) is per model
+    return repo
+
+
+@pytest.fixture
+def setup(repo: Path):
+    settings = Settings(repository=repo, max_candidates=3, max_rows_per_infer=4, max_inflight=2).validate()
+    registry = ModelRegistry(repo)
+    registry.refresh()
+    backend = FakeBackend()
+    backend.ready = {"kt": {1, 2}}
+    metrics = Metrics()
+    return PredictionService(settings, registry, backend, metrics), backend, metrics
+
+
+def predict_request(candidates=(100, 101), history=((100, 7, 1),), model="kt", version=0) -> pb.PredictRequest:
+    return pb.PredictRequest(model=model, version=version,
+                             history=[pb.Interaction(question_id=q, skill_id=s, correct=c) for q, s, c in history],
+                             candidates=[pb.Candidate(question_id=q) for q in candidates])
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def code_of(coro) -> ServingError:
+    with pytest.raises(ServingError) as info:
+        run(coro)
+    return info.value
+
+
+# -- registry -------------------------------------------------------------------------------------
+def test_registry_reads_versions_and_picks_up_new_ones(repo: Path) -> None:
+    registry = ModelRegistry(repo)
+    result = registry.refresh()
+    assert result.added == (("kt", 1), ("kt", 2), ("small", 1)) and registry.models() == ["kt", "small"]
+    assert registry.get("kt", 1).window == 5 and registry.get("small", 1).max_batch_size == 3
+    assert registry.get("kt", 1).vocab.questions == VOCAB.questions
+    write_version(repo, "kt", 3)
+    write_version(repo, "other", 1, window=7)
+    result = registry.refresh()
+    assert result.added == (("kt", 3), ("other", 1)) and result.removed == ()
+    assert registry.get("other", 1).window == 7
+    assert registry.refresh().added == ()                # nothing changed: nothing re-read
+
+
+def test_registry_refuses_a_window_that_contradicts_the_config(repo: Path) -> None:
+    write_version(repo, "kt", 3, window=9)                # rewrites the model's config.pbtxt to dims [9]
+    registry = ModelRegistry(repo)
+    registry.refresh()
+    assert registry.versions("kt") == [3]                 # versions 1, 2 (window 5) no longer fit
+
+
+def test_registry_skips_broken_versions_until_fixed(repo: Path) -> None:
+    write_version(repo, "kt", 3)
+    vocab_path = repo / "kt" / "3" / signature.VOCAB_FILE
+    vocab_path.write_text("{not json")
+    registry = ModelRegistry(repo)
+    registry.refresh()
+    assert registry.versions("kt") == [1, 2]
+    vocab_path.write_text(json.dumps(VOCAB.to_json()))
+    os.utime(vocab_path, ns=(1, 10**18))                  # make sure the stamp changes
+    assert registry.refresh().added == (("kt", 3),)
+
+
+def test_registry_not_found_names_model_or_version(repo: Path) -> None:
+    registry = ModelRegistry(repo)
+    registry.refresh()
+    for name, version, field in (("nope", 1, "model"), ("kt", 9, "version")):
+        with pytest.raises(ServingError) as info:
+            registry.get(name, version)
+        assert info.value.code is grpc.StatusCode.NOT_FOUND and info.value.field == field
+
+
+# -- service --------------------------------------------------------------------------------------
+def test_predict_uses_the_latest_ready_version_and_reads_the_last_position(setup) -> None:
+    service, backend, metrics = setup
+    response = run(service.predict(predict_request(), Deadline.after(5)))
+    assert response.model == "kt" and response.version == 2 and response.history_used == 1
+    assert list(response.probabilities) == pytest.approx([0.02, 0.03])       # ids 2, 3 at the last slot
+    (_, version, questions, timeout), = backend.calls
+    assert version == 2 and questions.shape == (2, 5) and 0 < timeout <= 5
+    backend.ready = {"kt": {1}}
+    assert run(service.predict(predict_request(), Deadline.after(5))).version == 1
+    assert metrics.registry.get_sample_value("routerkt_candidates_per_call_count") == 2
+
+
+def test_explicit_version_and_not_found(setup) -> None:
+    service, backend, _ = setup
+    assert run(service.predict(predict_request(version=1), Deadline.after(5))).version == 1
+    error = code_of(service.predict(predict_request(version=7), Deadline.after(5)))
+    assert error.code is grpc.StatusCode.NOT_FOUND and error.field == "version"
+    error = code_of(service.predict(predict_request(model="missing"), Deadline.after(5)))
+    assert error.code is grpc.StatusCode.NOT_FOUND and error.field == "model"
+
+
+@pytest.mark.parametrize("state", ["triton_down", "not_ready", "reloading", "version_not_ready"])
+def test_unavailable_when_triton_or_the_model_is_not_ready(setup, state: str) -> None:
+    service, backend, _ = setup
+    version = 0
+    if state == "triton_down":
+        backend.triton_ready = False
+    elif state == "not_ready":
+        backend.ready = {}
+    elif state == "reloading":
+        backend.reloading.add("kt")
+    else:
+        backend.ready = {"kt": {2}}
+        version = 1
+    error = code_of(service.predict(predict_request(version=version), Deadline.after(5)))
+    assert error.code is grpc.StatusCode.UNAVAILABLE
+    assert backend.calls == []
+
+
+@pytest.mark.parametrize("kind, code", [
+    (FailureKind.UNAVAILABLE, grpc.StatusCode.UNAVAILABLE),
+    (FailureKind.STUB_CRASHED, grpc.StatusCode.UNAVAILABLE),
+    (FailureKind.NOT_LOADED, grpc.StatusCode.UNAVAILABLE),
+    (FailureKind.FAILED, grpc.StatusCode.UNAVAILABLE),
+    (FailureKind.DEADLINE, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (FailureKind.REJECTED, grpc.StatusCode.INTERNAL),
+])
+def test_backend_failures_map_to_codes_without_triton_text(setup, kind: FailureKind, code) -> None:
+    service, backend, metrics = setup
+    backend.fail = BackendError(kind, "Traceback ... At: /secret/path/model.py(33): execute")
+    error = code_of(service.predict(predict_request(), Deadline.after(5)))
+    assert error.code is code
+    assert "/secret/path" not in error.message and "Traceback" not in error.message
+    assert metrics.registry.get_sample_value("routerkt_errors_total", {"code": code.name}) == 1
+
+
+def test_expired_deadline_never_reaches_the_backend(setup) -> None:
+    service, backend, metrics = setup
+    error = code_of(service.predict(predict_request(), Deadline.after(-0.1)))
+    assert error.code is grpc.StatusCode.DEADLINE_EXCEEDED and backend.calls == []
+
+
+def test_validation_errors_are_counted_and_precede_model_lookup(setup) -> None:
+    service, backend, metrics = setup
+    bad = pb.PredictRequest(model="missing", candidates=[])
+    error = code_of(service.predict(bad, Deadline.after(5)))
+    assert error.code is grpc.StatusCode.INVALID_ARGUMENT and error.field == "candidates"
+    assert metrics.registry.get_sample_value("routerkt_errors_total", {"code": "INVALID_ARGUMENT"}) == 1
+
+
+def test_inflight_limit_rejects_without_waiting(setup) -> None:
+    service, backend, metrics = setup
+    backend.delay = 0.2
+
+    async def burst():
+        calls = [service.predict(predict_request(), Deadline.after(5)) for _ in range(5)]
+        return await asyncio.gather(*calls, return_exceptions=True)
+    results = run(burst())
+    rejected = [r for r in results if isinstance(r, ServingError)]
+    assert len(rejected) == 3 and all(r.code is grpc.StatusCode.RESOURCE_EXHAUSTED for r in rejected)
+    assert sum(isinstance(r, pb.PredictResponse) for r in results) == 2
+    assert metrics.registry.get_sample_value("routerkt_inflight_requests") == 0
+
+
+def test_unexpected_exceptions_become_internal_with_a_safe_message(setup) -> None:
+    service, backend, _ = setup
+
+    async def boom(*args, **kwargs):
+        raise ValueError("secret detail /etc/passwd")
+    backend.infer = boom
+    error = code_of(service.predict(predict_request(), Deadline.after(5)))
+    assert error.code is grpc.StatusCode.INTERNAL and "secret" not in error.message
+
+
+def test_batch_packs_whole_learners_and_keeps_order(setup) -> None:
+    service, backend, _ = setup
+    learners = [pb.LearnerRequest(history=[pb.Interaction(question_id=100, skill_id=7, correct=1)] * i,
+                                  candidates=[pb.Candidate(question_id=q) for q in cands])
+                for i, cands in enumerate([(100, 101), (102,), (101, 100, 102), (100,)])]
+    response = run(service.predict_batch(pb.PredictBatchRequest(model="kt", version=1, learners=learners),
+                                         Deadline.after(5)))
+    assert [list(r.probabilities) for r in response.results] == [
+        pytest.approx(p) for p in ([0.02, 0.03], [0.04], [0.03, 0.02, 0.04], [0.02])]
+    assert [r.history_used for r in response.results] == [0, 1, 2, 3]
+    rows = [call[2].shape[0] for call in backend.calls]
+    assert rows == [3, 4]                                   # 2+1 | 3+1 with max_rows_per_infer 4
+    backend.ready["small"] = {1}
+    response = run(service.predict_batch(pb.PredictBatchRequest(model="small", learners=learners), Deadline.after(5)))
+    assert [call[2].shape[0] for call in backend.calls[2:]] == [3, 3, 1]   # capped by max_batch_size 3
+    assert [len(r.probabilities) for r in response.results] == [2, 1, 3, 1]
+
+
+def test_candidates_beyond_the_models_max_batch_size_are_invalid(setup) -> None:
+    service, backend, _ = setup
+    backend.ready["small"] = {1}
+    request = predict_request(candidates=(100, 101, 102))
+    request.model = "small"
+    run(service.predict(request, Deadline.after(5)))                         # 3 rows fit max_batch_size 3
+    request.candidates.append(pb.Candidate(question_id=100))
+    settings = service.settings
+    settings.max_candidates = 4
+    error = code_of(service.predict(request, Deadline.after(5)))
+    assert error.code is grpc.StatusCode.INVALID_ARGUMENT and error.field == "candidates"
+
+
+def test_batch_equals_individual_predicts(setup) -> None:
+    service, _, _ = setup
+    singles = [predict_request(candidates=(100, 102), history=((101, 8, 0), (100, 7, 1))),
+               predict_request(candidates=(101,), history=())]
+    batch = pb.PredictBatchRequest(model="kt", learners=[pb.LearnerRequest(history=r.history, candidates=r.candidates)
+                                                         for r in singles])
+    together = run(service.predict_batch(batch, Deadline.after(5)))
+    for single, result in zip(singles, together.results):
+        alone = run(service.predict(single, Deadline.after(5)))
+        assert list(alone.probabilities) == list(result.probabilities)
+        assert alone.history_used == result.history_used

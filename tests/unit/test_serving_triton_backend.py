@@ -1,0 +1,191 @@
+"""serving/triton_backend.py with a FAKE tritonclient: error classification, readiness from the
+probe, stub-crash detection -> one guarded unload+load, reload counting and cooldown."""
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from tritonclient.utils import InferenceServerException
+
+from serving.metrics import Metrics
+from serving.models import ModelVersion
+from serving.settings import Settings
+from serving.triton_backend import BackendError, FailureKind, TritonBackend, classify
+from training.data.vocab import Vocab
+
+pytestmark = pytest.mark.unit
+
+STUB_ERROR = "Failed to process the request(s) for model 'kt_0_0', message: Stub process 'kt_0_0' is not healthy."
+
+
+def error(status: str, message: str = "boom") -> InferenceServerException:
+    return InferenceServerException(msg=message, status=f"StatusCode.{status}")
+
+
+@pytest.mark.parametrize("exc, kind", [
+    (error("DEADLINE_EXCEEDED", "Deadline Exceeded"), FailureKind.DEADLINE),
+    (error("UNAVAILABLE", "failed to connect to all addresses"), FailureKind.UNAVAILABLE),
+    (error("CANCELLED", "Socket closed"), FailureKind.UNAVAILABLE),
+    (error("NOT_FOUND", "Request for unknown model: 'kt' has no available versions"), FailureKind.NOT_LOADED),
+    (error("INTERNAL", STUB_ERROR), FailureKind.STUB_CRASHED),
+    (error("INVALID_ARGUMENT", "unexpected shape"), FailureKind.REJECTED),
+    (error("INTERNAL", "model execution failed"), FailureKind.FAILED),
+])
+def test_classify(exc: InferenceServerException, kind: FailureKind) -> None:
+    assert classify(exc) is kind
+
+
+class FakeClient:
+    """Stands in for tritonclient.grpc.aio.InferenceServerClient."""
+
+    def __init__(self) -> None:
+        self.live = True
+        self.state = "READY"
+        self.infer_error: InferenceServerException | None = None
+        self.unloads = 0
+        self.loads = 0
+        self.load_delay = 0.05
+
+    async def is_server_live(self, client_timeout=None):
+        if not self.live:
+            raise error("UNAVAILABLE", "failed to connect")
+        return True
+
+    async def get_model_repository_index(self, client_timeout=None):
+        if not self.live:
+            raise error("UNAVAILABLE", "failed to connect")
+        return SimpleNamespace(models=[SimpleNamespace(name="kt", version="1", state=self.state)])
+
+    async def infer(self, model, inputs, model_version="", outputs=None, client_timeout=None):
+        if self.infer_error is not None:
+            raise self.infer_error
+        rows, window = inputs[0].shape()
+        return SimpleNamespace(as_numpy=lambda name: np.full((rows, window), 0.5, dtype=np.float32))
+
+    async def unload_model(self, model, client_timeout=None):
+        self.unloads += 1
+        self.state = "UNAVAILABLE"
+
+    async def load_model(self, model, client_timeout=None):
+        await asyncio.sleep(self.load_delay)
+        self.loads += 1
+        self.state = "READY"
+        self.infer_error = None                   # a fresh stub
+
+    async def close(self):
+        pass
+
+
+TABLE = {"kt": {1: ModelVersion(name="kt", version=1, window=4, max_batch_size=8,
+                                vocab=Vocab(questions={}, skills={}, question_skill={}))}}
+
+
+def make_backend(**overrides) -> tuple[TritonBackend, FakeClient, Metrics]:
+    settings = Settings(reload_cooldown_s=overrides.pop("cooldown", 0.0), **overrides).validate()
+    metrics = Metrics()
+    backend = TritonBackend(settings, metrics)
+    client = FakeClient()
+    backend._client = client
+    return backend, client, metrics
+
+
+async def settle(backend: TritonBackend) -> None:
+    for _ in range(100):
+        if not backend._tasks:
+            return
+        await asyncio.sleep(0.01)
+
+
+def reloads(metrics: Metrics, reason: str) -> float:
+    return metrics.registry.get_sample_value("routerkt_model_reloads_total", {"model": "kt", "reason": reason}) or 0.0
+
+
+def test_probe_marks_ready_and_triton_down_clears_everything() -> None:
+    async def scenario():
+        backend, client, metrics = make_backend()
+        await backend.probe(TABLE)
+        assert backend.serving and backend.ready_versions("kt") == {1}
+        assert metrics.registry.get_sample_value("routerkt_model_ready", {"model": "kt"}) == 1
+        client.live = False
+        await backend.probe(TABLE)
+        assert not backend.serving and not backend.triton_ready and backend.ready_versions("kt") == frozenset()
+        assert metrics.registry.get_sample_value("routerkt_triton_ready") == 0
+    asyncio.run(scenario())
+
+
+def test_stub_crash_on_the_request_path_triggers_exactly_one_reload() -> None:
+    async def scenario():
+        backend, client, metrics = make_backend()
+        await backend.probe(TABLE)
+        client.infer_error = error("INTERNAL", STUB_ERROR)
+        rows = np.zeros((2, 4), dtype=np.int64)
+        results = await asyncio.gather(*(backend.infer("kt", 1, rows, rows, rows, 1.0) for _ in range(5)),
+                                       return_exceptions=True)
+        assert all(isinstance(r, BackendError) and r.kind is FailureKind.STUB_CRASHED for r in results)
+        assert backend.ready_versions("kt") == frozenset()
+        await settle(backend)
+        assert client.unloads == 1 and client.loads == 1
+        assert reloads(metrics, "stub_crash") == 1
+        await backend.probe(TABLE)
+        assert backend.ready_versions("kt") == {1}
+    asyncio.run(scenario())
+
+
+def test_probe_detects_a_crashed_stub_while_triton_says_ready() -> None:
+    async def scenario():
+        backend, client, metrics = make_backend()
+        client.infer_error = error("INTERNAL", STUB_ERROR)
+        await backend.probe(TABLE)
+        assert backend.ready_versions("kt") == frozenset()
+        await settle(backend)
+        assert reloads(metrics, "stub_crash") == 1
+    asyncio.run(scenario())
+
+
+def test_repeated_probe_failures_reload_after_the_threshold() -> None:
+    async def scenario():
+        backend, client, metrics = make_backend(probe_failures_before_reload=2)
+        await backend.probe(TABLE)
+        client.infer_error = error("INTERNAL", "model execution failed")
+        await backend.probe(TABLE)
+        await settle(backend)
+        assert reloads(metrics, "probe_failed") == 0 and backend.ready_versions("kt") == {1}
+        await backend.probe(TABLE)
+        await settle(backend)
+        assert reloads(metrics, "probe_failed") == 1 and client.loads == 1
+    asyncio.run(scenario())
+
+
+def test_cooldown_limits_reloads() -> None:
+    async def scenario():
+        backend, client, metrics = make_backend(cooldown=60.0)
+        assert await backend.reload("kt", "stub_crash") is True
+        assert await backend.reload("kt", "stub_crash") is False
+        assert client.unloads == 1 and reloads(metrics, "stub_crash") == 1
+    asyncio.run(scenario())
+
+
+def test_unreachable_triton_on_the_request_path_marks_everything_down() -> None:
+    async def scenario():
+        backend, client, _ = make_backend()
+        await backend.probe(TABLE)
+        client.infer_error = error("UNAVAILABLE", "failed to connect to all addresses")
+        rows = np.zeros((1, 4), dtype=np.int64)
+        with pytest.raises(BackendError) as info:
+            await backend.infer("kt", 1, rows, rows, rows, 1.0)
+        assert info.value.kind is FailureKind.UNAVAILABLE and not backend.triton_ready
+    asyncio.run(scenario())
+
+
+def test_manage_models_loads_a_model_triton_does_not_serve() -> None:
+    async def scenario():
+        backend, client, _ = make_backend()
+        client.state = "UNAVAILABLE"
+        await backend.probe(TABLE)
+        await settle(backend)
+        assert client.loads == 1
+        await backend.probe(TABLE)
+        assert backend.ready_versions("kt") == {1}
+    asyncio.run(scenario())
