@@ -61,7 +61,7 @@ def _check_resume(out: Path, cfg: RunConfig) -> None:
         raise UserError(f"{saved}: unreadable run config ({exc})") from None
     a, b = to_dict(previous), to_dict(cfg)
     for d in (a, b):                     # may change between invocations of the same run
-        d["train"].pop("epochs"), d["data"].pop("run_folds")
+        d["train"].pop("epochs"), d["train"].pop("threads"), d["data"].pop("run_folds")
     if a != b:
         raise UserError(f"{out} holds a run with a different configuration; choose another --out")
 
