@@ -90,9 +90,9 @@ def write_report(out: Path) -> Path:
                 if "history_only" in m and m["history_only"]:
                     lines.append(f"\n{d} / {v}, history only: AUC {_cell(m['history_only'], 'auc')}")
         lines.append("")
-    diversity = out / "diversity.md"
-    if diversity.exists():
-        lines += ["## Attention diversity", "", diversity.read_text().strip(), ""]
+    for diversity in sorted(out.glob("*/diversity/diversity.md")):
+        lines += [f"## Attention diversity: {diversity.parent.parent.name}", "", diversity.read_text().strip(),
+                  "", f"Plots: `{diversity.parent.relative_to(out)}/`.", ""]
     lines += ["## Wall time per run", "", "| dataset | preset | folds | seconds per fold | median train seq/s |", "|---|---|---|---|---|"]
     for d in sorted(runs):
         for v, m in sorted(runs[d].items()):

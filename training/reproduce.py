@@ -10,6 +10,7 @@ only (each position predicted from its own prefix), which is what a server can a
     routerkt reproduce --datasets statics2011 --presets main --out results
     routerkt reproduce --datasets statics2011,assist2009 --presets ablations --out results
     routerkt reproduce --report --out results          # writes results/RESULTS.md from what ran
+    routerkt reproduce --diversity --datasets statics2011 --presets akt-family --out results
 """
 from __future__ import annotations
 
@@ -53,6 +54,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epochs", type=int, default=300)
     p.add_argument("--set", dest="overrides", action="append", default=[], help="override for every run")
     p.add_argument("--report", action="store_true", help="only write OUT/RESULTS.md from finished runs")
+    p.add_argument("--diversity", action="store_true",
+                   help="attention-pattern analysis (Spearman/SSIM, heatmaps) of the finished runs of --datasets x --presets")
+    p.add_argument("--learners", type=int, default=50, help="learners for --diversity")
     p.add_argument("--dry-run", action="store_true", help="list the jobs and exit")
 
 
@@ -116,6 +120,16 @@ def history_only(run: Path) -> dict:
 def run(args: argparse.Namespace) -> int:
     from training.report import write_report
     out = Path(args.out)
+    if args.diversity:
+        from training.diversity import analyse
+        for dataset in (d.strip() for d in args.datasets.split(",") if d.strip()):
+            try:
+                path = analyse(out, dataset, [variant_dir(v) for v in expand(args.presets)], args.learners)
+            except ValueError as exc:
+                raise UserError(str(exc)) from None
+            print(f"wrote {path}")
+        write_report(out)
+        return 0
     if args.report:
         path = write_report(out)
         print(f"wrote {path}")

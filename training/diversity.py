@@ -1,0 +1,95 @@
+"""Attention-pattern analysis across methods (the RouterKT paper's case study and Table 3).
+
+For one dataset of a reproduce results directory: take each method's fold-0 checkpoint, the same
+50 test learners (sampled with a fixed seed), and the attention of the LAST knowledge-retriever
+layer. Then
+- between methods: Spearman correlation and SSIM of the head-averaged maps, per learner, averaged;
+- within a method: the mean similarity between its own heads (lower = more diverse heads);
+- heatmaps of a few learners, methods side by side.
+Writes OUT/<dataset>/diversity/{diversity.json, diversity.md, similarity_spearman.png,
+similarity_ssim.png, heatmaps_learner<k>.png}.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from training.analysis import attention_and_routing, head_similarity, pairwise_similarity
+
+
+def _retriever_maps(model, seqs, rows: np.ndarray) -> list[np.ndarray]:
+    """[H, n, n] attention of the last retriever layer for each learner, trimmed to its length."""
+    out = []
+    for row in rows:
+        maps, _ = attention_and_routing(model, seqs, np.array([row]))
+        name = [k for k in maps if k.startswith("retriever")][-1]
+        out.append(maps[name][0])
+    return out
+
+
+def analyse(results: Path, dataset: str, methods: list[str], n_learners: int = 50, seed: int = 0) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from training import plots
+    from training.checkpoint import load_checkpoint
+    from training.run import prepare
+
+    results = Path(results)
+    out = results / dataset / "diversity"
+    out.mkdir(parents=True, exist_ok=True)
+    available = [m for m in methods if (results / dataset / m / "fold-0" / "meta.json").exists()]
+    if len(available) < 2:
+        raise ValueError(f"need at least two finished methods in {results / dataset}, found {available}")
+    per_method: dict[str, list[np.ndarray]] = {}
+    rows = seqs = None
+    for method in available:
+        ckpt = load_checkpoint(results / dataset / method / "fold-0")
+        if seqs is None:                       # the same learners for every method (same data, same folds)
+            _, _, all_seqs, folds = prepare(ckpt.config)
+            seqs = all_seqs.select_learners(folds[0].test)
+            rng = np.random.default_rng(seed)
+            candidates = np.nonzero(seqs.lengths >= 10)[0]
+            rows = rng.choice(candidates, size=min(n_learners, len(candidates)), replace=False)
+        per_method[method] = _retriever_maps(ckpt.model, seqs, rows)
+    averaged = {m: [heads.mean(0) for heads in maps] for m, maps in per_method.items()}
+    pairs = pairwise_similarity(averaged)
+    heads = {m: head_similarity(maps) for m, maps in per_method.items()}
+    names = list(averaged)
+    matrices = {}
+    for metric in ("spearman", "ssim"):
+        mat = np.eye(len(names))
+        for (a, b), v in pairs.items():
+            i, j = names.index(a), names.index(b)
+            mat[i, j] = mat[j, i] = v[metric]
+        matrices[metric] = mat
+        plots.similarity_matrix(names, mat, out / f"similarity_{metric}.png",
+                                f"{dataset}: {metric} between methods' retriever attention ({len(rows)} learners)")
+    for k in range(min(2, len(rows))):
+        fig, axes = plt.subplots(1, len(names), figsize=(2.6 * len(names), 2.8), squeeze=False)
+        for ax, m in zip(axes[0], names):
+            ax.imshow(averaged[m][k], cmap="viridis")
+            ax.set_title(m, fontsize=8)
+            ax.axis("off")
+        fig.suptitle(f"{dataset}: last retriever layer, head mean, test learner sample {k}", fontsize=9)
+        fig.savefig(out / f"heatmaps_learner{k}.png", dpi=110, bbox_inches="tight")
+        plt.close(fig)
+    lines = [f"Dataset {dataset}, {len(rows)} test learners of fold 0, last knowledge-retriever layer.", "",
+             "| method | mean Spearman to other methods | mean SSIM to other methods | Spearman between own heads | SSIM between own heads |",
+             "|---|---|---|---|---|"]
+    for i, m in enumerate(names):
+        others = [j for j in range(len(names)) if j != i]
+        lines.append(f"| {m} | {np.nanmean(matrices['spearman'][i, others]):.3f} | {np.mean(matrices['ssim'][i, others]):.3f} "
+                     f"| {heads[m]['spearman']:.3f} | {heads[m]['ssim']:.3f} |")
+    lines += ["", "Pairwise (Spearman / SSIM):", "", "| | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for i, a in enumerate(names):
+        lines.append(f"| {a} | " + " | ".join(f"{matrices['spearman'][i, j]:.2f} / {matrices['ssim'][i, j]:.2f}"
+                                             for j in range(len(names))) + " |")
+    (out / "diversity.md").write_text("\n".join(lines) + "\n")
+    (out / "diversity.json").write_text(json.dumps({
+        "dataset": dataset, "learners": int(len(rows)), "methods": names,
+        "pairwise": {f"{a}|{b}": v for (a, b), v in pairs.items()}, "heads": heads}, indent=1) + "\n")
+    return out / "diversity.md"
