@@ -185,7 +185,8 @@ async def sample_prediction(server, model: str) -> None:
         except grpc.aio.AioRpcError as exc:
             log.error("sample prediction failed: %s: %s", exc.code().name, exc.details())
             return
-    print("sample request: " + json_format.MessageToJson(request, indent=None), flush=True)
+    body = json_format.MessageToDict(request, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    print("sample request: " + json.dumps(body), flush=True)
     pairs = ", ".join(f"question {c.question_id}: {p:.4f}" for c, p in zip(request.candidates, response.probabilities))
     print(f"sample response: model {response.model} version {response.version}, "
           f"history_used {response.history_used}, P(correct) {pairs}", flush=True)

@@ -94,3 +94,12 @@ def test_export_publishes_new_versions(kt_repository, tmp_path):
     assert 'key: "valid_auc"' in config and "KIND_CPU" in config
     vocab = json.loads((repo / "kt" / "2" / "vocab.json").read_text())
     assert vocab["format"] == "routerkt-vocab/1" and np.all(np.array(list(vocab["questions"].values())) >= 2)
+
+
+def test_gpu_check_script_runs_on_cpu(tmp_path):
+    """The GPU host script (export/gpu_check.py) keeps working; on CPU it checks eager parity only."""
+    from export import gpu_check
+    assert gpu_check.main(["--presets", "routerkt-akt", "--batch", "8", "--seq-len", "12", "--repeats", "1",
+                           "--device", "cpu", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert rows[0]["eager_max_abs_diff_vs_ort_cpu"] < 1e-5 and rows[0]["eager_samples_per_s"] > 0
