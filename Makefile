@@ -7,8 +7,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 RKT := $(BIN)/routerkt
-# glibc's malloc returning memory through mmap made PyTorch CPU training ~1.8x slower here (same results)
-export GLIBC_TUNABLES := glibc.malloc.mmap_max=0
+# (the training commands set GLIBC_TUNABLES=glibc.malloc.mmap_max=0 themselves: routerkt/cli.py)
 
 DEFAULT_DATA := data/synthetic.csv
 DEFAULT_RUN := runs/default

@@ -101,9 +101,12 @@ def export_onnx(model: KTModel, path: Path, quiet: bool = True) -> None:
     tmp.replace(path)
 
 
-def ort_session(path: Path | str, threads: int = 0):
+def ort_session(path: Path | str, threads: int = 0, mem_arena: bool = False):
+    """CPU session as served (export/triton_backend/model.py): graph optimisation ALL, one inter-op
+    thread, no CPU memory arena (it would keep every session's peak, ~2 GB at batch 512)."""
     import onnxruntime as ort
     so = ort.SessionOptions()
+    so.enable_cpu_mem_arena = mem_arena
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1

@@ -31,6 +31,7 @@ class Backend(str, Enum):
 # Parameter keys read by export/triton_backend/model.py (python backend). The vocabulary sizes are
 # the number of rows of the question / skill embeddings: valid ids are [0, N).
 PARAM_ORT_INTRA_OP_THREADS = "ORT_INTRA_OP_THREADS"
+PARAM_ORT_MEM_ARENA = "ORT_CPU_MEM_ARENA"
 PARAM_WINDOW = "WINDOW"
 PARAM_N_QUESTIONS = "N_QUESTIONS"
 PARAM_N_SKILLS = "N_SKILLS"
@@ -61,6 +62,7 @@ class TritonModelOptions:
     max_queue_delay_us: int = 2000      # dynamic batcher: how long a request may wait for company
     instance_count: int = 1             # model instances (2 cores here: 1 instance x 2 ORT threads)
     ort_intra_op_threads: int = 2       # ORT intra-op threads per instance
+    ort_mem_arena: bool = False         # ORT's CPU arena keeps each instance's peak (~2 GB at batch 512): off
     warmup: bool = True                 # one zero-filled batch-1 request at load (0 = padding id)
     fp16: bool = False                  # ONNXRUNTIME: TensorRT accelerator in FP16
     trt_max_workspace_bytes: int = 1 << 30  # ONNXRUNTIME: TensorRT accelerator workspace
@@ -158,6 +160,7 @@ def _python_backend(config: mc.ModelConfig, options: TritonModelOptions) -> None
     config.backend = Backend.PYTHON.value
     config.instance_group.add(count=options.instance_count, kind=mc.ModelInstanceGroup.KIND_CPU)
     config.parameters[PARAM_ORT_INTRA_OP_THREADS].string_value = str(options.ort_intra_op_threads)
+    config.parameters[PARAM_ORT_MEM_ARENA].string_value = "1" if options.ort_mem_arena else "0"
     config.parameters[PARAM_WINDOW].string_value = str(options.window)
 
 

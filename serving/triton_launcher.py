@@ -135,6 +135,11 @@ def _assemble(root: Path, sources: Sequence[Path]) -> None:
 def server_env(install: TritonInstall) -> dict[str, str]:
     """The environment tritonserver and its Python stubs need (see the module docstring)."""
     env = dict(os.environ)
+    # the training commands' malloc setting (routerkt/cli.py) keeps freed memory in the process:
+    # not for long-running servers holding large inference buffers
+    tunables = [t for t in env.pop("GLIBC_TUNABLES", "").split(":") if t and t != "glibc.malloc.mmap_max=0"]
+    if tunables:
+        env["GLIBC_TUNABLES"] = ":".join(tunables)
     scripts = sysconfig.get_path("scripts") or str(Path(sys.executable).parent)
     env["PATH"] = os.pathsep.join(p for p in (scripts, env.get("PATH", "")) if p)
     libdir = sysconfig.get_config_var("LIBDIR") or ""

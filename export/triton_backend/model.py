@@ -31,6 +31,7 @@ ONNX_FILE = "model.onnx"
 
 # Parameter keys of config.pbtxt (mirrors export/triton_config.py).
 PARAM_ORT_INTRA_OP_THREADS = "ORT_INTRA_OP_THREADS"
+PARAM_ORT_MEM_ARENA = "ORT_CPU_MEM_ARENA"
 PARAM_WINDOW = "WINDOW"
 PARAM_N_QUESTIONS = "N_QUESTIONS"
 PARAM_N_SKILLS = "N_SKILLS"
@@ -53,6 +54,7 @@ class TritonPythonModel:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.intra_op_num_threads = int(params.get(PARAM_ORT_INTRA_OP_THREADS, "1") or "1")
+        options.enable_cpu_mem_arena = params.get(PARAM_ORT_MEM_ARENA, "0") == "1"
         options.inter_op_num_threads = 1
         path = os.path.join(args["model_repository"], args["model_version"], ONNX_FILE)
         self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])

@@ -42,6 +42,7 @@ def test_tensor_and_parameter_literals_match_the_signature() -> None:
     assert lit["PROBS"] == signature.PROBS
     assert lit["ONNX_FILE"] == signature.ONNX_FILE
     assert lit["PARAM_ORT_INTRA_OP_THREADS"] == triton_config.PARAM_ORT_INTRA_OP_THREADS
+    assert lit["PARAM_ORT_MEM_ARENA"] == triton_config.PARAM_ORT_MEM_ARENA
     assert lit["PARAM_WINDOW"] == triton_config.PARAM_WINDOW
     assert lit["PARAM_N_QUESTIONS"] == triton_config.PARAM_N_QUESTIONS
     assert lit["PARAM_N_SKILLS"] == triton_config.PARAM_N_SKILLS

