@@ -77,6 +77,7 @@ class ModelConfig:
     dropout: float = 0.05           # dropout on embeddings' residual paths, FFN and prediction MLP
     attn_dropout: float = 0.0       # dropout on attention probabilities (0 keeps the fused CPU kernel)
     fused_attention: bool = True    # scaled_dot_product_attention where the kind allows it (speed only)
+    recompute_attention: bool = True  # monotonic: recompute the decayed probabilities in backward (memory only)
     final_fc: int = 512             # prediction MLP: 2d -> final_fc -> final_fc2 -> 1
     final_fc2: int = 256
     max_len: int = 100              # longest sequence; precomputed biases are built for this length

@@ -82,7 +82,7 @@ def grouped_bars(values: dict[str, dict[str, float]], png: Path, ylabel: str, ti
         ax.bar(xs, ys, width, label=name, yerr=err, capsize=2)
     ax.set_xticks([i + width * (len(series) - 1) / 2 for i in range(len(groups))], groups)
     ax.set(ylabel=ylabel, title=title)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, ncol=min(len(series), 5), loc="upper center", bbox_to_anchor=(0.5, -0.1), frameon=False)
     return _save(fig, png, {"values": values, "errors": errors})
 
 

@@ -31,6 +31,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from training.config import AttentionKind, ModelConfig
 from training.models.biases import alibi_slopes, alibi_table, distance_table
@@ -63,6 +64,7 @@ class MultiHeadAttention(nn.Module):
         d, H = cfg.d_model, cfg.n_heads
         self.name, self.kind, self.n_heads, self.d_k = name, cfg.attention, H, d // H
         self.max_len, self.dropout, self.fused = cfg.max_len, cfg.attn_dropout, cfg.fused_attention
+        self.recompute = cfg.recompute_attention
         self.qk = nn.Linear(d, d)
         self.v = nn.Linear(d, d)
         self.out = nn.Linear(d, d)
@@ -146,7 +148,13 @@ class MultiHeadAttention(nn.Module):
         B, H, L, dk = q.shape
         bias = ctx.additive_mask(mask, torch.float32)                        # [B, 1, L, L]
         if self.kind is AttentionKind.MONOTONIC:
-            return F.dropout(self._monotonic_probs(q, k, mask, ctx), drop, self.training) @ v
+            if self.recompute and self.training and torch.is_grad_enabled():
+                # keep only q and k for backward: ~5 [B, H, L, L] tensors less per layer (a CL4KT
+                # step at batch 512 otherwise needs > 13 GB)
+                probs = checkpoint(self._monotonic_probs, q, k, mask, ctx, use_reentrant=False)
+            else:
+                probs = self._monotonic_probs(q, k, mask, ctx)
+            return F.dropout(probs, drop, self.training) @ v
         if self.kind is AttentionKind.ALIBI:                                 # one extra channel
             keys = self.alibi_keys[:, -L:][None, :, :, None].expand(B, H, L, 1)
             q = torch.cat([q, torch.ones_like(q[..., :1])], dim=-1)          # [B, H, L, dk+1]
