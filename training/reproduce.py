@@ -145,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{d:<20} {v:<45} -> {out / d / variant_dir(v)}")
         return 0
     bar = tqdm(list(zip(jobs, configs)), desc="reproduce", unit="run", file=sys.stderr)
+    failed: list[str] = []
     for (dataset, _, variant), cfg in bar:
         bar.set_postfix_str(f"{dataset}/{variant}")
         run_dir = out / dataset / variant_dir(variant)
@@ -153,10 +154,18 @@ def run(args: argparse.Namespace) -> int:
         if done.exists() and json.loads(done.read_text()).get("folds") == (args.only_folds or args.folds):
             continue
         started = time.perf_counter()
-        metrics = run_training(cfg, run_dir, progress=sys.stderr.isatty())
-        if cfg.model.routing_scope.value == "sequence" and cfg.model.heads.value == "router":
-            metrics["history_only"] = history_only(run_dir)
+        try:
+            metrics = run_training(cfg, run_dir, progress=sys.stderr.isatty())
+            if cfg.model.routing_scope.value == "sequence" and cfg.model.heads.value == "router":
+                metrics["history_only"] = history_only(run_dir)
+        except (RuntimeError, MemoryError, UserError) as exc:   # one failing run must not stop the grid
+            failed.append(f"{dataset}/{variant}")
+            tqdm.write(f"{dataset}/{variant}: FAILED: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}",
+                       file=sys.stderr)
+            continue
         tqdm.write(f"{dataset}/{variant}: auc {metrics['auc']['mean']:.4f} +- {metrics['auc']['std']:.4f} "
                    f"({metrics['folds']} folds, {time.perf_counter() - started:.0f}s)", file=sys.stderr)
     write_report(out)
-    return 0
+    if failed:
+        print(f"failed runs (rerun the same command to resume them): {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
