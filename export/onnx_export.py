@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from export import signature
+from routerkt.atomic import atomic_path
 from routerkt.errors import UserError
 from training.config import HeadMode, RoutingScope
 from training.models.base import KTModel
@@ -96,9 +97,8 @@ def export_onnx(model: KTModel, path: Path, quiet: bool = True) -> None:
                     dynamic_shapes=dynamic, verbose=False)
         except Exception as exc:  # the exporter raises many types; report one line, keep the cause
             raise ExportError(f"ONNX export failed: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}") from exc
-    tmp = path.with_name(f".{path.name}.tmp")
-    program.save(str(tmp))
-    tmp.replace(path)
+    with atomic_path(path) as tmp:
+        program.save(str(tmp))
 
 
 def ort_session(path: Path | str, threads: int = 0, mem_arena: bool = False):

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Iterator
 
 from export.signature import INFO_FILE
+from routerkt.atomic import atomic_write_bytes
 from routerkt.errors import UserError
 
 CONFIG_FILE = "config.pbtxt"
@@ -70,12 +71,12 @@ def publish_version(repository: Path, name: str, files: dict[str, Path | bytes],
                 _write_version(version_dir, files)
                 _rename(version_dir, model_dir / str(version))
                 _fsync_dir(model_dir)
-                _atomic_write(model_dir / CONFIG_FILE, config_text.encode())
+                atomic_write_bytes(model_dir / CONFIG_FILE, config_text.encode())
             else:                          # a new model appears complete, in one rename
                 new_model = staging / name
                 new_model.mkdir()
                 _write_version(new_model / str(version), files)
-                _atomic_write(new_model / CONFIG_FILE, config_text.encode())
+                atomic_write_bytes(new_model / CONFIG_FILE, config_text.encode())
                 _rename(new_model, model_dir)
                 _fsync_dir(repository)
             for old in sorted(set(existing) - set(kept)):
@@ -181,17 +182,6 @@ def _write_version(version_dir: Path, files: dict[str, Path | bytes]) -> None:
     _fsync_dir(version_dir)
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _rename(source: Path, target: Path) -> None:

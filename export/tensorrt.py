@@ -13,12 +13,11 @@ A plan is a build output for one GPU model and one TensorRT version: never commi
 from __future__ import annotations
 
 import ctypes
-import os
 import shlex
-import tempfile
 from pathlib import Path
 
 from export import signature
+from routerkt.atomic import atomic_write_bytes
 from routerkt.errors import UserError
 
 DEFAULT_WORKSPACE_BYTES = 1 << 30
@@ -85,7 +84,7 @@ def build_engine(onnx_path: Path, plan_path: Path, window: int, min_batch: int =
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
         raise UserError(f"TensorRT failed to build an engine from {onnx_path} (see its log above)")
-    _atomic_write(plan_path, bytes(memoryview(serialized)))
+    atomic_write_bytes(plan_path, bytes(memoryview(serialized)))
     return plan_path
 
 
@@ -135,15 +134,3 @@ def _cuda_device_count() -> tuple[int, str]:
     return count.value, "no CUDA device found" if count.value == 0 else ""
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

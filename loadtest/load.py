@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import os
 import re
 import signal
@@ -35,6 +34,7 @@ from pathlib import Path
 
 from loadtest.learners import (DEFAULT_WEIGHTS, USER_RPCS, Vocabulary, format_user_mix, load_vocabulary,
                                loopback_target, parse_user_mix)
+from routerkt.atomic import atomic_write_json
 from routerkt.errors import UserError
 
 LOCUSTFILE = Path(__file__).resolve().with_name("locustfile.py")
@@ -166,9 +166,7 @@ def format_table(rpcs: dict[str, RpcStats], total: RpcStats) -> str:
 
 
 def write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_json(path, data)
 
 
 # -- flags ---------------------------------------------------------------------------------------

@@ -13,7 +13,6 @@ modes) the optimized/eager speed-up; --out writes the numbers as JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -115,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
             row += f" {value / median[(preset, 'eager')]:.2f}x |" if (preset, "eager") in median and mode != "eager" else " |"
         print(row)
     if args.out:
-        from training.checkpoint import atomic_write_json
+        from routerkt.atomic import atomic_write_json
         atomic_write_json(Path(args.out), {"data": data, "threads": torch.get_num_threads(), "repeats": args.repeats,
                                            "batches": args.batches, "reference": reference,
                                            "results": [{"preset": p, "mode": m, "median_seq_per_s": median[(p, m)],

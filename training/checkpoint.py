@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import subprocess
 import time
 from dataclasses import dataclass
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from routerkt.atomic import atomic_write_bytes, atomic_write_json
 from routerkt.errors import UserError
 from training.config import RunConfig, from_dict, to_dict
 from training.data.vocab import Vocab
@@ -23,21 +23,6 @@ from training.models.registry import build_model
 FORMAT = "routerkt-checkpoint/1"
 WEIGHTS = "model.pt"
 META = "meta.json"
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def atomic_write_json(path: Path, obj: object) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
 
 
 def git_sha() -> str:

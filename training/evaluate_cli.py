@@ -28,7 +28,8 @@ def run(args: argparse.Namespace) -> int:
     from routerkt.errors import UserError
     from training import plots
     from training.analysis import attention_and_routing, prefix_predictions
-    from training.checkpoint import atomic_write_json, load_checkpoint
+    from routerkt.atomic import atomic_write_json
+    from training.checkpoint import load_checkpoint
     from training.data.csv_reader import collapse_repeats, read_interactions
     from training.data.protocol import make_sequences
     from training.loop import evaluate

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from training.batching import Batch, iterate
-from training.checkpoint import atomic_write_json, load_checkpoint, save_checkpoint
+from routerkt.atomic import atomic_write_json
+from training.checkpoint import load_checkpoint, save_checkpoint
 from training.config import RunConfig
 from training.data.protocol import Sequences
 from training.data.vocab import Vocab

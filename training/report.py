@@ -7,7 +7,7 @@ import json
 import math
 from pathlib import Path
 
-from training.checkpoint import atomic_write_bytes
+from routerkt.atomic import atomic_write_bytes
 
 # Published numbers (../shared/docs/models.md): different code, protocols or leaks; context only.
 REFERENCES = """\

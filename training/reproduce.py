@@ -93,9 +93,8 @@ def job_config(dataset: str, path: Path, variant: str, args: argparse.Namespace)
 
 def history_only(run: Path) -> dict:
     """Score every fold's test set from prefixes only (for leaking variants); cached in the run."""
-    import numpy as np
     from training.checkpoint import load_checkpoint
-    from training.checkpoint import atomic_write_json
+    from routerkt.atomic import atomic_write_json
     from training.metrics import aggregate
     from training.analysis import prefix_predictions
     from training.run import prepare

@@ -21,7 +21,8 @@ import torch
 from tqdm import tqdm
 
 from routerkt.errors import UserError
-from training.checkpoint import atomic_write_json, git_sha
+from routerkt.atomic import atomic_write_json
+from training.checkpoint import git_sha
 from training.config import RunConfig, from_dict, to_dict
 from training.data.csv_reader import collapse_repeats, read_interactions
 from training.data.protocol import Fold, load_folds_file, make_folds, make_sequences

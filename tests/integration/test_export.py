@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from export.onnx_export import ExportError, check_parity, example_inputs, export_onnx
-from routerkt.errors import UserError
 from training.config import RoutingScope
 from training.models.registry import PRESETS, build_model, preset_config, with_vocab
 

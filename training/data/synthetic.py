@@ -32,14 +32,15 @@ Raw ids are 0-based: user_id 0..n-1, question_id 0..n_questions-1, skill_id 0..n
 from __future__ import annotations
 
 import bisect
+import gzip
 import math
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from routerkt.atomic import atomic_write_bytes
 from routerkt.errors import UserError
 from training.data.csv_reader import COLUMNS
 
@@ -167,15 +168,9 @@ def generate(n_learners: int, seed: int, n_skills: int = 20, n_questions: int = 
 
 
 def write_csv(df: pd.DataFrame, path: str | os.PathLike) -> None:
-    """Write `df` as a canonical CSV atomically (`<path>.tmp-<pid>`, then os.replace); a `.gz` name is
+    """Write `df` as a canonical CSV atomically (routerkt/atomic.py); a `.gz` name is
     gzip-compressed with a zero timestamp, so the same data give the same bytes."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    compression = {"method": "gzip", "mtime": 0} if target.name.endswith(".gz") else None
-    tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
-    try:
-        df.to_csv(tmp, index=False, columns=list(COLUMNS), compression=compression)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    data = df.to_csv(index=False, columns=list(COLUMNS)).encode("utf-8")
+    if str(path).endswith(".gz"):
+        data = gzip.compress(data, mtime=0)        # no name or time in the header: same data, same bytes
+    atomic_write_bytes(path, data)

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from export.signature import FIRST_ID, PAD_ID, UNK_ID
+from routerkt.atomic import atomic_write_json
 from training.data.csv_reader import DataError, Interactions
 
 FORMAT = "routerkt-vocab/1"
@@ -139,18 +140,8 @@ class Vocab:
         return cls(questions=questions, skills=skills, question_skill=question_skill)
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write the vocab JSON atomically (`<path>.tmp-<pid>` in the same folder, then os.replace)."""
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
-        try:
-            with open(tmp, "w", encoding="utf-8") as fh:
-                json.dump(self.to_json(), fh, separators=(",", ":"))
-                fh.write("\n")
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        """Write the vocab JSON atomically (routerkt/atomic.py)."""
+        atomic_write_json(path, self.to_json(), indent=None)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Vocab:
