@@ -71,7 +71,7 @@ def analyse(results: Path, dataset: str, methods: list[str], n_learners: int = 5
     for k in range(min(2, len(rows))):
         fig, axes = plt.subplots(1, len(names), figsize=(2.6 * len(names), 2.8), squeeze=False)
         for ax, m in zip(axes[0], names):
-            ax.imshow(averaged[m][k], cmap="viridis")
+            ax.imshow(averaged[m][k], cmap="viridis", vmin=0.0, vmax=plots.color_limit(averaged[m][k]))
             ax.set_title(m, fontsize=8)
             ax.axis("off")
         fig.suptitle(f"{dataset}: last retriever layer, head mean, test learner sample {k}", fontsize=9)

@@ -40,6 +40,13 @@ def training_curves(run: Path) -> Path | None:
     return _save(fig, run / "plots" / "training_curves.png", histories)
 
 
+def color_limit(attention: np.ndarray) -> float:
+    """Upper colour limit: the 98th percentile of the non-zero weights, so the first rows (a few keys,
+    large weights) do not wash out the rest of the map."""
+    nonzero = attention[attention > 0]
+    return float(np.percentile(nonzero, 98)) if nonzero.size else 1.0
+
+
 def attention_heatmaps(heads: np.ndarray, title: str, png: Path) -> Path:
     """heads: [H, L, L] attention of one learner in one layer (row = query, column = key)."""
     H = heads.shape[0]
@@ -50,7 +57,7 @@ def attention_heatmaps(heads: np.ndarray, title: str, png: Path) -> Path:
         ax = axes[h // cols][h % cols]
         ax.axis("off")
         if h < H:
-            ax.imshow(heads[h], cmap="viridis", vmin=0.0, vmax=max(float(heads[h].max()), 1e-6))
+            ax.imshow(heads[h], cmap="viridis", vmin=0.0, vmax=color_limit(heads[h]))
             ax.set_title(f"head {h}", fontsize=8)
     fig.suptitle(title, fontsize=9)
     return _save(fig, png, {"title": title, "attention": heads.round(5).tolist()})
