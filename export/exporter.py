@@ -24,6 +24,7 @@ from export.triton_config import (PARAM_N_QUESTIONS, PARAM_N_SKILLS, Backend, Tr
 from routerkt.errors import UserError
 
 BACKEND_MODEL = Path(__file__).resolve().parent / "triton_backend" / "model.py"
+INT8_TOL = 0.02   # max |P(int8) - P(float32 PyTorch)| accepted for --quantize int8
 INFO_FORMAT = "routerkt-model-info/1"
 
 
@@ -62,7 +63,7 @@ def real_batches(config, vocab, n: int = 48) -> list[tuple[np.ndarray, np.ndarra
 
 def export_run(run: Path, repository: Path, name: str | None = None, version: int | None = None,
                backend: Backend = Backend.PYTHON, fold: int | None = None, keep_versions: int = 3,
-               options: TritonModelOptions | None = None, log=print) -> ExportResult:
+               options: TritonModelOptions | None = None, quantize: str = "none", log=print) -> ExportResult:
     from training.checkpoint import load_checkpoint
     from training.run import best_fold_dir
 
@@ -103,6 +104,18 @@ def export_run(run: Path, repository: Path, name: str | None = None, version: in
         if not report.ok:
             raise ExportError(f"parity check failed: max |onnxruntime - pytorch| = {report.max_abs_diff:.3e} "
                               f"> {PARITY_TOL:g}; nothing was published")
+        if quantize == "int8":                # weights of MatMul/Gemm as int8, activations quantized on the fly
+            from onnxruntime.quantization import QuantType, quantize_dynamic
+            quantized = Path(tmp) / "model.int8.onnx"
+            quantize_dynamic(str(onnx_path), str(quantized), weight_type=QuantType.QInt8)
+            report = check_parity(ckpt.model, quantized, batches=real_batches(cfg, ckpt.vocab))
+            log(f"int8 (dynamic quantization): max |ort int8 - torch| = {report.max_abs_diff:.2e}")
+            if report.max_abs_diff > INT8_TOL:
+                raise ExportError(f"int8 parity check failed: max |int8 - pytorch| = {report.max_abs_diff:.3e} "
+                                  f"> {INT8_TOL:g}; export without --quantize")
+            onnx_path = quantized
+        elif quantize != "none":
+            raise UserError(f"--quantize {quantize!r}: choose none or int8")
         files: dict[str, Path | bytes] = {signature.VOCAB_FILE: json.dumps(ckpt.vocab.to_json()).encode()}
         if options.backend is Backend.TENSORRT:
             from export.tensorrt import build_engine
@@ -117,7 +130,7 @@ def export_run(run: Path, repository: Path, name: str | None = None, version: in
                 "backbone": cfg.model.backbone.value, "attention": cfg.model.attention.value,
                 "heads": cfg.model.heads.value, "routing_scope": cfg.model.routing_scope.value,
                 "window": cfg.model.max_len, "n_questions": cfg.model.n_questions, "n_skills": cfg.model.n_skills,
-                "backend": options.backend.value, "inputs": list(signature.INPUT_NAMES),
+                "backend": options.backend.value, "quantization": quantize, "inputs": list(signature.INPUT_NAMES),
                 "outputs": list(signature.OUTPUT_NAMES), "padding": "left",
                 "provenance": {**provenance, "run": str(run), "fold_dir": str(fold_dir),
                                "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},

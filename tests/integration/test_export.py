@@ -102,3 +102,16 @@ def test_gpu_check_script_runs_on_cpu(tmp_path):
                            "--device", "cpu", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "gpu_check.json").read_text())
     assert rows[0]["eager_max_abs_diff_vs_ort_cpu"] < 1e-5 and rows[0]["eager_samples_per_s"] > 0
+
+
+def test_int8_export_stays_within_its_tolerance(kt_repository, tmp_path):
+    repo = tmp_path / "repo"
+    proc = _export("--run", str(kt_repository.run), "--repository", str(repo), "--name", "kt8", "--quantize", "int8")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["parity_max_abs_diff"] <= 0.02
+    info = json.loads((repo / "kt8" / "1" / "model_info.json").read_text())
+    assert info["quantization"] == "int8"
+    import onnx
+    model = onnx.load(str(repo / "kt8" / "1" / "model.onnx"))
+    assert any(n.op_type in ("MatMulInteger", "DynamicQuantizeLinear") for n in model.graph.node)
