@@ -19,13 +19,16 @@ import numpy as np
 from training.analysis import attention_and_routing, head_similarity, pairwise_similarity
 
 
-def _retriever_maps(model, seqs, rows: np.ndarray) -> list[np.ndarray]:
-    """[H, n, n] attention of the last retriever layer for each learner, trimmed to its length."""
+def _retriever_maps(model, seqs, rows: np.ndarray) -> list[np.ndarray] | None:
+    """[H, n, n] attention of the last retriever layer for each learner, trimmed to its length;
+    None for a model without attention (DKT)."""
     out = []
     for row in rows:
         maps, _ = attention_and_routing(model, seqs, np.array([row]))
-        name = [k for k in maps if k.startswith("retriever")][-1]
-        out.append(maps[name][0])
+        names = [k for k in maps if k.startswith("retriever")]
+        if not names:
+            return None
+        out.append(maps[names[-1]][0])
     return out
 
 
@@ -54,7 +57,11 @@ def analyse(results: Path, dataset: str, methods: list[str], n_learners: int = 5
             rng = np.random.default_rng(seed)
             candidates = np.nonzero(seqs.lengths >= 10)[0]
             rows = rng.choice(candidates, size=min(n_learners, len(candidates)), replace=False)
-        per_method[method] = _retriever_maps(ckpt.model, seqs, rows)
+        maps = _retriever_maps(ckpt.model, seqs, rows)
+        if maps is not None:
+            per_method[method] = maps
+    if len(per_method) < 2:
+        raise ValueError(f"need at least two finished attention models in {results / dataset}, found {list(per_method)}")
     averaged = {m: [heads.mean(0) for heads in maps] for m, maps in per_method.items()}
     pairs = pairwise_similarity(averaged)
     heads = {m: head_similarity(maps) for m, maps in per_method.items()}

@@ -76,7 +76,15 @@ def write_report(out: Path) -> Path:
              "cross-validation over learners with 10% of training learners for validation (seed 12405), early",
              "stopping on validation AUC (patience 10, max 300 epochs), every model exactly causal. Every real",
              "position of a window is scored. Cells: mean +- population std over folds; `(Nf)`: only N folds ran.",
-             "Best per dataset in bold.", ""]
+             "Best per dataset in bold.", "", "Regenerate (each command resumes; finished folds are kept):", "",
+             "```",
+             "routerkt reproduce --out results --datasets spanish_subset,algebra2005_subset,statics2011 --presets main",
+             "routerkt reproduce --out results --datasets assist2009 --presets akt-family",
+             "routerkt reproduce --out results --datasets statics2011 --presets ablations,grid",
+             "routerkt reproduce --out results --datasets assist2009 --presets ablations,grid --only-folds 1",
+             "routerkt reproduce --out results --diversity --datasets statics2011 --presets akt-family",
+             "routerkt reproduce --out results --report",
+             "```", ""]
     for key, title, higher in (("auc", "AUC", True), ("acc", "ACC", True), ("rmse", "RMSE", False)):
         lines += [f"## {title}", ""] + _table(runs, [v for v in main if any(v in r for r in runs.values())], key, higher) + [""]
     abl_runs = {d: r for d, r in runs.items() if any(v in r for v in ablations[1:])}
@@ -93,7 +101,11 @@ def write_report(out: Path) -> Path:
     for diversity in sorted(out.glob("*/diversity/diversity.md")):
         lines += [f"## Attention diversity: {diversity.parent.parent.name}", "", diversity.read_text().strip(),
                   "", f"Plots: `{diversity.parent.relative_to(out)}/`.", ""]
-    lines += ["## Wall time per run", "", "| dataset | preset | folds | seconds per fold | median train seq/s |", "|---|---|---|---|---|"]
+    lines += ["## Wall time per run", "",
+              "Wall-clock seconds of each fold on the 2-core development machine, two runs side by side with one",
+              "thread each. They include the time a run was paused (SIGSTOP) while benchmarks had the machine, so",
+              "a fold far above its siblings was paused, not slow; the train seq/s column is measured while running.",
+              "", "| dataset | preset | folds | seconds per fold | median train seq/s |", "|---|---|---|---|---|"]
     for d in sorted(runs):
         for v, m in sorted(runs[d].items()):
             secs = m.get("fold_seconds", [])
