@@ -17,6 +17,7 @@ from dataclasses import dataclass
 PAD_ID = 0
 UNK_ID = 1
 FIRST_ID = 2
+CANDIDATE_RESPONSE = 0     # response value at the candidate's slot (index L-1); never read by a causal model
 
 
 @dataclass(frozen=True)

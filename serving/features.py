@@ -26,13 +26,12 @@ from typing import Callable
 
 import numpy as np
 
-from export.signature import PAD_ID, UNK_ID
+from export.signature import CANDIDATE_RESPONSE, PAD_ID, UNK_ID
 from serving.errors import invalid_argument
 from serving.validation import ABSENT_SKILL, LearnerInput
 from training.data.vocab import Vocab
 
 PAD_RESPONSE = -1          # response value in padding positions (as training's protocol)
-CANDIDATE_RESPONSE = 0     # response value at the candidate's slot (never read by the model)
 
 CountUnknown = Callable[[str, int], None]   # (kind "question" | "skill", how many)
 

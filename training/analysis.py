@@ -10,14 +10,16 @@ import torch
 from scipy.ndimage import uniform_filter
 from scipy.stats import spearmanr
 
-from export.signature import PAD_ID
+from export.signature import CANDIDATE_RESPONSE, PAD_ID
 from training.data.protocol import Sequences
 from training.models.base import KTModel
 
 
 def prefix_windows(seqs: Sequences) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Every real position t of every window as its own window ending at t (left-padded, same width).
-    Returns (questions, skills, responses, labels) with one row per scored position."""
+    """Every real position t of every window as its own window ending at t (left-padded, same width),
+    laid out as the gateway sends a candidate: the response at t (the label) is replaced by
+    CANDIDATE_RESPONSE, so even a leaking model cannot read it. Returns (questions, skills,
+    responses, labels) with one row per scored position."""
     W = seqs.questions.shape[1]
     rows, cols = np.nonzero(seqs.skills != PAD_ID)                       # scored positions
     shift = (W - 1 - cols)[:, None]                                      # move column c to W-1
@@ -25,8 +27,9 @@ def prefix_windows(seqs: Sequences) -> tuple[np.ndarray, np.ndarray, np.ndarray,
     ok = src >= 0
     src = np.clip(src, 0, W - 1)
     pick = lambda a, fill: np.where(ok, a[rows[:, None], src], fill)     # noqa: E731
-    return (pick(seqs.questions, PAD_ID), pick(seqs.skills, PAD_ID), pick(seqs.responses, -1),
-            seqs.responses[rows, cols])
+    responses = pick(seqs.responses, -1)
+    responses[:, -1] = CANDIDATE_RESPONSE                                # the label is not an input
+    return pick(seqs.questions, PAD_ID), pick(seqs.skills, PAD_ID), responses, seqs.responses[rows, cols]
 
 
 @torch.inference_mode()

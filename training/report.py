@@ -31,8 +31,8 @@ def _load(out: Path) -> dict[str, dict[str, dict]]:
         dataset, variant = path.parent.parent.name, path.parent.name
         metrics = json.loads(path.read_text())
         ho = path.parent / "history_only.json"
-        if ho.exists():
-            metrics["history_only"] = json.loads(ho.read_text())
+        if ho.exists() and "scoring" in (scored := json.loads(ho.read_text())):   # older caches read the label
+            metrics["history_only"] = scored
         runs.setdefault(dataset, {})[variant] = metrics
     return runs
 

@@ -95,6 +95,10 @@ def job_config(dataset: str, path: Path, variant: str, args: argparse.Namespace)
         raise UserError(f"{variant}: {exc}") from None
 
 
+# Caches written by an older scoring (which left the label in the last window slot) are recomputed.
+HISTORY_SCORING = "prefix, label hidden"
+
+
 def history_only(run: Path) -> dict:
     """Score every fold's test set from prefixes only (for leaking variants); cached in the run."""
     from training.checkpoint import load_checkpoint
@@ -104,7 +108,9 @@ def history_only(run: Path) -> dict:
     from training.run import prepare
     cache = run / "history_only.json"
     if cache.exists():
-        return json.loads(cache.read_text())
+        cached = json.loads(cache.read_text())
+        if cached.get("scoring") == HISTORY_SCORING:
+            return cached
     per_fold = []
     for fold_dir in sorted(run.glob("fold-*")):
         if not (fold_dir / "result.json").exists():
@@ -115,7 +121,7 @@ def history_only(run: Path) -> dict:
         from training.metrics import summarize
         labels, probs = prefix_predictions(ckpt.model, seqs.select_learners(fold.test), 512)
         per_fold.append(summarize(labels, probs))
-    out = aggregate(per_fold) if per_fold else {}
+    out = {**aggregate(per_fold), "scoring": HISTORY_SCORING} if per_fold else {}
     atomic_write_json(cache, out)
     return out
 
@@ -154,12 +160,15 @@ def run(args: argparse.Namespace) -> int:
         run_dir = out / dataset / variant_dir(variant)
         done = run_dir / "metrics.json"
         cfg.data.run_folds = args.only_folds
+        leaky = cfg.model.routing_scope.value == "sequence" and cfg.model.heads.value == "router"
         if done.exists() and json.loads(done.read_text()).get("folds") == (args.only_folds or args.folds):
+            if leaky:
+                history_only(run_dir)                 # cached; recomputed only after a scoring change
             continue
         started = time.perf_counter()
         try:
             metrics = run_training(cfg, run_dir, progress=sys.stderr.isatty())
-            if cfg.model.routing_scope.value == "sequence" and cfg.model.heads.value == "router":
+            if leaky:
                 metrics["history_only"] = history_only(run_dir)
         except (RuntimeError, MemoryError, UserError) as exc:   # one failing run must not stop the grid
             failed.append(f"{dataset}/{variant}")

@@ -34,10 +34,13 @@ def test_reproduce_runs_resumes_and_reports(synthetic_csv, tmp_path):
     metrics = json.loads((results / "routerkt-akt" / "metrics.json").read_text())
     assert metrics["folds"] == 1 and 0 < metrics["auc"]["mean"] <= 1
     leaky = results / "routerkt-akt+routing_scope=sequence"
-    assert json.loads((leaky / "history_only.json").read_text())["auc"]["mean"] > 0
+    scored = json.loads((leaky / "history_only.json").read_text())
+    assert scored["auc"]["mean"] > 0 and scored["scoring"] == reproduce.HISTORY_SCORING
+    (leaky / "history_only.json").write_text(json.dumps({"auc": {"mean": 0.99, "std": 0.0}}))   # an older cache
     stamp = (results / "akt-standard" / "fold-0" / "result.json").stat().st_mtime_ns
     assert reproduce.run(_args(tmp_path, presets=presets)) == 0                 # resumes: nothing retrained
     assert (results / "akt-standard" / "fold-0" / "result.json").stat().st_mtime_ns == stamp
+    assert json.loads((leaky / "history_only.json").read_text()) == scored     # the stale score is recomputed
     # dkt has no attention: the analysis leaves it out instead of failing
     assert reproduce.run(_args(tmp_path, presets="routerkt-akt,akt-standard,dkt", diversity=True, learners=5)) == 0
     table = (results / "diversity" / "diversity.md").read_text()
