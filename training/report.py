@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 from routerkt.atomic import atomic_write_bytes
+from training.reproduce import HISTORY_SCORING
 
 # Published numbers (../shared/docs/models.md): different code, protocols or leaks; context only.
 REFERENCES = """\
@@ -31,8 +32,8 @@ def _load(out: Path) -> dict[str, dict[str, dict]]:
         dataset, variant = path.parent.parent.name, path.parent.name
         metrics = json.loads(path.read_text())
         ho = path.parent / "history_only.json"
-        if ho.exists() and "scoring" in (scored := json.loads(ho.read_text())):   # older caches read the label
-            metrics["history_only"] = scored
+        if ho.exists() and (scored := json.loads(ho.read_text())).get("scoring") == HISTORY_SCORING:
+            metrics["history_only"] = scored                # older caches read the label: left out
         runs.setdefault(dataset, {})[variant] = metrics
     return runs
 
