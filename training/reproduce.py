@@ -107,21 +107,21 @@ def history_only(run: Path) -> dict:
     from training.analysis import prefix_predictions
     from training.run import prepare
     cache = run / "history_only.json"
-    if cache.exists():
+    finished = [d for d in sorted(run.glob("fold-*")) if (d / "result.json").exists()]
+    key = {"scoring": HISTORY_SCORING, "scored_folds": [d.name for d in finished]}
+    if cache.exists():                        # current only for this scoring and these finished folds
         cached = json.loads(cache.read_text())
-        if cached.get("scoring") == HISTORY_SCORING:
+        if all(cached.get(k) == v for k, v in key.items()):
             return cached
     per_fold = []
-    for fold_dir in sorted(run.glob("fold-*")):
-        if not (fold_dir / "result.json").exists():
-            continue
+    for fold_dir in finished:
         ckpt = load_checkpoint(fold_dir)
         cfg, _, seqs, folds = prepare(ckpt.config)
         fold = next(f for f in folds if f.index == ckpt.meta["fold"])
         from training.metrics import summarize
         labels, probs = prefix_predictions(ckpt.model, seqs.select_learners(fold.test), 512)
         per_fold.append(summarize(labels, probs))
-    out = {**aggregate(per_fold), "scoring": HISTORY_SCORING} if per_fold else {}
+    out = {**aggregate(per_fold), **key} if per_fold else {}
     atomic_write_json(cache, out)
     return out
 

@@ -41,6 +41,8 @@ def test_reproduce_runs_resumes_and_reports(synthetic_csv, tmp_path):
     assert reproduce.run(_args(tmp_path, presets=presets)) == 0                 # resumes: nothing retrained
     assert (results / "akt-standard" / "fold-0" / "result.json").stat().st_mtime_ns == stamp
     assert json.loads((leaky / "history_only.json").read_text()) == scored     # the stale score is recomputed
+    assert reproduce.run(_args(tmp_path, presets=presets, only_folds=2)) == 0   # one more fold trained ...
+    assert len(json.loads((leaky / "history_only.json").read_text())["auc"]["folds"]) == 2   # ... and scored
     # dkt has no attention: the analysis leaves it out instead of failing
     assert reproduce.run(_args(tmp_path, presets="routerkt-akt,akt-standard,dkt", diversity=True, learners=5)) == 0
     table = (results / "diversity" / "diversity.md").read_text()
