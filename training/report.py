@@ -123,11 +123,12 @@ def write_report(out: Path) -> Path:
         lines += _table(abl_runs, [v for v in rows if any(v in r for r in abl_runs.values())], "auc", True,
                         unranked=tuple(leaky)) + [""]
         for d, r in sorted(abl_runs.items()):                 # same folds for a fair look at (Nf) cells
-            base, n = r.get(ablations[0]), min(r[v].get("folds", 5) for v in ablations[1:] if v in r)
-            if base and base.get("folds", 5) > n:
-                same = base["auc"]["folds"][:n]
-                lines.append(f"{d}: the ablations ran {n} fold(s); {ablations[0]} on the same fold(s): "
-                             f"AUC {sum(same) / len(same):.4f}.")
+            base = r.get(ablations[0])
+            for n in sorted({r[v].get("folds", 5) for v in ablations[1:] if v in r}):
+                if base and base.get("folds", 5) > n:
+                    same = base["auc"]["folds"][:n]
+                    lines.append(f"{d}: for the `({n}f)` cells, {ablations[0]} on the same {n} fold(s) has "
+                                 f"AUC {sum(same) / len(same):.4f}.")
         lines.append("")
     stalled = _stalled_folds(out)
     if stalled:
