@@ -97,7 +97,7 @@ def write_report(out: Path) -> Path:
              "routerkt reproduce --out results --datasets spanish_subset,algebra2005_subset,statics2011 --presets main",
              "routerkt reproduce --out results --datasets assist2009 --presets akt-family",
              "routerkt reproduce --out results --datasets statics2011 --presets ablations,grid",
-             "routerkt reproduce --out results --datasets assist2009 --presets ablations --only-folds 2",
+             "routerkt reproduce --out results --datasets assist2009 --presets ablations --only-folds 3",
              "routerkt reproduce --out results --datasets assist2009 --presets grid --only-folds 1",
              "routerkt reproduce --out results --diversity --presets akt-family \\",
              "    --datasets statics2011,assist2009,algebra2005_subset,spanish_subset",
