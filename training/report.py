@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 from routerkt.atomic import atomic_write_bytes
-from training.reproduce import HISTORY_SCORING
+from training.reproduce import GROUPS, HISTORY_SCORING, variant_dir
 
 # Published numbers (../shared/docs/models.md): different code, protocols or leaks; context only.
 REFERENCES = """\
@@ -80,7 +80,6 @@ def _stalled_folds(out: Path) -> list[str]:
 
 
 def write_report(out: Path) -> Path:
-    from training.reproduce import GROUPS, variant_dir
     out = Path(out)
     runs = _load(out)
     main = [variant_dir(v) for v in GROUPS["main"]]

@@ -103,7 +103,7 @@ def history_only(run: Path) -> dict:
     """Score every fold's test set from prefixes only (for leaking variants); cached in the run."""
     from training.checkpoint import load_checkpoint
     from routerkt.atomic import atomic_write_json
-    from training.metrics import aggregate
+    from training.metrics import aggregate, summarize
     from training.analysis import prefix_predictions
     from training.run import prepare
     cache = run / "history_only.json"
@@ -113,12 +113,12 @@ def history_only(run: Path) -> dict:
         cached = json.loads(cache.read_text())
         if all(cached.get(k) == v for k, v in key.items()):
             return cached
-    per_fold = []
+    per_fold, seqs, folds = [], None, None
     for fold_dir in finished:
         ckpt = load_checkpoint(fold_dir)
-        cfg, _, seqs, folds = prepare(ckpt.config)
+        if seqs is None:                      # the folds of one run share their data and split: read once
+            _, _, seqs, folds = prepare(ckpt.config)
         fold = next(f for f in folds if f.index == ckpt.meta["fold"])
-        from training.metrics import summarize
         labels, probs = prefix_predictions(ckpt.model, seqs.select_learners(fold.test), 512)
         per_fold.append(summarize(labels, probs))
     out = {**aggregate(per_fold), **key} if per_fold else {}
