@@ -168,7 +168,7 @@ class TritonServer:
         self.exit_timeout_s = exit_timeout_s
         self._proc: subprocess.Popen | None = None
         self._shm_seen: set[str] = set()      # python-backend shm files our processes mapped
-        self._stubs_seen: set[int] = set()    # stub PIDs seen (they outlive a dead server briefly)
+        self._stubs_seen: dict[int, str] = {}  # stub PID -> its start time (stubs outlive a dead server)
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self, timeout: float = 90.0) -> None:
@@ -322,7 +322,10 @@ class TritonServer:
         if not self.is_running():
             return
         children = list(stub_pids) if stub_pids is not None else _children(self._proc.pid)
-        self._stubs_seen.update(pid for pid in children if STUB_NAME in _cmdline(pid))
+        for pid in children:
+            start = _start_time(pid)
+            if start is not None and STUB_NAME in _cmdline(pid):
+                self._stubs_seen[pid] = start
         pids = [self._proc.pid] + children
         for pid in pids:
             try:
@@ -340,15 +343,15 @@ class TritonServer:
         shared-memory files that only our (now dead) server and its stubs mapped; the names hold a
         per-server UUID."""
         _LIVE.discard(self)
-        stubs = sorted(self._stubs_seen)
+        stubs = dict(self._stubs_seen)
         _wait_gone(stubs, timeout=3.0)
-        for pid in stubs:                      # a stub killed mid-request never exits on its own (2.51)
-            if STUB_NAME in _cmdline(pid):
+        for pid, start in stubs.items():       # a stub killed mid-request never exits on its own (2.51)
+            if _alive(pid, start):
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
-        _wait_gone(stubs, timeout=5.0)
+        _wait_gone(stubs, timeout=10.0)
         self._stubs_seen.clear()
         for path in sorted(self._shm_seen):
             try:
@@ -395,21 +398,36 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def _wait_gone(pids: Sequence[int], timeout: float) -> None:
-    """Wait (bounded) until none of `pids` is alive; zombies count as gone."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
-        time.sleep(0.05)
-
-
-def _alive(pid: int) -> bool:
-    """True while `pid` runs a Python stub (a zombie or a reused PID counts as gone)."""
+def _stat_fields(pid: int) -> list[str] | None:
+    """Fields of /proc/<pid>/stat after the command name (state first), or None if gone."""
     try:
         with open(f"/proc/{pid}/stat") as handle:
             stat = handle.read()
     except OSError:
-        return False
-    return stat[stat.rfind(")") + 2:][:1] not in ("Z", "X") and STUB_NAME in _cmdline(pid)
+        return None
+    return stat[stat.rfind(")") + 2:].split()
+
+
+def _start_time(pid: int) -> str | None:
+    """The process start time in clock ticks (stat field 22): with the PID it names one process."""
+    fields = _stat_fields(pid)
+    return fields[19] if fields is not None and len(fields) > 19 else None
+
+
+def _wait_gone(pids: dict[int, str], timeout: float) -> None:
+    """Wait (bounded) until none of `pids` (PID -> start time) is alive; zombies count as gone."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(_alive(p, s) for p, s in pids.items()):
+        time.sleep(0.05)
+
+
+def _alive(pid: int, start: str) -> bool:
+    """True while the process `pid` that started at `start` exists and is not a zombie. The start
+    time, not the command line, identifies it: a process in the middle of exiting has already
+    dropped its command line, and a reused PID has another start time."""
+    fields = _stat_fields(pid)
+    return fields is not None and len(fields) > 19 and fields[19] == start \
+        and fields[0] not in ("Z", "X")
 
 
 @atexit.register

@@ -102,7 +102,7 @@ def alive(pid: int) -> bool:
 def kill_under_load(triton: TritonServer) -> None:
     """TritonServer.kill(), plus SIGKILL (by PID) for its python stubs: a stub busy with a request
     when tritonserver dies is orphaned and never exits by itself (seen with Triton 2.51), and
-    kill() would wait 10 s for it."""
+    kill() would wait 3 s for it before killing it itself."""
     server_pid, stubs = triton.pid, triton.stub_pids()
     killer = threading.Thread(target=triton.kill)
     killer.start()
