@@ -96,8 +96,7 @@ def write_report(out: Path) -> Path:
              "routerkt reproduce --out results --datasets spanish_subset,algebra2005_subset,statics2011 --presets main",
              "routerkt reproduce --out results --datasets assist2009 --presets akt,akt-standard,folibi-akt,rkt-akt,routerkt-akt,dkt",
              "routerkt reproduce --out results --datasets statics2011 --presets ablations,grid",
-             "routerkt reproduce --out results --datasets assist2009 --presets ablations",
-             "routerkt reproduce --out results --datasets assist2009 --presets grid --only-folds 3",
+             "routerkt reproduce --out results --datasets assist2009 --presets ablations,grid",
              "routerkt reproduce --out results --diversity --presets akt-family \\",
              "    --datasets statics2011,assist2009,algebra2005_subset,spanish_subset",
              "routerkt reproduce --out results --report",
@@ -121,14 +120,15 @@ def write_report(out: Path) -> Path:
                   "from its prefix with its answer hidden, which is what a server can do.", ""]
         lines += _table(abl_runs, [v for v in rows if any(v in r for r in abl_runs.values())], "auc", True,
                         unranked=tuple(leaky)) + [""]
+        same_folds = []
         for d, r in sorted(abl_runs.items()):                 # same folds for a fair look at (Nf) cells
             base = r.get(ablations[0])
             for n in sorted({r[v].get("folds", 5) for v in ablations[1:] if v in r}):
                 if base and base.get("folds", 5) > n:
                     same = base["auc"]["folds"][:n]
-                    lines.append(f"{d}: for the `({n}f)` cells, {ablations[0]} on the same {n} fold(s) has "
-                                 f"AUC {sum(same) / len(same):.4f}.")
-        lines.append("")
+                    same_folds.append(f"{d}: for the `({n}f)` cells, {ablations[0]} on the same {n} fold(s) has "
+                                      f"AUC {sum(same) / len(same):.4f}.")
+        lines += same_folds + [""] if same_folds else []
     stalled = _stalled_folds(out)
     if stalled:
         lines += ["## Folds that stopped before learning", "",
