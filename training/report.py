@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 from routerkt.atomic import atomic_write_bytes
-from training.reproduce import GROUPS, HISTORY_SCORING, variant_dir
+from training.reproduce import GROUPS, cached_history_only, variant_dir
 
 # Published numbers (../shared/docs/models.md): different code, protocols or leaks; context only.
 REFERENCES = """\
@@ -31,10 +31,8 @@ def _load(out: Path) -> dict[str, dict[str, dict]]:
     for path in sorted(out.glob("*/*/metrics.json")):
         dataset, variant = path.parent.parent.name, path.parent.name
         metrics = json.loads(path.read_text())
-        ho = path.parent / "history_only.json"
-        scored = json.loads(ho.read_text()) if ho.exists() else {}
-        if scored.get("scoring") == HISTORY_SCORING and len(scored["auc"]["folds"]) == metrics.get("folds"):
-            metrics["history_only"] = scored                # stale caches (older scoring, fewer folds): left out
+        if scored := cached_history_only(path.parent):     # stale caches (older scoring, other folds): left out
+            metrics["history_only"] = scored
         runs.setdefault(dataset, {})[variant] = metrics
     return runs
 
@@ -128,7 +126,7 @@ def write_report(out: Path) -> Path:
                     same = base["auc"]["folds"][:n]
                     same_folds.append(f"{d}: for the `({n}f)` cells, {ablations[0]} on the same {n} fold(s) has "
                                       f"AUC {sum(same) / len(same):.4f}.")
-        lines += same_folds + [""] if same_folds else []
+        lines += (same_folds + [""]) if same_folds else []
     stalled = _stalled_folds(out)
     if stalled:
         lines += ["## Folds that stopped before learning", "",

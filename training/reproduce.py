@@ -99,6 +99,24 @@ def job_config(dataset: str, path: Path, variant: str, args: argparse.Namespace)
 HISTORY_SCORING = "prefix, label hidden"
 
 
+def _finished_folds(run: Path) -> list[Path]:
+    return [d for d in sorted(run.glob("fold-*")) if (d / "result.json").exists()]
+
+
+def _history_key(finished: list[Path]) -> dict:
+    return {"scoring": HISTORY_SCORING, "scored_folds": [d.name for d in finished]}
+
+
+def cached_history_only(run: Path) -> dict | None:
+    """The run's history-only score if its cache is current (this scoring, these finished folds)."""
+    cache = run / "history_only.json"
+    if not cache.exists():
+        return None
+    cached = json.loads(cache.read_text())
+    key = _history_key(_finished_folds(run))
+    return cached if all(cached.get(k) == v for k, v in key.items()) else None
+
+
 def history_only(run: Path) -> dict:
     """Score every fold's test set from prefixes only (for leaking variants); cached in the run."""
     from training.checkpoint import load_checkpoint
@@ -106,13 +124,9 @@ def history_only(run: Path) -> dict:
     from training.metrics import aggregate, summarize
     from training.analysis import prefix_predictions
     from training.run import prepare
-    cache = run / "history_only.json"
-    finished = [d for d in sorted(run.glob("fold-*")) if (d / "result.json").exists()]
-    key = {"scoring": HISTORY_SCORING, "scored_folds": [d.name for d in finished]}
-    if cache.exists():                        # current only for this scoring and these finished folds
-        cached = json.loads(cache.read_text())
-        if all(cached.get(k) == v for k, v in key.items()):
-            return cached
+    if (cached := cached_history_only(run)) is not None:
+        return cached
+    finished = _finished_folds(run)
     per_fold, seqs, folds = [], None, None
     for fold_dir in finished:
         ckpt = load_checkpoint(fold_dir)
@@ -121,8 +135,8 @@ def history_only(run: Path) -> dict:
         fold = next(f for f in folds if f.index == ckpt.meta["fold"])
         labels, probs = prefix_predictions(ckpt.model, seqs.select_learners(fold.test), 512)
         per_fold.append(summarize(labels, probs))
-    out = {**aggregate(per_fold), **key} if per_fold else {}
-    atomic_write_json(cache, out)
+    out = {**aggregate(per_fold), **_history_key(finished)} if per_fold else {}
+    atomic_write_json(run / "history_only.json", out)
     return out
 
 
