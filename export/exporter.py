@@ -16,16 +16,16 @@ from pathlib import Path
 
 import numpy as np
 
-from export import signature
 from export.onnx_export import PARITY_TOL, ExportError, check_parity, export_onnx
 from export.repository import publish_version
+from export.triton_python_model import MODEL_PY
 from export.triton_config import (PARAM_N_QUESTIONS, PARAM_N_SKILLS, Backend, TritonModelOptions,
                                   render_config)
+from routerkt.contract import signature
+from routerkt.contract.model_info import ModelInfo
 from routerkt.errors import UserError
 
-BACKEND_MODEL = Path(__file__).resolve().parent / "triton_backend" / "model.py"
 INT8_TOL = 0.02   # max |P(int8) - P(float32 PyTorch)| accepted for --quantize int8
-INFO_FORMAT = "routerkt-model-info/1"
 
 
 @dataclass
@@ -44,15 +44,13 @@ def _check_repository(repository: Path) -> None:
 
 
 def real_batches(config, vocab, n: int = 48) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Up to two batches of real windows from the run's data file (empty if it is not readable)."""
-    from training.data.csv_reader import read_interactions
-    from training.data.protocol import make_sequences
-    path = Path(config.data.path)
-    if not path.is_file():
+    """Up to two batches of real windows from the run's data file, read by training's pipeline
+    (empty if the file is not readable)."""
+    from training.data.pipeline import load_sequences, resolve_data_path
+    if not resolve_data_path(config.data.path).is_file():
         return []
     try:
-        seqs = make_sequences(read_interactions(path), vocab, config.data.protocol, config.data.window,
-                              config.data.min_interactions)
+        _, seqs = load_sequences(config.data, vocab)
     except UserError:
         return []
     rng = np.random.default_rng(0)
@@ -107,7 +105,8 @@ def export_run(run: Path, repository: Path, name: str | None = None, version: in
         if quantize == "int8":                # weights of MatMul/Gemm as int8, activations quantized on the fly
             from onnxruntime.quantization import QuantType, quantize_dynamic
             quantized = Path(tmp) / "model.int8.onnx"
-            quantize_dynamic(str(onnx_path), str(quantized), weight_type=QuantType.QInt8)
+            # 7-bit weights (reduce_range): x86 CPUs without VNNI saturate u8 x s8 products otherwise
+            quantize_dynamic(str(onnx_path), str(quantized), weight_type=QuantType.QInt8, reduce_range=True)
             report = check_parity(ckpt.model, quantized, batches=real_batches(cfg, ckpt.vocab))
             log(f"int8 (dynamic quantization): max |ort int8 - torch| = {report.max_abs_diff:.2e}")
             if report.max_abs_diff > INT8_TOL:
@@ -125,17 +124,14 @@ def export_run(run: Path, repository: Path, name: str | None = None, version: in
         else:
             files[signature.ONNX_FILE] = onnx_path
         if options.backend is Backend.PYTHON:
-            files["model.py"] = BACKEND_MODEL
-        info = {"format": INFO_FORMAT, "name": name, "preset": cfg.preset,
-                "backbone": cfg.model.backbone.value, "attention": cfg.model.attention.value,
-                "heads": cfg.model.heads.value, "routing_scope": cfg.model.routing_scope.value,
-                "window": cfg.model.max_len, "n_questions": cfg.model.n_questions, "n_skills": cfg.model.n_skills,
-                "backend": options.backend.value, "quantization": quantize, "inputs": list(signature.INPUT_NAMES),
-                "outputs": list(signature.OUTPUT_NAMES), "padding": "left",
-                "provenance": {**provenance, "run": str(run), "fold_dir": str(fold_dir),
-                               "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
-                "parity_max_abs_diff": report.max_abs_diff}
-        files[signature.INFO_FILE] = (json.dumps(info, indent=2) + "\n").encode()
+            files["model.py"] = MODEL_PY
+        info = ModelInfo(name=name, window=cfg.model.max_len, n_questions=cfg.model.n_questions,
+                         n_skills=cfg.model.n_skills, preset=cfg.preset, backbone=cfg.model.backbone.value,
+                         attention=cfg.model.attention.value, heads=cfg.model.heads.value,
+                         routing_scope=cfg.model.routing_scope.value, backend=options.backend.value,
+                         quantization=quantize, parity_max_abs_diff=report.max_abs_diff,
+                         provenance={**provenance, "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        files[signature.INFO_FILE] = info.save_bytes()
         version = publish_version(repository, name, files, config_text, version=version, keep_versions=keep_versions)
     return ExportResult(name=name, version=version, repository=repository, parity_max_abs_diff=report.max_abs_diff,
                         parity_cases=report.cases, files=sorted(files))

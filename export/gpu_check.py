@@ -21,8 +21,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from export.onnx_export import export_onnx, ort_session
-from loadtest.throughput import DEFAULT_PRESETS, N_QUESTIONS, N_SKILLS, make_batch
+from export.onnx_export import export_onnx
+from routerkt.contract.onnx_session import cpu_session
+from export.bench_inputs import DEFAULT_PRESETS, N_QUESTIONS, N_SKILLS, make_batch
 from training.models.registry import build_model, preset_config, with_vocab
 
 
@@ -48,7 +49,7 @@ def check(preset: str, batch: int, length: int, device: str, repeats: int, work:
     path = work / f"{preset}.onnx"
     export_onnx(model, path)
     feeds = make_batch(batch, length)
-    reference = ort_session(path).run(["probs"], feeds)[0]
+    reference = cpu_session(path).run(["probs"], feeds)[0]
     model = model.to(device)
     inputs = [torch.from_numpy(feeds[k]).to(device) for k in ("questions", "skills", "responses")]
     forward = lambda: torch.sigmoid(model(*inputs).logits)  # noqa: E731

@@ -7,7 +7,7 @@ keeps its data-dependent decay. Routed heads are served with the causal `prefix`
 model trained with the leaking whole-window `sequence` scope is refused.
 
 Exporter: torch.onnx.export(dynamo=True), opset 18, dynamic batch and sequence axes, named tensors
-from export/signature.py.
+from routerkt/contract/signature.py.
 """
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from export import signature
+from routerkt.contract import signature
 from routerkt.atomic import atomic_path
+from routerkt.contract.onnx_session import cpu_session
 from routerkt.errors import UserError
-from training.config import HeadMode, RoutingScope
 from training.models.base import KTModel
 
 OPSET = 18
@@ -49,7 +49,7 @@ class InferenceModel(nn.Module):
 
 def check_servable(model: KTModel) -> None:
     cfg = model.config
-    if cfg.heads is HeadMode.ROUTER and cfg.routing_scope is RoutingScope.SEQUENCE:
+    if cfg.leaks_future:
         raise ExportError("this model routes with the whole-window 'sequence' scope, which reads future "
                           "interactions; only causal scopes (prefix, token) can be served; retrain with "
                           "--set model.routing_scope=prefix")
@@ -80,7 +80,7 @@ def export_onnx(model: KTModel, path: Path, quiet: bool = True) -> None:
     inputs = tuple(torch.from_numpy(a) for a in example_inputs(cfg.n_questions, cfg.n_skills, 2, L))
     batch = torch.export.Dim("batch", min=1, max=1 << 16)
     seq = torch.export.Dim("seq", min=2, max=cfg.max_len)
-    dynamic = {name: {0: batch, 1: seq} for name in signature.INPUT_NAMES}
+    dynamic = {name: {0: batch, 1: seq} for name in signature.SCORE.input_names}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     sink = io.StringIO()
@@ -93,25 +93,12 @@ def export_onnx(model: KTModel, path: Path, quiet: bool = True) -> None:
             with torch.no_grad():
                 program = torch.onnx.export(
                     wrapper, inputs, dynamo=True, opset_version=OPSET, external_data=False,
-                    input_names=list(signature.INPUT_NAMES), output_names=list(signature.OUTPUT_NAMES),
+                    input_names=list(signature.SCORE.input_names), output_names=list(signature.SCORE.output_names),
                     dynamic_shapes=dynamic, verbose=False)
         except Exception as exc:  # the exporter raises many types; report one line, keep the cause
             raise ExportError(f"ONNX export failed: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}") from exc
     with atomic_path(path) as tmp:
         program.save(str(tmp))
-
-
-def ort_session(path: Path | str, threads: int = 0, mem_arena: bool = False):
-    """CPU session as served (export/triton_backend/model.py): graph optimisation ALL, one inter-op
-    thread, no CPU memory arena (it would keep every session's peak, ~2 GB at batch 512)."""
-    import onnxruntime as ort
-    so = ort.SessionOptions()
-    so.enable_cpu_mem_arena = mem_arena
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.log_severity_level = 3
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
 @dataclass
@@ -131,7 +118,7 @@ def check_parity(model: KTModel, onnx_path: Path, batches: list[tuple[np.ndarray
     any given real batches."""
     cfg = model.config
     model.eval()
-    sess = session or ort_session(onnx_path)
+    sess = session or cpu_session(onnx_path)
     cases_in = [example_inputs(cfg.n_questions, cfg.n_skills, b, min(L, cfg.max_len), seed=i)
                 for i, (b, L) in enumerate(shapes)] + list(batches or [])
     cases = []

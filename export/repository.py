@@ -1,6 +1,6 @@
 """The generated Triton model repository: publish model versions atomically, list and read them.
 
-Layout (file names from export/signature.py):
+Layout (file names from routerkt/contract/signature.py; reading it: routerkt/contract/repository.py):
 
     <repository>/README.md                      committed, never touched here
     <repository>/<name>/config.pbtxt
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import os
 import re
 import shutil
@@ -27,13 +26,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from export.signature import INFO_FILE
 from routerkt.atomic import atomic_write_bytes
+from routerkt.contract.repository import list_versions
+from routerkt.contract.signature import CONFIG_FILE
 from routerkt.errors import UserError
 
-CONFIG_FILE = "config.pbtxt"
 _NAME = re.compile(r"[A-Za-z0-9_.-]+")
-_VERSION = re.compile(r"[1-9][0-9]*")
 
 
 def publish_version(repository: Path, name: str, files: dict[str, Path | bytes], config_text: str,
@@ -85,42 +83,6 @@ def publish_version(repository: Path, name: str, files: dict[str, Path | bytes],
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return version
-
-
-def list_models(repository: Path) -> list[str]:
-    """Names of the models in the repository (folders holding a config.pbtxt), sorted."""
-    repository = Path(repository)
-    if not repository.is_dir():
-        return []
-    return sorted(p.name for p in repository.iterdir()
-                  if p.is_dir() and not p.name.startswith(".") and (p / CONFIG_FILE).is_file())
-
-
-def list_versions(repository: Path, name: str) -> list[int]:
-    """Version numbers of model `name` that Triton would consider, ascending ([] if none)."""
-    model_dir = Path(repository) / name
-    if not model_dir.is_dir():
-        return []
-    return sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and _VERSION.fullmatch(p.name))
-
-
-def latest_version(repository: Path, name: str) -> int | None:
-    versions = list_versions(repository, name)
-    return versions[-1] if versions else None
-
-
-def read_model_info(repository: Path, name: str, version: int) -> dict:
-    """The model_info.json of one version (preset, window, vocabulary sizes, provenance)."""
-    path = Path(repository) / name / str(version) / INFO_FILE
-    try:
-        info = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"no {INFO_FILE} for model {name!r} version {version} in {repository}") from None
-    except (OSError, ValueError) as exc:
-        raise UserError(f"cannot read {path}: {exc}") from None
-    if not isinstance(info, dict):
-        raise UserError(f"{path} must hold a JSON object")
-    return info
 
 
 def _check_name(name: str) -> None:

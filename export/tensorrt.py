@@ -7,7 +7,7 @@ A plan is a build output for one GPU model and one TensorRT version: never commi
 
 - `tensorrt_available()` says whether a build can run here, and why not.
 - `build_engine(...)` builds and atomically writes a plan with one optimisation profile covering
-  batch sizes [min_batch, max_batch] at the fixed window, for every input of export/signature.py.
+  batch sizes [min_batch, max_batch] at the fixed window, for every input of routerkt/contract/signature.py.
 - `trtexec_command(...)` prints the equivalent `trtexec` command line (for the docs).
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import ctypes
 import shlex
 from pathlib import Path
 
-from export import signature
+from routerkt.contract import signature
 from routerkt.atomic import atomic_write_bytes
 from routerkt.errors import UserError
 
@@ -75,8 +75,8 @@ def build_engine(onnx_path: Path, plan_path: Path, window: int, min_batch: int =
 
     profile = builder.create_optimization_profile()
     names = [network.get_input(i).name for i in range(network.num_inputs)]
-    if sorted(names) != sorted(signature.INPUT_NAMES):
-        raise UserError(f"{onnx_path} inputs {names} do not match the signature {list(signature.INPUT_NAMES)}")
+    if sorted(names) != sorted(signature.SCORE.input_names):
+        raise UserError(f"{onnx_path} inputs {names} do not match the signature {list(signature.SCORE.input_names)}")
     for name in names:
         profile.set_shape(name, (min_batch, window), (opt_batch, window), (max_batch, window))
     config.add_optimization_profile(profile)
@@ -95,7 +95,7 @@ def trtexec_command(onnx_path: Path, plan_path: Path, window: int, min_batch: in
     _check_shapes(window, min_batch, opt_batch, max_batch)
 
     def shapes(batch: int) -> str:
-        return ",".join(f"{name}:{batch}x{window}" for name in signature.INPUT_NAMES)
+        return ",".join(f"{name}:{batch}x{window}" for name in signature.SCORE.input_names)
 
     parts = [
         "trtexec",

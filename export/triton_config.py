@@ -2,10 +2,10 @@
 
 The config is built as a `model_config_pb2.ModelConfig` protobuf and printed with
 `google.protobuf.text_format`, so it is valid by construction. Tensor names, dtypes and shapes come
-from `export.signature`. Three backends:
+from `routerkt.contract.signature`. Three backends:
 
 - PYTHON: the CPU deployment used here (Triton 2.51 from nvidia-pytriton only ships the python
-  backend); `export/triton_backend/model.py` runs onnxruntime inside Triton's Python stub.
+  backend); `export/triton_python_model/model.py` runs onnxruntime inside Triton's Python stub.
 - ONNXRUNTIME: Triton's native ORT backend for GPU deployments (NGC container), optionally with ORT's
   TensorRT execution accelerator (FP16 on request).
 - TENSORRT: a serialized TensorRT plan (`model.plan`, built on the GPU host; see export/tensorrt.py).
@@ -18,7 +18,7 @@ from enum import Enum
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from export import signature
+from routerkt.contract import signature
 from routerkt.errors import UserError
 
 
@@ -28,7 +28,7 @@ class Backend(str, Enum):
     TENSORRT = "tensorrt"
 
 
-# Parameter keys read by export/triton_backend/model.py (python backend). The vocabulary sizes are
+# Parameter keys read by export/triton_python_model/model.py (python backend). The vocabulary sizes are
 # the number of rows of the question / skill embeddings: valid ids are [0, N).
 PARAM_ORT_INTRA_OP_THREADS = "ORT_INTRA_OP_THREADS"
 PARAM_ORT_MEM_ARENA = "ORT_CPU_MEM_ARENA"
@@ -112,16 +112,6 @@ def render_config(name: str, options: TritonModelOptions) -> str:
     return HEADER + text_format.MessageToString(build_config(name, options))
 
 
-def parse_config(text: str) -> mc.ModelConfig:
-    """Parse config.pbtxt text (comments allowed) into a ModelConfig; UserError when malformed."""
-    config = mc.ModelConfig()
-    try:
-        text_format.Parse(text, config)
-    except text_format.ParseError as exc:
-        raise UserError(f"invalid config.pbtxt: {str(exc).splitlines()[0]}") from None
-    return config
-
-
 def build_config(name: str, options: TritonModelOptions) -> mc.ModelConfig:
     """The ModelConfig protobuf behind `render_config`."""
     if not name or not set(name) <= _PARAM_KEY_CHARS or name.startswith("."):
@@ -129,9 +119,9 @@ def build_config(name: str, options: TritonModelOptions) -> mc.ModelConfig:
     options.validate()
     config = mc.ModelConfig(name=name, max_batch_size=options.max_batch_size)
     config.version_policy.latest.num_versions = options.version_policy_latest
-    for spec in signature.INPUTS:
+    for spec in signature.SCORE.inputs:
         config.input.add(name=spec.name, data_type=mc.DataType.Value(spec.triton_dtype), dims=[options.window])
-    for spec in signature.OUTPUTS:
+    for spec in signature.SCORE.outputs:
         config.output.add(name=spec.name, data_type=mc.DataType.Value(spec.triton_dtype), dims=[options.window])
 
     # Dynamic batching only: see HEADER for why there is no queue policy / priority levels.
@@ -186,7 +176,7 @@ def _tensorrt_backend(config: mc.ModelConfig, options: TritonModelOptions) -> No
 def _add_warmup(config: mc.ModelConfig, window: int) -> None:
     """One batch-1 request of zeros per input: id 0 is padding, response 0 is valid."""
     warmup = config.model_warmup.add(name=WARMUP_NAME, batch_size=1, count=1)
-    for spec in signature.INPUTS:
+    for spec in signature.SCORE.inputs:
         entry = warmup.inputs[spec.name]
         entry.data_type = mc.DataType.Value(spec.triton_dtype)
         entry.dims.append(window)

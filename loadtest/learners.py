@@ -22,10 +22,9 @@ from typing import Any, Callable, Protocol, Sequence
 
 import grpc
 
-from export.repository import latest_version, list_models
-from export.signature import VOCAB_FILE
+from routerkt.contract.repository import latest_version, list_models, read_vocab
 from routerkt.errors import UserError
-from serving.proto.routerkt.v1 import knowledge_tracing_pb2 as pb
+from serving.api import knowledge_tracing_pb2 as pb
 
 # The locustfile's user classes and the RPC each one calls (load.py checks both were exercised).
 USER_RPCS: dict[str, str] = {"LearnerUser": "Predict", "BatchUser": "PredictBatch"}
@@ -131,14 +130,8 @@ def resolve_model(repository: Path | str, model: str | None) -> tuple[str, int]:
 
 def load_vocabulary(repository: Path | str, model: str | None) -> Vocabulary:
     """The vocabulary of the latest version of `model` (see resolve_model)."""
-    from training.data.csv_reader import DataError
-    from training.data.vocab import Vocab
-
     name, version = resolve_model(repository, model)
-    try:
-        vocab = Vocab.load(Path(repository) / name / str(version) / VOCAB_FILE)
-    except DataError as exc:
-        raise UserError(str(exc)) from None
+    vocab = read_vocab(Path(repository), name, version)
     if not vocab.questions:
         raise UserError(f"the vocabulary of model {name!r} version {version} has no questions")
     return Vocabulary(name, version, tuple(sorted(vocab.questions)), dict(vocab.question_skill))

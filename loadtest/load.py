@@ -46,8 +46,6 @@ TOTAL = "Aggregated"             # locust's name of the all-requests row
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from serving.cli_serve import one_line_errors
-    one_line_errors(p)
     p.add_argument("--users", type=int, default=8, help="simulated users (LearnerUser / BatchUser instances)")
     p.add_argument("--spawn-rate", type=float, default=None, help="users started per second (default: all in 1 s)")
     p.add_argument("--duration", default="60s", help="run time: 90, 45s, 2m, 1m30s, 1h")

@@ -33,8 +33,8 @@ from loadtest.learners import (DEFAULT_WEIGHTS, USER_RPCS, Learner, LearnerOptio
                                RequestEventInterceptor, Vocabulary, format_user_mix, load_vocabulary,
                                loopback_target, parse_user_mix)
 from routerkt.errors import UserError  # noqa: E402
-from serving.proto.routerkt.v1 import knowledge_tracing_pb2 as pb  # noqa: E402
-from serving.proto.routerkt.v1 import knowledge_tracing_pb2_grpc as pb_grpc  # noqa: E402
+from serving.api import knowledge_tracing_pb2 as pb  # noqa: E402
+from serving.api import knowledge_tracing_pb2_grpc as pb_grpc  # noqa: E402
 
 log = logging.getLogger("routerkt.locust")
 

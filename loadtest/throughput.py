@@ -25,13 +25,13 @@ from pathlib import Path
 
 import numpy as np
 
+from export.bench_inputs import DEFAULT_PRESETS, N_QUESTIONS, N_SKILLS, make_batch
+
 LEVELS = ("pytorch", "onnxruntime", "triton")
-DEFAULT_PRESETS = ("akt-standard", "routerkt-akt", "folibi-akt", "rkt-akt", "akt")
 LABELS = {"akt-standard": "standard", "routerkt-akt": "RouterKT", "folibi-akt": "ALiBi (FoLiBi)",
           "rkt-akt": "relative (RKT)", "akt": "monotonic (AKT)"}
 PAPER_RATIO = {"akt-standard": "1.00", "routerkt-akt": "0.87-0.89", "folibi-akt": "0.75",
                "rkt-akt": "0.73", "akt": "0.31"}
-N_QUESTIONS, N_SKILLS = 17_000, 120          # assist2009-sized vocabularies
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -46,13 +46,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="bench/throughput", help="output directory")
 
 
-def make_batch(batch: int, length: int, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {"questions": rng.integers(2, N_QUESTIONS, (batch, length)).astype(np.int64),
-            "skills": rng.integers(2, N_SKILLS, (batch, length)).astype(np.int64),
-            "responses": rng.integers(0, 2, (batch, length)).astype(np.int64)}
-
-
 class TorchLevel:
     def __init__(self, model):
         self.model = model
@@ -65,8 +58,8 @@ class TorchLevel:
 
 class OrtLevel:
     def __init__(self, path: Path, threads: int):
-        from export.onnx_export import ort_session
-        self.session = ort_session(path, threads=threads)
+        from routerkt.contract.onnx_session import cpu_session
+        self.session = cpu_session(path, threads=threads)
 
     def __call__(self, feeds: dict[str, np.ndarray]) -> None:
         self.session.run(["probs"], feeds)
@@ -111,7 +104,7 @@ class TritonLevel:
 def build_repository(presets: list[str], models: dict, onnx: dict[str, Path], repo: Path, batch: int,
                      length: int, threads: int) -> None:
     from export.repository import publish_version
-    from export.triton_backend import MODEL_PY
+    from export.triton_python_model import MODEL_PY
     from export.triton_config import PARAM_N_QUESTIONS, PARAM_N_SKILLS, TritonModelOptions, render_config
     for preset in presets:
         options = TritonModelOptions(window=length, max_batch_size=max(batch, 8), ort_intra_op_threads=threads,

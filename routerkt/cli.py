@@ -2,7 +2,9 @@
 
 Each subcommand lives in the package that owns it and exposes `add_arguments(parser)` and
 `run(args) -> int`. Only the chosen subcommand's module is imported, so `routerkt serve` and
-`routerkt predict` never import torch.
+`routerkt predict` never import torch. Errors are handled here, once for every subcommand: a bad
+flag or a UserError is one line on stderr and exit code 2; `routerkt --version` prints the version
+and the git commit.
 """
 from __future__ import annotations
 
@@ -11,7 +13,16 @@ import importlib
 import os
 import sys
 
+from routerkt import build
 from routerkt.errors import UserError
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad flag as one line (no usage block), exit code 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        sys.exit(2)
 
 # command -> (module, help). Nested benches are "bench <name>".
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -70,7 +81,8 @@ def _maybe_reexec(argv: list[str]) -> None:
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, str]]:
-    parser = argparse.ArgumentParser(prog="routerkt", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="routerkt", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"routerkt {build.version()} ({build.git_sha()})")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     modules: dict[str, str] = {}
@@ -90,7 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _maybe_reexec(argv)
     parser, modules = build_parser()
-    if not argv or argv[0] in ("-h", "--help"):
+    if not argv or argv[0] in ("-h", "--help", "--version"):
+        if argv[:1] == ["--version"]:
+            parser.parse_args(argv)                  # prints the version and exits 0
         parser.print_help()
         return 0 if argv else 2
     key = argv[0]
@@ -103,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.parse_args(argv)
         return 2
     module = importlib.import_module(modules[key])
-    sub = argparse.ArgumentParser(prog=f"routerkt {key}", description=getattr(module, "__doc__", "").splitlines()[0] if module.__doc__ else None)
+    sub = OneLineParser(prog=f"routerkt {key}", description=module.__doc__.splitlines()[0] if module.__doc__ else None)
     module.add_arguments(sub)
     args = sub.parse_args(rest)
     try:

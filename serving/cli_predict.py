@@ -16,11 +16,9 @@ import json
 import sys
 
 from routerkt.errors import UserError
-from serving.cli_serve import one_line_errors
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    one_line_errors(parser)
     parser.add_argument("--target", default="localhost:50051", help="gateway gRPC address HOST:PORT")
     parser.add_argument("--model", required=True, help="model name")
     parser.add_argument("--version", type=int, default=0, help="model version (0 = latest served)")
@@ -65,7 +63,7 @@ def parse_candidates(text: str) -> list[tuple[int, int | None]]:
 
 
 def build_request(args: argparse.Namespace):
-    from serving.proto.routerkt.v1 import knowledge_tracing_pb2 as pb
+    from serving.api import knowledge_tracing_pb2 as pb
 
     if args.timeout <= 0:
         raise UserError(f"--timeout must be > 0 seconds, got {args.timeout}")
@@ -84,7 +82,7 @@ def build_request(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     import grpc
 
-    from serving.proto.routerkt.v1 import knowledge_tracing_pb2_grpc as pb_grpc
+    from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
 
     request = build_request(args)
     with grpc.insecure_channel(args.target) as channel:

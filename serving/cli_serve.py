@@ -53,7 +53,6 @@ def configure_logging(json_logs: bool | None = None, level: int = logging.INFO) 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    one_line_errors(parser)
     defaults = Settings()
     parser.add_argument("--repository", type=Path, required=True, help="Triton model repository (routerkt export)")
     parser.add_argument("--grpc-port", type=int, default=defaults.grpc_port, help="gateway gRPC port (0 = any free)")
@@ -71,14 +70,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--triton-log", type=Path, default=None, help="write Triton's log here (default: a temp file)")
     parser.add_argument("--log-format", choices=("auto", "json", "plain"), default="auto",
                         help="log format (auto: JSON when stderr is not a terminal)")
-
-
-def one_line_errors(parser: argparse.ArgumentParser) -> None:
-    """Make argparse report a bad flag as one line (no usage block), exit code 2."""
-    def error(message: str) -> None:
-        print(f"{parser.prog}: error: {message}", file=sys.stderr)
-        sys.exit(2)
-    parser.error = error  # type: ignore[method-assign]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -161,18 +152,18 @@ async def sample_prediction(server, model: str) -> None:
     import grpc
     from google.protobuf import json_format
 
-    from serving.proto.routerkt.v1 import knowledge_tracing_pb2 as pb
-    from serving.proto.routerkt.v1 import knowledge_tracing_pb2_grpc as pb_grpc
+    from serving.api import knowledge_tracing_pb2 as pb
+    from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
 
     deadline = time.monotonic() + SAMPLE_WAIT_S
     while not server.backend.ready_versions(model) and time.monotonic() < deadline:
         await asyncio.sleep(0.5)
-    versions = server.registry.versions(model)
+    versions = server.catalog.versions(model)
     if not versions or not server.backend.ready_versions(model):
         log.error("sample prediction skipped: model %r is not ready (models ready: %s)", model,
                   server.backend.ready_models())
         return
-    vocab = server.registry.get(model, max(server.backend.ready_versions(model))).vocab
+    vocab = server.catalog.get(model, max(server.backend.ready_versions(model))).vocab
     questions = sorted(vocab.questions)[:8]
     history = [pb.Interaction(question_id=q, skill_id=vocab.question_skill.get(q, -1), correct=i % 2)
                for i, q in enumerate(questions[:5])]

@@ -1,13 +1,13 @@
-"""Regenerate the committed gRPC code from serving/proto/routerkt/v1/knowledge_tracing.proto.
+"""Regenerate the committed gRPC code from serving/api/knowledge_tracing.proto.
 
     python -m serving.codegen            # rewrite the committed files in place
     python -m serving.codegen --out DIR  # write them under DIR (the drift test diffs the two)
 
 protoc runs with the repository root as its only include root (`-I <root>`), so the generated
-`_pb2_grpc.py` imports `serving.proto.routerkt.v1.knowledge_tracing_pb2`: an absolute import of this
-package that resolves without any sys.path change. (Rooting the include path at serving/proto would
-make the generated code import `routerkt.v1...`, which collides with the top-level `routerkt` CLI
-package.) grpcio-tools is a development dependency; the gateway never imports this module.
+`_pb2_grpc.py` imports `serving.api.knowledge_tracing_pb2`: an absolute import of this package that
+resolves without any sys.path change. The proto package (`routerkt.v1`, what clients see on the
+wire) is independent of the Python package the code lives in. grpcio-tools is a development
+dependency; the gateway never imports this module.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]                    # the repository root
-PROTO = Path("serving/proto/routerkt/v1/knowledge_tracing.proto")  # relative to ROOT
+PROTO = Path("serving/api/knowledge_tracing.proto")  # relative to ROOT
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2_grpc.py", "_pb2.pyi")
 
 
@@ -56,7 +56,7 @@ def generate(out_root: Path = ROOT) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m serving.codegen", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT,
-                        help="root folder to write serving/proto/... under (default: the repository)")
+                        help="root folder to write serving/api/... under (default: the repository)")
     args = parser.parse_args(argv)
     for path in generate(args.out):
         print(path)

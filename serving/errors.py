@@ -45,6 +45,15 @@ class ServingError(Exception):
         return {"error": {"code": self.code.name, "message": self.message, "field": self.field}}
 
 
+SHOWN_NAME_CHARS = 64       # a client-supplied name is echoed at most this long in a message
+
+
+def shown(name: str) -> str:
+    """A client-supplied name as it may appear in an error message: quoted, at most SHOWN_NAME_CHARS."""
+    text = repr(name)
+    return text if len(text) <= SHOWN_NAME_CHARS else text[:SHOWN_NAME_CHARS - 4] + "...'"
+
+
 def invalid_argument(field: str, message: str) -> ServingError:
     return ServingError(grpc.StatusCode.INVALID_ARGUMENT, message, field)
 

@@ -1,5 +1,5 @@
 """From a validated learner (raw platform ids) to the model's input rows: vocabulary mapping and
-left-padded windows, exactly as training builds them (training/data/protocol.py, export/signature.py).
+left-padded windows, exactly as training builds them (training/data/protocol.py, routerkt/contract/signature.py).
 
 Mapping (the model version's vocab.json):
 - question id not in the vocabulary -> UNK_ID (1). The model then has no question-specific
@@ -22,16 +22,20 @@ with response 0 (ignored by the causal model). All rows of one learner share the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from export.signature import CANDIDATE_RESPONSE, PAD_ID, UNK_ID
+from routerkt.contract.signature import CANDIDATE_RESPONSE, PAD_ID, PAD_RESPONSE, UNK_ID
 from serving.errors import invalid_argument
-from serving.validation import ABSENT_SKILL, LearnerInput
-from training.data.vocab import Vocab
+from routerkt.contract.vocab import Vocab
+from serving.requests import ABSENT_SKILL
+from serving.validation import LearnerInput
 
-PAD_RESPONSE = -1          # response value in padding positions (as training's protocol)
+if TYPE_CHECKING:
+    from serving.catalog import ModelVersion
+
+
 
 CountUnknown = Callable[[str, int], None]   # (kind "question" | "skill", how many)
 
@@ -92,6 +96,20 @@ def build_windows(learner: EncodedLearner, window: int) -> tuple[np.ndarray, np.
     skills[:, window - 1] = learner.candidate_skills
     responses[:, window - 1] = CANDIDATE_RESPONSE
     return questions, skills, responses
+
+
+class WindowEncoder:
+    """The pipeline's Encoder (serving/parts.py): vocabulary mapping + one left-padded window per
+    candidate; unknown ids are reported to `count_unknown` (the gateway counts them in a metric)."""
+
+    def __init__(self, count_unknown: CountUnknown = lambda kind, n: None) -> None:
+        self.count_unknown = count_unknown
+
+    def encode(self, learner: LearnerInput, model: ModelVersion) -> EncodedLearner:
+        return encode_learner(learner, model.vocab, model.window, self.count_unknown)
+
+    def rows(self, learner: EncodedLearner, model: ModelVersion) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return build_windows(learner, model.window)
 
 
 def _map(raw_questions: np.ndarray, raw_skills: np.ndarray, vocab: Vocab) -> tuple[np.ndarray, np.ndarray, int, int]:

@@ -9,7 +9,8 @@
 - POST /v1/predict_batch   JSON mirror of PredictBatch
 - GET  /openapi.json, /docs
 
-The JSON calls run the same PredictionService as gRPC (same validation, limits, in-flight slots).
+The JSON calls run the same PredictionService as gRPC (same validation, limits, in-flight slots):
+this module only turns JSON bodies into PredictQuery (serving/requests.py) and results back.
 Errors are {"error": {"code": <gRPC code name>, "message", "field"}} with HTTP 400 (INVALID_ARGUMENT,
 also for malformed JSON / wrong types), 404 (NOT_FOUND), 413 (body over the size limit), 429
 (RESOURCE_EXHAUSTED), 503 (UNAVAILABLE), 504 (DEADLINE_EXCEEDED), 500 (INTERNAL). The deadline is
@@ -27,8 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
 
 from serving.errors import ServingError, invalid_argument
-from serving.proto.routerkt.v1 import knowledge_tracing_pb2 as pb
-from serving.service import Deadline
+from serving.requests import Deadline, LearnerQuery, PredictQuery
 
 if TYPE_CHECKING:
     from serving.server import GatewayServer
@@ -139,7 +139,7 @@ def create_app(gateway: "GatewayServer") -> FastAPI:
              responses={503: {"description": "not ready"}})
     async def readyz() -> JSONResponse:
         ready = gateway.ready
-        body = {"ready": ready, "triton": gateway.backend.triton_ready, "stopping": gateway.stopping,
+        body = {"ready": ready, **gateway.backend.describe(), "stopping": gateway.stopping,
                 "models": gateway.backend.ready_models()}
         return JSONResponse(status_code=200 if ready else 503, content=body)
 
@@ -155,13 +155,14 @@ def create_app(gateway: "GatewayServer") -> FastAPI:
             metrics.errors.labels(code=deadline.code_name).inc()
             return _error(deadline)
         try:
-            request = pb.PredictRequest(model=body.model, version=body.version, history=_history(body.history),
-                                        candidates=_candidates(body.candidates))
-            response = await service.predict(request, deadline)
+            query = PredictQuery(model=body.model, version=body.version,
+                                 learners=[_learner(body.history, body.candidates)])
+            result = await service.predict(query, deadline)
         except ServingError as exc:
             return _error(exc)
-        return PredictOut(probabilities=list(response.probabilities), model=response.model,
-                          version=response.version, history_used=response.history_used)
+        learner = result.learners[0]
+        return PredictOut(probabilities=learner.probabilities.tolist(), model=result.model,
+                          version=result.version, history_used=learner.history_used)
 
     @app.post("/v1/predict_batch", response_model=PredictBatchOut, responses=ERROR_RESPONSES,
               summary="P(correct) for the candidates of several learners")
@@ -171,26 +172,20 @@ def create_app(gateway: "GatewayServer") -> FastAPI:
             metrics.errors.labels(code=deadline.code_name).inc()
             return _error(deadline)
         try:
-            learners = [pb.LearnerRequest(history=_history(l.history), candidates=_candidates(l.candidates))
-                        for l in body.learners]
-            request = pb.PredictBatchRequest(model=body.model, version=body.version, learners=learners)
-            response = await service.predict_batch(request, deadline)
+            query = PredictQuery(model=body.model, version=body.version, batch=True,
+                                 learners=[_learner(l.history, l.candidates) for l in body.learners])
+            result = await service.predict(query, deadline)
         except ServingError as exc:
             return _error(exc)
-        return PredictBatchOut(results=[LearnerOut(probabilities=list(r.probabilities), history_used=r.history_used)
-                                        for r in response.results], model=response.model, version=response.version)
+        return PredictBatchOut(results=[LearnerOut(probabilities=r.probabilities.tolist(), history_used=r.history_used)
+                                        for r in result.learners], model=result.model, version=result.version)
 
     return app
 
 
-def _history(items: list[InteractionIn]) -> list[pb.Interaction]:
-    return [pb.Interaction(question_id=i.question_id, correct=i.correct,
-                           **({} if i.skill_id is None else {"skill_id": i.skill_id})) for i in items]
-
-
-def _candidates(items: list[CandidateIn]) -> list[pb.Candidate]:
-    return [pb.Candidate(question_id=c.question_id, **({} if c.skill_id is None else {"skill_id": c.skill_id}))
-            for c in items]
+def _learner(history: list[InteractionIn], candidates: list[CandidateIn]) -> LearnerQuery:
+    return LearnerQuery.from_values(((i.question_id, i.skill_id, i.correct) for i in history),
+                                    ((c.question_id, c.skill_id) for c in candidates))
 
 
 def _deadline(header: str | None, default_s: float) -> Deadline | ServingError:

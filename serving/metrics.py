@@ -18,6 +18,8 @@ from typing import Any, Awaitable, Callable
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from routerkt import build
+
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5,
                    1.0, 2.5, 5.0, 10.0)
 HISTORY_BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
@@ -38,6 +40,8 @@ METRIC_NAMES = (
     "routerkt_model_ready",
     "routerkt_triton_ready",
     "routerkt_http_requests_total",
+    "routerkt_predictions_total",
+    "routerkt_build_info",
 )
 
 # Metrics read from Triton's own /metrics port (Triton 2.51, serving-notes.md §1), plus the
@@ -80,7 +84,7 @@ class Metrics:
             grpc_labels, buckets=LATENCY_BUCKETS, registry=r)
         self.triton_seconds = Histogram(
             "routerkt_triton_request_seconds", "Round trip of one Triton inference request, in seconds.",
-            ("model",), buckets=LATENCY_BUCKETS, registry=r)
+            ("model", "version"), buckets=LATENCY_BUCKETS, registry=r)
         self.history_length = Histogram(
             "routerkt_history_length", "Interactions per learner received (before truncation to the window).",
             buckets=HISTORY_BUCKETS, registry=r)
@@ -106,11 +110,31 @@ class Metrics:
         self.http_requests = Counter(
             "routerkt_http_requests", "HTTP requests to the gateway's HTTP port.", ("handler", "status"),
             registry=r)
+        self.predictions = Counter(
+            "routerkt_predictions", "Candidate probabilities returned, by model and version.",
+            ("model", "version"), registry=r)
+        self.build_info = Gauge(
+            "routerkt_build_info", "Always 1; the labels say which build of the gateway runs.",
+            ("version", "git_sha"), registry=r)
+        self.build_info.labels(version=build.version(), git_sha=build.git_sha()).set(1)
         for kind in ("question", "skill"):          # expose zeros before the first unknown id
             self.unknown_ids.labels(kind=kind)
 
     def interceptor(self) -> "MetricsInterceptor":
         return MetricsInterceptor(self)
+
+
+class MetricsSink:
+    """The pipeline's PredictionSink (serving/parts.py): counts the probabilities served per model
+    and version (routerkt_predictions_total)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def record(self, prediction) -> None:
+        result = prediction.result
+        n = sum(int(learner.probabilities.shape[0]) for learner in result.learners)
+        self.metrics.predictions.labels(model=result.model, version=str(result.version)).inc(n)
 
 
 def split_method(full_method: str) -> tuple[str, str]:

@@ -1,8 +1,9 @@
 """The gateway process: gRPC server (KnowledgeTracingService, grpc.health.v1, reflection) plus the
-HTTP app (serving/http.py, uvicorn) on ONE asyncio event loop, the readiness probe and the
-repository poller, and graceful shutdown.
+HTTP app (serving/http.py, uvicorn) on ONE asyncio event loop, the backend's upkeep (readiness
+probes), the repository poller, the health updater, and graceful shutdown.
 
     server, port = create_server(settings)        # inside a running event loop; binds both ports
+    server, port = create_server(settings, backend=OnnxRuntimeBackend(settings), history=...)  # other parts
     await server.start()                          # first repository scan + Triton probe, then serve
     ...
     await server.stop()                           # NOT_SERVING, drain (grace period), close
@@ -11,7 +12,7 @@ repository poller, and graceful shutdown.
 runs it on a private loop in a daemon thread, for synchronous programs (load tests, tests).
 
 Health: the overall service "" and "routerkt.v1.KnowledgeTracingService" are SERVING only while
-Triton is ready and at least one model answers the probe; NOT_SERVING otherwise and from the start
+the backend is up and at least one model answers (for Triton: its probe); NOT_SERVING otherwise and from the start
 of shutdown on. Shutdown order: health NOT_SERVING -> stop accepting (gRPC and HTTP) -> in-flight
 calls drain for up to `grace_period_s`, then are cancelled -> background tasks and the Triton
 client are closed.
@@ -35,19 +36,25 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from routerkt.errors import UserError
+from serving.api import knowledge_tracing_pb2 as pb
+from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
+from serving.backends.triton import TritonInferenceBackend
+from serving.catalog import ModelCatalog
+from serving.features import WindowEncoder
+from serving.grpc_api import KnowledgeTracingServicer
+from serving.history import RequestHistory
 from serving.http import create_app
-from serving.metrics import Metrics
-from serving.models import ModelRegistry
-from serving.proto.routerkt.v1 import knowledge_tracing_pb2 as pb
-from serving.proto.routerkt.v1 import knowledge_tracing_pb2_grpc as pb_grpc
-from serving.service import KnowledgeTracingServicer, PredictionService
+from serving.metrics import Metrics, MetricsSink
+from serving.parts import Encoder, HistorySource, InferenceBackend, PredictionSink, VersionPolicy
+from serving.service import PredictionService
 from serving.settings import SERVICE_NAME, Settings
-from serving.triton_backend import TritonBackend
+from serving.version_policy import LatestReadyVersion
 
 log = logging.getLogger("routerkt.gateway")
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+HEALTH_POLL_S = 0.1          # how often the health status follows the backend's readiness
 
 
 class _EmbeddedUvicorn(uvicorn.Server):
@@ -61,12 +68,12 @@ class _EmbeddedUvicorn(uvicorn.Server):
 class GatewayServer:
     """Both servers of one gateway and the tasks around them (see the module docstring)."""
 
-    def __init__(self, settings: Settings, metrics: Metrics, registry: ModelRegistry, backend: TritonBackend) -> None:
-        self.settings = settings
-        self.metrics = metrics
-        self.registry = registry
-        self.backend = backend
-        self.service = PredictionService(settings, registry, backend, metrics)
+    def __init__(self, service: PredictionService) -> None:
+        self.service = service
+        self.settings = settings = service.settings
+        self.metrics = metrics = service.metrics
+        self.catalog = service.catalog
+        self.backend = service.backend
         self.health = health_aio.HealthServicer()
         self.grpc = grpc.aio.server(
             interceptors=[metrics.interceptor()],
@@ -105,9 +112,8 @@ class GatewayServer:
     async def start(self) -> None:
         """Scan the repository, probe Triton once, then start serving gRPC and HTTP."""
         log.info("gateway settings: %s", json.dumps(self.settings.describe(), sort_keys=True))
-        await self.backend.start()
-        await asyncio.to_thread(self.registry.refresh)
-        await self.backend.probe(self.registry.snapshot())
+        await asyncio.to_thread(self.catalog.refresh)
+        await self.backend.start(self.catalog)
         await self._update_health()
         await self.grpc.start()
         if self._http_socket is not None:
@@ -116,8 +122,9 @@ class GatewayServer:
                                     timeout_graceful_shutdown=max(1, int(self.settings.grace_period_s)))
             self._http = _EmbeddedUvicorn(config)
             self._http_task = asyncio.create_task(self._http.serve(sockets=[self._http_socket]))
-        self._tasks.append(asyncio.create_task(self._probe_loop()))
+        self._tasks.append(asyncio.create_task(self.backend.maintain(self.catalog)))
         self._tasks.append(asyncio.create_task(self._repository_loop()))
+        self._tasks.append(asyncio.create_task(self._health_loop()))
         log.info("gateway started: gRPC %s:%d, HTTP %s, Triton %s, models %s", self.settings.host, self.grpc_port,
                  f"{self.settings.host}:{self.http_port}" if self.http_port else "off", self.settings.triton_url,
                  self.backend.ready_models() or "none ready yet")
@@ -148,9 +155,6 @@ class GatewayServer:
         log.info("gateway stopped")
         self._stopped.set()
 
-    async def wait_stopped(self) -> None:
-        await self._stopped.wait()
-
     @property
     def ready(self) -> bool:
         return not self._stopping and self.backend.serving
@@ -160,20 +164,19 @@ class GatewayServer:
         return self._stopping
 
     # -- background ------------------------------------------------------------------------------
-    async def _probe_loop(self) -> None:
+    async def _health_loop(self) -> None:
         while True:
-            await self.backend.wait_wake(self.settings.probe_interval_s)
+            await asyncio.sleep(HEALTH_POLL_S)
             try:
-                await self.backend.probe(self.registry.snapshot())
+                await self._update_health()
             except Exception:                              # never let the loop die
-                log.exception("readiness probe failed")
-            await self._update_health()
+                log.exception("updating the health status failed")
 
     async def _repository_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.repository_poll_s)
             try:
-                result = await asyncio.to_thread(self.registry.refresh)
+                result = await asyncio.to_thread(self.catalog.refresh)
             except Exception:
                 log.exception("rescanning the model repository failed")
                 continue
@@ -186,30 +189,38 @@ class GatewayServer:
             return
         serving = self.backend.serving
         if serving != self._serving:
-            log.info("health: %s (Triton ready: %s, models ready: %s)", "SERVING" if serving else "NOT_SERVING",
-                     self.backend.triton_ready, self.backend.ready_models())
+            log.info("health: %s (backend: %s, models ready: %s)", "SERVING" if serving else "NOT_SERVING",
+                     self.backend.describe(), self.backend.ready_models())
             self._serving = serving
         status = SERVING if serving else NOT_SERVING
         await self.health.set("", status)
         await self.health.set(SERVICE_NAME, status)
 
 
-def create_server(settings: Settings, *, metrics: Metrics | None = None, registry: ModelRegistry | None = None,
-                  backend: TritonBackend | None = None) -> tuple[GatewayServer, int]:
-    """Build the gateway and bind its ports (call inside a running event loop); returns the server
-    (not started) and the bound gRPC port (useful with settings.grpc_port = 0)."""
+def create_server(settings: Settings, *, metrics: Metrics | None = None, catalog: ModelCatalog | None = None,
+                  backend: InferenceBackend | None = None, history: HistorySource | None = None,
+                  policy: VersionPolicy | None = None, encoder: Encoder | None = None,
+                  sink: PredictionSink | None = None) -> tuple[GatewayServer, int]:
+    """Build the gateway from its parts (defaults: the repository's catalog, Triton at
+    settings.triton_url, the request's history, the latest ready version, window encoding, metrics)
+    and bind its ports (call inside a running event loop). Returns the server (not started) and the
+    bound gRPC port (useful with settings.grpc_port = 0)."""
     settings.validate()
     metrics = metrics or Metrics()
-    registry = registry or ModelRegistry(settings.repository)
-    backend = backend or TritonBackend(settings, metrics)
-    server = GatewayServer(settings, metrics, registry, backend)
+    service = PredictionService(
+        settings, catalog or ModelCatalog(settings.repository), backend or TritonInferenceBackend(settings, metrics),
+        metrics, history=history or RequestHistory(), policy=policy or LatestReadyVersion(),
+        encoder=encoder or WindowEncoder(lambda kind, n: metrics.unknown_ids.labels(kind=kind).inc(n)),
+        sink=sink or MetricsSink(metrics))
+    server = GatewayServer(service)
     return server, server.grpc_port
 
 
 async def serve(settings: Settings, on_started: Callable[[GatewayServer], Awaitable[None]] | None = None,
-                metrics: Metrics | None = None) -> int:
-    """Run the gateway until SIGTERM or SIGINT, then shut down gracefully; returns the exit code."""
-    server, _ = create_server(settings, metrics=metrics)
+                **parts: Any) -> int:
+    """Run the gateway until SIGTERM or SIGINT, then shut down gracefully; returns the exit code.
+    `parts`: keyword arguments of create_server (metrics, backend, history, ...)."""
+    server, _ = create_server(settings, **parts)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -233,12 +244,12 @@ async def serve(settings: Settings, on_started: Callable[[GatewayServer], Awaita
 class ThreadedGateway:
     """A gateway on its own event loop in a daemon thread (for synchronous callers)."""
 
-    def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
+    def __init__(self, settings: Settings, metrics: Metrics | None = None, **parts: Any) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="routerkt-gateway", daemon=True)
         self._thread.start()
         try:
-            self.server: GatewayServer = self.call(self._create(settings, metrics))
+            self.server: GatewayServer = self.call(self._create(settings, metrics=metrics, **parts))
         except BaseException:
             self._close_loop()
             raise
@@ -246,8 +257,8 @@ class ThreadedGateway:
         self.http_port = self.server.http_port
 
     @staticmethod
-    async def _create(settings: Settings, metrics: Metrics | None) -> GatewayServer:
-        server, _ = create_server(settings, metrics=metrics)
+    async def _create(settings: Settings, **parts: Any) -> GatewayServer:
+        server, _ = create_server(settings, **parts)
         return server
 
     def call(self, coro: Coroutine[Any, Any, Any], timeout: float = 60.0) -> Any:

@@ -1,6 +1,6 @@
-"""Structural validation of Predict / PredictBatch requests (no vocabulary needed).
+"""Structural validation of Predict / PredictBatch queries (no vocabulary needed).
 
-Turns proto messages into `LearnerInput`s (numpy arrays of the platform's raw ids) or raises
+Checks a PredictQuery (serving/requests.py) and returns one `LearnerInput` per learner, or raises
 INVALID_ARGUMENT naming the first offending field, e.g. `history[3].correct` or
 `learners[2].candidates`. Rules (the numbers come from Settings):
 
@@ -14,15 +14,12 @@ An empty history is valid (cold start).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
 from serving.errors import invalid_argument
+from serving.requests import ABSENT_SKILL, UNKNOWN_SKILL, LearnerQuery, PredictQuery
 from serving.settings import Settings
-
-UNKNOWN_SKILL = -1       # an explicit "the platform does not know this question's skill"
-ABSENT_SKILL = -2        # internal marker: skill_id not set; resolved from the vocabulary
 
 
 @dataclass
@@ -52,26 +49,22 @@ def check_model(model: str, version: int) -> None:
         raise invalid_argument("version", f"must be >= 0 (0 = latest), got {version}")
 
 
-def validate_predict(request, settings: Settings) -> LearnerInput:
-    """A PredictRequest -> its LearnerInput, or INVALID_ARGUMENT."""
-    check_model(request.model, request.version)
-    return validate_learner(request.history, request.candidates, settings, prefix="")
+def validate_query(query: PredictQuery, settings: Settings) -> list[LearnerInput]:
+    """A Predict or PredictBatch query -> one LearnerInput per learner, or INVALID_ARGUMENT."""
+    check_model(query.model, query.version)
+    if query.batch:
+        n = len(query.learners)
+        if n == 0:
+            raise invalid_argument("learners", "at least one learner is required")
+        if n > settings.max_batch_learners:
+            raise invalid_argument("learners", f"at most {settings.max_batch_learners} learners per call, got {n}")
+    return [validate_learner(learner, settings, query.prefix(i)) for i, learner in enumerate(query.learners)]
 
 
-def validate_batch(request, settings: Settings) -> list[LearnerInput]:
-    """A PredictBatchRequest -> one LearnerInput per learner, or INVALID_ARGUMENT."""
-    check_model(request.model, request.version)
-    n = len(request.learners)
-    if n == 0:
-        raise invalid_argument("learners", "at least one learner is required")
-    if n > settings.max_batch_learners:
-        raise invalid_argument("learners", f"at most {settings.max_batch_learners} learners per call, got {n}")
-    return [validate_learner(learner.history, learner.candidates, settings, prefix=f"learners[{i}].")
-            for i, learner in enumerate(request.learners)]
-
-
-def validate_learner(history: Sequence, candidates: Sequence, settings: Settings, prefix: str) -> LearnerInput:
-    n_history, n_candidates = len(history), len(candidates)
+def validate_learner(learner: LearnerQuery, settings: Settings, prefix: str) -> LearnerInput:
+    hq, hs, hc = learner.history_questions, learner.history_skills, learner.history_correct
+    cq, cs = learner.candidate_questions, learner.candidate_skills
+    n_history, n_candidates = int(hq.shape[0]), int(cq.shape[0])
     if n_history > settings.max_history:
         raise invalid_argument(f"{prefix}history",
                                f"at most {settings.max_history} interactions, got {n_history}")
@@ -81,29 +74,14 @@ def validate_learner(history: Sequence, candidates: Sequence, settings: Settings
         raise invalid_argument(f"{prefix}candidates",
                                f"at most {settings.max_candidates} candidates, got {n_candidates}")
 
-    hq = np.fromiter((i.question_id for i in history), dtype=np.int64, count=n_history)
-    hs, h_set = _skills(history)
-    hc = np.fromiter((i.correct for i in history), dtype=np.int64, count=n_history)
-    cq = np.fromiter((c.question_id for c in candidates), dtype=np.int64, count=n_candidates)
-    cs, c_set = _skills(candidates)
-
+    h_set, c_set = hs != ABSENT_SKILL, cs != ABSENT_SKILL      # INVALID_SKILL is set and < -1: rejected
     skill_rule = "must be >= 0, or -1 for an unknown skill"
     _first_bad(hq < 0, f"{prefix}history", "question_id", "must be >= 0")
     _first_bad(h_set & (hs < UNKNOWN_SKILL), f"{prefix}history", "skill_id", skill_rule)
     _first_bad((hc != 0) & (hc != 1), f"{prefix}history", "correct", "must be 0 or 1")
     _first_bad(cq < 0, f"{prefix}candidates", "question_id", "must be >= 0")
     _first_bad(c_set & (cs < UNKNOWN_SKILL), f"{prefix}candidates", "skill_id", skill_rule)
-    hs[~h_set] = ABSENT_SKILL
-    cs[~c_set] = ABSENT_SKILL
     return LearnerInput(hq, hs, hc, cq, cs, prefix)
-
-
-def _skills(items: Sequence) -> tuple[np.ndarray, np.ndarray]:
-    """(skill ids int64 [N], bool [N] whether skill_id is set) of interactions or candidates."""
-    n = len(items)
-    present = np.fromiter((i.HasField("skill_id") for i in items), dtype=bool, count=n)
-    skills = np.fromiter((i.skill_id for i in items), dtype=np.int64, count=n)
-    return skills, present
 
 
 def _first_bad(bad: np.ndarray, list_field: str, item_field: str, problem: str) -> None:

@@ -10,7 +10,7 @@ import torch
 from scipy.ndimage import uniform_filter
 from scipy.stats import spearmanr
 
-from export.signature import CANDIDATE_RESPONSE, PAD_ID
+from routerkt.contract.signature import CANDIDATE_RESPONSE, PAD_ID
 from training.data.protocol import Sequences
 from training.models.base import KTModel
 

@@ -67,8 +67,7 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
     from routerkt.errors import UserError
-    from training.config import RunConfig, apply_overrides
-    from training.models.registry import preset_config
+    from training.models.registry import run_config
     from training.run import prepare
 
     if args.threads > 0:
@@ -86,13 +85,7 @@ def run(args: argparse.Namespace) -> int:
     prepared = {}
     for preset in presets:
         for mode in modes:
-            cfg = RunConfig(preset=preset, model=preset_config(preset))
-            cfg.data.path = data
-            try:
-                cfg = apply_overrides(cfg, MODES[mode] + args.overrides)
-            except ValueError as exc:
-                raise UserError(str(exc)) from None
-            cfg, vocab, seqs, folds = prepare(cfg)
+            cfg, _, seqs, folds = prepare(run_config(preset, data, MODES[mode] + args.overrides))
             prepared[(preset, mode)] = (cfg, seqs.select_learners(folds[0].train))
     samples: dict[tuple[str, str], list[float]] = {k: [] for k in prepared}
     for rep in range(args.repeats):
@@ -115,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
         print(row)
     if args.out:
         from routerkt.atomic import atomic_write_json
-        atomic_write_json(Path(args.out), {"data": data, "threads": torch.get_num_threads(), "repeats": args.repeats,
+        from training.data.pipeline import portable_path
+        atomic_write_json(Path(args.out), {"data": portable_path(data), "threads": torch.get_num_threads(), "repeats": args.repeats,
                                            "batches": args.batches, "reference": reference,
                                            "results": [{"preset": p, "mode": m, "median_seq_per_s": median[(p, m)],
                                                         "samples": samples[(p, m)]} for (p, m) in median]})

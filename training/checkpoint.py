@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,27 +13,16 @@ from pathlib import Path
 import torch
 
 from routerkt.atomic import atomic_write_bytes, atomic_write_json
+from routerkt.build import git_sha
 from routerkt.errors import UserError
 from training.config import RunConfig, from_dict, to_dict
-from training.data.vocab import Vocab
+from routerkt.contract.vocab import Vocab
 from training.models.base import KTModel
 from training.models.registry import build_model
 
 FORMAT = "routerkt-checkpoint/1"
 WEIGHTS = "model.pt"
 META = "meta.json"
-
-
-def git_sha() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(__file__).resolve().parent, timeout=5)
-        sha = out.stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, cwd=Path(__file__).resolve().parent, timeout=5).stdout.strip()
-        return (sha + ("-dirty" if dirty else "")) if sha else "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 @dataclass

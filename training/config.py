@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import json
 import typing
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,7 +50,8 @@ class Protocol(str, enum.Enum):
 
 @dataclass
 class DataConfig:
-    path: str = ""                  # canonical CSV (plain or .gz)
+    path: str = ""                  # canonical CSV (plain or .gz); recorded portable (training/data/pipeline.py)
+    dataset: str = ""               # the dataset's name (its folder under the data root); set from path when empty
     protocol: Protocol = Protocol.RECENT
     window: int = 100               # interactions per sequence (model max length)
     min_interactions: int = 5       # learners (and chunks) shorter than this are dropped
@@ -96,6 +96,12 @@ class ModelConfig:
     n_questions: int = 0            # vocabulary sizes (padding and unknown rows included); set from the data
     n_skills: int = 0
 
+    @property
+    def leaks_future(self) -> bool:
+        """Routing averaged over the whole window: each position's routing sees later interactions
+        (its own answer included), so the model is not causal; reproduction only, never served."""
+        return self.heads is HeadMode.ROUTER and self.routing_scope is RoutingScope.SEQUENCE
+
 
 @dataclass
 class TrainConfig:
@@ -107,7 +113,7 @@ class TrainConfig:
     patience: int = 10              # stop once this many epochs passed since the best validation AUC (strict ">", as the reference)
     seed: int = 12405
     threads: int = 0                # torch intra-op threads (0 = all cores)
-    bf16: bool = True               # bfloat16 autocast for training steps (AVX512-BF16 CPUs); weights, attention and evaluation stay float32
+    bf16: bool = True               # bfloat16 autocast for training steps, used only on CPUs with bf16 kernels (AVX512-BF16/AMX; loop.bf16_available); weights, attention and evaluation stay float32
     length_buckets: bool = True     # batch learners of similar length and trim shared padding (same results, less work)
 
 
@@ -176,10 +182,6 @@ def from_dict(cls: type, data: dict, where: str = "") -> Any:
         raise ValueError(f"{where or cls.__name__}: unknown field(s) {', '.join(unknown)}")
     kwargs = {k: _coerce(hints[k], v, f"{where + '.' if where else ''}{k}") for k, v in data.items()}
     return cls(**kwargs)
-
-
-def run_config_from_json(text: str) -> RunConfig:
-    return from_dict(RunConfig, json.loads(text))
 
 
 def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:

@@ -8,6 +8,7 @@ the router's head usage (routed models).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -30,8 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from training.analysis import attention_and_routing, prefix_predictions
     from routerkt.atomic import atomic_write_json
     from training.checkpoint import load_checkpoint
-    from training.data.csv_reader import collapse_repeats, read_interactions
-    from training.data.protocol import make_sequences
+    from training.data.pipeline import load_sequences
     from training.loop import evaluate
     from training.metrics import summarize
     from training.run import best_fold_dir
@@ -41,13 +41,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--run {run_dir}: not a directory")
     fold_dir = run_dir / f"fold-{args.fold}" if args.fold is not None else best_fold_dir(run_dir)
     ckpt = load_checkpoint(fold_dir)
-    dc = ckpt.config.data
-    inter = read_interactions(args.data)
-    if dc.collapse_repeats:
-        inter = collapse_repeats(inter)
-    seqs = make_sequences(inter, ckpt.vocab, dc.protocol, dc.window, dc.min_interactions)
-    if len(seqs) == 0:
-        raise UserError(f"{args.data}: no learner has >= {dc.min_interactions} interactions")
+    _, seqs = load_sequences(dataclasses.replace(ckpt.config.data, path=str(args.data)), ckpt.vocab)
     out = Path(args.out) if args.out else run_dir / "eval"
     result = {"checkpoint": str(fold_dir), "data": str(args.data), "sequences": len(seqs),
               "metrics": evaluate(ckpt.model, seqs, args.batch_size)}

@@ -3,6 +3,8 @@ stopping on validation AUC, best checkpoint written atomically, TensorBoard scal
 history. Scored positions are all real (non-padding) positions of each window."""
 from __future__ import annotations
 
+import functools
+
 import math
 import sys
 import time
@@ -21,7 +23,7 @@ from routerkt.atomic import atomic_write_json
 from training.checkpoint import load_checkpoint, save_checkpoint
 from training.config import RunConfig
 from training.data.protocol import Sequences
-from training.data.vocab import Vocab
+from routerkt.contract.vocab import Vocab
 from training.metrics import summarize
 from training.models.base import KTModel
 from training.models.registry import build_model
@@ -34,8 +36,19 @@ class FoldData:
     test: Sequences
 
 
+@functools.cache
+def bf16_available() -> bool:
+    """Whether this CPU has oneDNN bf16 kernels (AVX512-BF16 / AMX). Without them bf16 autocast is
+    slow emulation at best, and DKT's LSTM fails ("could not create a primitive descriptor")."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
 def autocast(bf16: bool):
-    return torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext()
+    """bf16 autocast when asked for (train.bf16) and the CPU supports it; float32 otherwise."""
+    return torch.autocast("cpu", dtype=torch.bfloat16) if bf16 and bf16_available() else nullcontext()
 
 
 def batch_loss(model: KTModel, batch: Batch, bf16: bool = False) -> tuple[torch.Tensor, dict[str, float]]:

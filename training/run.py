@@ -2,7 +2,7 @@
 (resumable: folds with a result.json are skipped), and write DIR/metrics.json.
 
 Run directory layout:
-    DIR/config.json            the RunConfig (preset + overrides)
+    DIR/config.json            the RunConfig (preset + overrides; data.path portable, training/data/pipeline.py)
     DIR/vocab.json             the id vocabulary (also inside every meta.json)
     DIR/folds.json             the learner ids of each fold (train / valid / test)
     DIR/fold-K/{model.pt, meta.json, history.json, result.json, tensorboard/}
@@ -24,9 +24,8 @@ from routerkt.errors import UserError
 from routerkt.atomic import atomic_write_json
 from training.checkpoint import git_sha
 from training.config import RunConfig, from_dict, to_dict
-from training.data.csv_reader import collapse_repeats, read_interactions
-from training.data.protocol import Fold, load_folds_file, make_folds, make_sequences
-from training.data.vocab import Vocab
+from training.data.pipeline import load_run_data, portable_data
+from training.data.protocol import Fold
 from training.loop import FoldData, train_fold
 from training.metrics import aggregate
 from training.models.registry import with_vocab
@@ -34,22 +33,10 @@ from training.models.registry import with_vocab
 
 def prepare(cfg: RunConfig):
     """Read and window the data; returns (config with vocabulary sizes, vocab, sequences, folds)."""
-    dc = cfg.data
-    inter = read_interactions(dc.path)
-    if dc.collapse_repeats:
-        inter = collapse_repeats(inter)
-    vocab = Vocab.build(inter)
-    seqs = make_sequences(inter, vocab, dc.protocol, dc.window, dc.min_interactions)
-    if len(seqs) == 0:
-        raise UserError(f"{dc.path}: no learner has >= {dc.min_interactions} interactions")
-    learners = np.unique(seqs.learners)
-    if dc.folds_file:
-        folds = load_folds_file(dc.folds_file, learners)
-    else:
-        folds = make_folds(learners, dc.folds, dc.valid_ratio, dc.seed)
-    cfg.model = with_vocab(cfg.model, vocab.n_questions, vocab.n_skills)
-    cfg.model.max_len = dc.window
-    return cfg, vocab, seqs, folds
+    data = load_run_data(cfg.data)
+    cfg.model = with_vocab(cfg.model, data.vocab.n_questions, data.vocab.n_skills)
+    cfg.model.max_len = cfg.data.window
+    return cfg, data.vocab, data.sequences, data.folds
 
 
 def _check_resume(out: Path, cfg: RunConfig) -> None:
@@ -60,6 +47,7 @@ def _check_resume(out: Path, cfg: RunConfig) -> None:
         previous = from_dict(RunConfig, json.loads(saved.read_text()))
     except (ValueError, KeyError, TypeError) as exc:
         raise UserError(f"{saved}: unreadable run config ({exc})") from None
+    previous.data = portable_data(previous.data)      # runs recorded before paths were portable
     a, b = to_dict(previous), to_dict(cfg)
     for d in (a, b):                     # may change between invocations of the same run
         d["train"].pop("epochs"), d["train"].pop("threads"), d["data"].pop("run_folds")
@@ -73,6 +61,7 @@ def run_training(cfg: RunConfig, out: Path, progress: bool = True) -> dict:
         raise UserError(f"--out {out} is a file")
     if cfg.train.threads > 0:
         torch.set_num_threads(cfg.train.threads)
+    cfg.data = portable_data(cfg.data)                # no absolute path of this machine in the records
     cfg, vocab, seqs, folds = prepare(cfg)
     _check_resume(out, cfg)
     out.mkdir(parents=True, exist_ok=True)
@@ -100,7 +89,7 @@ def run_training(cfg: RunConfig, out: Path, progress: bool = True) -> dict:
         log(f"fold {fold.index}: test auc {results[-1]['test']['auc']:.4f} acc {results[-1]['test']['acc']:.4f} "
             f"rmse {results[-1]['test']['rmse']:.4f}")
     metrics = aggregate([r["test"] for r in results])
-    metrics.update({"preset": cfg.preset, "dataset": cfg.data.path, "folds": len(results),
+    metrics.update({"preset": cfg.preset, "dataset": cfg.data.dataset, "folds": len(results),
                     "best_epochs": [r["best_epoch"] for r in results],
                     "valid_auc": [r["valid_auc"] for r in results],
                     "train_seq_per_s": float(np.median([r["train_seq_per_s"] for r in results])),

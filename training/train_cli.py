@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from routerkt.errors import UserError
-from training.config import RunConfig, apply_overrides
+from training.config import RunConfig
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -27,18 +27,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def build_config(args: argparse.Namespace) -> RunConfig:
-    from training.models.registry import preset_config
-    cfg = RunConfig(preset=args.preset, model=preset_config(args.preset))
-    cfg.data.path = args.data
-    cfg.data.folds = args.folds
+    from training.models.registry import run_config
+    options = [f"data.folds={args.folds}"]
     if args.folds_file:
-        cfg.data.folds_file = args.folds_file
+        options.append(f"data.folds_file={args.folds_file}")
     if args.epochs is not None:
-        cfg.train.epochs = args.epochs
-    try:
-        cfg = apply_overrides(cfg, args.overrides)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
+        options.append(f"train.epochs={args.epochs}")
+    cfg = run_config(args.preset, args.data, options + args.overrides)      # --set comes last and wins
     if cfg.train.epochs < 1:
         raise UserError("--epochs must be >= 1")
     if cfg.data.folds < 1:

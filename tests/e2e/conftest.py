@@ -2,7 +2,7 @@
 
 - `tiny_kt_model`: a small torch module (embeddings + causal cumulative mean) and its vocabulary
   sizes; `tiny_kt_onnx`: that module exported with the dynamo exporter (opset 18, dynamic batch and
-  seq axes, tensor names from export/signature.py). Both are built once per test session.
+  seq axes, tensor names from routerkt/contract/signature.py). Both are built once per test session.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from export import signature
+from routerkt.contract import signature
 
 TINY_N_QUESTIONS = 50
 TINY_N_SKILLS = 12
@@ -64,15 +64,15 @@ def tiny_kt_onnx(tiny_kt_model: TinyModel, tmp_path_factory: pytest.TempPathFact
     import torch
 
     path = tmp_path_factory.mktemp("tiny_onnx") / signature.ONNX_FILE
-    example = tuple(torch.zeros(2, 10, dtype=torch.int64) for _ in signature.INPUT_NAMES)
+    example = tuple(torch.zeros(2, 10, dtype=torch.int64) for _ in signature.SCORE.input_names)
     batch = torch.export.Dim("batch", min=1, max=4096)
     seq = torch.export.Dim("seq", min=2, max=512)
     with warnings.catch_warnings():            # exporter chatter (torchvision, LeafSpec, axis names)
         warnings.simplefilter("ignore")
         torch.onnx.export(
             tiny_kt_model.module, example, str(path), dynamo=True, opset_version=18,
-            input_names=list(signature.INPUT_NAMES), output_names=list(signature.OUTPUT_NAMES),
-            dynamic_shapes={name: {0: batch, 1: seq} for name in signature.INPUT_NAMES},
+            input_names=list(signature.SCORE.input_names), output_names=list(signature.SCORE.output_names),
+            dynamic_shapes={name: {0: batch, 1: seq} for name in signature.SCORE.input_names},
             external_data=False, verbose=False)
     tiny_kt_model.onnx_path = path
     return tiny_kt_model

@@ -21,8 +21,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from serving.metrics import Metrics
-from serving.proto.routerkt.v1 import knowledge_tracing_pb2 as pb
-from serving.proto.routerkt.v1 import knowledge_tracing_pb2_grpc as pb_grpc
+from serving.api import knowledge_tracing_pb2 as pb
+from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
 from serving.server import ThreadedGateway
 from serving.settings import Settings
 from serving.triton_launcher import TritonPorts, TritonServer, free_port
@@ -60,7 +60,7 @@ def cluster(kt_repository, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def vocab(kt_repository):
-    from training.data.vocab import Vocab
+    from routerkt.contract.vocab import Vocab
     return Vocab.load(kt_repository.path / "kt" / "1" / "vocab.json")
 
 

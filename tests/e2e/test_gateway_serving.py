@@ -20,8 +20,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
 from serving.metrics import Metrics
-from serving.proto.routerkt.v1 import knowledge_tracing_pb2 as pb
-from serving.proto.routerkt.v1 import knowledge_tracing_pb2_grpc as pb_grpc
+from serving.api import knowledge_tracing_pb2 as pb
+from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
 from serving.server import ThreadedGateway
 from serving.settings import Settings
 from serving.triton_launcher import TritonServer
@@ -321,7 +321,7 @@ def test_metrics_after_traffic(gateway, stub, raw_ids) -> None:
         f'grpc_server_handled_total{{grpc_code="INVALID_ARGUMENT",grpc_method="Predict",{service},grpc_type="unary"}}',
         f'grpc_server_handled_total{{grpc_code="NOT_FOUND",grpc_method="Predict",{service},grpc_type="unary"}}',
         f'grpc_server_handling_seconds_bucket{{grpc_method="Predict",{service},grpc_type="unary",le="0.005"}}',
-        'routerkt_triton_request_seconds_bucket{le="0.01",model="kt"}',
+        'routerkt_triton_request_seconds_bucket{le="0.01",model="kt",version="', 'routerkt_build_info{git_sha="',
         'routerkt_history_length_bucket{le="20.0"}', 'routerkt_candidates_per_call_bucket{le="64.0"}',
         'routerkt_unknown_ids_total{kind="question"}', 'routerkt_unknown_ids_total{kind="skill"}',
         'routerkt_errors_total{code="INVALID_ARGUMENT"}', 'routerkt_errors_total{code="NOT_FOUND"}',

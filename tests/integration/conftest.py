@@ -11,16 +11,17 @@ HANDMADE_WINDOW = 6
 
 
 def write_gateway_version(repo: Path, name: str, version: int, window: int = HANDMADE_WINDOW) -> None:
-    from export import signature
+    from routerkt.contract import signature
     from export.repository import publish_version
     from export.triton_config import PARAM_N_QUESTIONS, PARAM_N_SKILLS, TritonModelOptions, render_config
-    from training.data.vocab import Vocab
+    from routerkt.contract.model_info import ModelInfo
+    from routerkt.contract.vocab import Vocab
 
     vocab = Vocab(questions={100: 2, 101: 3, 102: 4}, skills={7: 2, 8: 3}, question_skill={100: 7, 101: 8, 102: 7})
     options = TritonModelOptions(window=window, parameters={PARAM_N_QUESTIONS: str(vocab.n_questions),
                                                             PARAM_N_SKILLS: str(vocab.n_skills)})
     files = {signature.VOCAB_FILE: json.dumps(vocab.to_json()).encode(),
-             signature.INFO_FILE: json.dumps({"window": window}).encode(), "model.py": b"# not run here\n"}
+             signature.INFO_FILE: ModelInfo(name=name, window=window).save_bytes(), "model.py": b"# not run here\n"}
     publish_version(repo, name, files, render_config(name, options), version=version)
 
 

@@ -12,8 +12,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from serving.metrics import Metrics
-from serving.proto.routerkt.v1 import knowledge_tracing_pb2 as pb
-from serving.proto.routerkt.v1 import knowledge_tracing_pb2_grpc as pb_grpc
+from serving.api import knowledge_tracing_pb2 as pb
+from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
 from serving.server import ThreadedGateway
 from serving.settings import SERVICE_NAME, Settings
 from serving.triton_launcher import free_port

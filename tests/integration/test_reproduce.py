@@ -26,6 +26,7 @@ def _args(tmp_path, **kw) -> argparse.Namespace:
 
 def test_reproduce_runs_resumes_and_reports(synthetic_csv, tmp_path):
     from training import reproduce
+    from training.history_score import HISTORY_SCORING
     (tmp_path / "datasets" / "toy").mkdir(parents=True)
     (tmp_path / "datasets" / "toy" / "interactions.csv").write_bytes(synthetic_csv.read_bytes())
     presets = "routerkt-akt,akt-standard,dkt,routerkt-akt+model.routing_scope=sequence"
@@ -35,7 +36,7 @@ def test_reproduce_runs_resumes_and_reports(synthetic_csv, tmp_path):
     assert metrics["folds"] == 1 and 0 < metrics["auc"]["mean"] <= 1
     leaky = results / "routerkt-akt+routing_scope=sequence"
     scored = json.loads((leaky / "history_only.json").read_text())
-    assert scored["auc"]["mean"] > 0 and scored["scoring"] == reproduce.HISTORY_SCORING
+    assert scored["auc"]["mean"] > 0 and scored["scoring"] == HISTORY_SCORING
     (leaky / "history_only.json").write_text(json.dumps({"auc": {"mean": 0.99, "std": 0.0}}))   # an older cache
     stamp = (results / "akt-standard" / "fold-0" / "result.json").stat().st_mtime_ns
     assert reproduce.run(_args(tmp_path, presets=presets)) == 0                 # resumes: nothing retrained

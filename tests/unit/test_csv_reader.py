@@ -187,7 +187,7 @@ def test_assist2009_real_file():
 def test_assist2017_read_and_sequences_timing():
     """Reports (never asserts) how long reading + make_sequences take on the largest file."""
     from training.data.protocol import make_sequences
-    from training.data.vocab import Vocab
+    from routerkt.contract.vocab import Vocab
 
     path = DATASETS / "assist2017" / "interactions.csv.gz"
     if not path.exists():

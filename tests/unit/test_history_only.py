@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from export.signature import CANDIDATE_RESPONSE, PAD_ID
+from routerkt.contract.signature import CANDIDATE_RESPONSE, PAD_ID
 from training.analysis import prefix_predictions, prefix_windows
 from training.config import RoutingScope
 from training.data.protocol import Sequences

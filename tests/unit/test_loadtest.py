@@ -20,7 +20,7 @@ from loadtest.learners import (DEFAULT_WEIGHTS, GrpcCallError, Learner, LearnerO
                                RequestEventInterceptor, Vocabulary, load_vocabulary, loopback_target,
                                parse_user_mix, resolve_model)
 from routerkt.errors import UserError
-from serving.proto.routerkt.v1 import knowledge_tracing_pb2 as pb
+from serving.api import knowledge_tracing_pb2 as pb
 
 pytestmark = pytest.mark.unit
 
@@ -154,7 +154,7 @@ def test_locust_command_keeps_failed_requests_apart_from_broken_runs(tmp_path: P
 
 # -- vocabulary ----------------------------------------------------------------------------------
 def make_repository(root: Path, models: dict[str, list[int]]) -> Path:
-    from training.data.vocab import Vocab
+    from routerkt.contract.vocab import Vocab
     for name, versions in models.items():
         (root / name).mkdir(parents=True)
         (root / name / "config.pbtxt").write_text(f'name: "{name}"\n')

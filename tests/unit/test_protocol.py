@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from export.signature import PAD_ID
+from routerkt.contract.signature import PAD_ID
 from routerkt.errors import UserError
 from training.config import Protocol
 from training.data.csv_reader import DataError, Interactions, read_interactions
 from training.data.protocol import Fold, Sequences, load_folds_file, make_folds, make_sequences, read_folds_file
-from training.data.vocab import Vocab
+from routerkt.contract.vocab import Vocab
 
 pytestmark = pytest.mark.unit
 

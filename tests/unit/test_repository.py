@@ -1,17 +1,16 @@
 """Model repository: atomic publication, version numbering and pruning, listing, bad input."""
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 import pytest
 
 from export import repository as repo_mod
-from export.repository import (
-    CONFIG_FILE, latest_version, list_models, list_versions, publish_version, read_model_info,
-)
-from export.signature import INFO_FILE, ONNX_FILE, VOCAB_FILE
+from export.repository import publish_version
+from routerkt.contract.model_info import ModelInfo
+from routerkt.contract.repository import latest_version, list_models, list_versions, read_model_info
+from routerkt.contract.signature import CONFIG_FILE, INFO_FILE, ONNX_FILE, VOCAB_FILE
 from routerkt.errors import UserError
 
 pytestmark = pytest.mark.unit
@@ -23,7 +22,7 @@ def _files(tmp_path: Path, tag: str) -> dict[str, Path | bytes]:
     onnx = tmp_path / f"src-{tag}.onnx"
     onnx.write_bytes(f"onnx-{tag}".encode())
     return {ONNX_FILE: onnx, VOCAB_FILE: b'{"questions": {}}',
-            INFO_FILE: json.dumps({"tag": tag, "window": 100}).encode()}
+            INFO_FILE: ModelInfo(name="kt", window=100, provenance={"tag": tag}).save_bytes()}
 
 
 def _snapshot(root: Path) -> dict[str, bytes | None]:
@@ -54,7 +53,8 @@ def test_first_publication_creates_the_model_with_layout_and_config(repo: Path, 
     assert list_models(repo) == ["routerkt-akt"]
     assert list_versions(repo, "routerkt-akt") == [1]
     assert latest_version(repo, "routerkt-akt") == 1
-    assert read_model_info(repo, "routerkt-akt", 1) == {"tag": "a", "window": 100}
+    info = read_model_info(repo, "routerkt-akt", 1)
+    assert (info.provenance, info.window) == ({"tag": "a"}, 100)
     assert not list(repo.parent.glob(".*staging*"))          # staging folder removed
 
 
@@ -69,7 +69,7 @@ def test_versions_increase_config_is_replaced_and_old_versions_are_pruned(repo: 
         assert publish_version(repo, "kt", _files(tmp_path, str(i)), f"cfg {i}", keep_versions=3) == i
     assert list_versions(repo, "kt") == [3, 4, 5]
     assert (repo / "kt" / CONFIG_FILE).read_text() == "cfg 5"
-    assert read_model_info(repo, "kt", 5)["tag"] == "5"
+    assert read_model_info(repo, "kt", 5).provenance["tag"] == "5"
     assert not [p for p in (repo / "kt").iterdir() if p.name.startswith(".")]   # no temp files left
     assert not list(repo.parent.glob(".*staging*"))
 

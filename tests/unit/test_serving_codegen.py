@@ -22,18 +22,18 @@ def test_generated_code_has_not_drifted(tmp_path: Path) -> None:
 
 
 def test_generated_code_imports_without_path_tricks() -> None:
-    from serving.proto.routerkt.v1 import knowledge_tracing_pb2 as pb
-    from serving.proto.routerkt.v1 import knowledge_tracing_pb2_grpc as pb_grpc
+    from serving.api import knowledge_tracing_pb2 as pb
+    from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
     service = pb.DESCRIPTOR.services_by_name["KnowledgeTracingService"]
     assert service.full_name == "routerkt.v1.KnowledgeTracingService"
     assert {m.name for m in service.methods} == {"Predict", "PredictBatch"}
     assert hasattr(pb_grpc, "KnowledgeTracingServiceStub")
     text = Path(pb_grpc.__file__).read_text()
-    assert "from serving.proto.routerkt.v1 import knowledge_tracing_pb2" in text
+    assert "from serving.api import knowledge_tracing_pb2" in text
 
 
 def test_optional_skill_ids_have_presence() -> None:
-    from serving.proto.routerkt.v1 import knowledge_tracing_pb2 as pb
+    from serving.api import knowledge_tracing_pb2 as pb
     assert not pb.Candidate(question_id=1).HasField("skill_id")
     assert pb.Candidate(question_id=1, skill_id=0).HasField("skill_id")
     assert not pb.Interaction(question_id=1, correct=1).HasField("skill_id")

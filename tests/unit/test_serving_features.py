@@ -4,14 +4,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from export.signature import PAD_ID, UNK_ID
+from routerkt.contract.signature import PAD_ID, UNK_ID
 from serving.features import CANDIDATE_RESPONSE, PAD_RESPONSE, build_windows, encode_learner
-from serving.proto.routerkt.v1 import knowledge_tracing_pb2 as pb
+from serving.api import knowledge_tracing_pb2 as pb
 from serving.settings import Settings
-from serving.validation import validate_predict
-from training.data.vocab import Vocab
+from serving.grpc_api import predict_query
+from serving.validation import validate_query
+from routerkt.contract.vocab import Vocab
 
 pytestmark = pytest.mark.unit
+
+
+def validate_predict(request: pb.PredictRequest, settings: Settings):
+    """A PredictRequest through the gRPC adapter's conversion and the structural validation."""
+    return validate_query(predict_query(request), settings)[0]
 
 # raw questions 100.. -> ids 2..; raw skills 7 -> 2, 8 -> 3; question 103 was only seen without a skill
 VOCAB = Vocab(questions={100: 2, 101: 3, 102: 4, 103: 5}, skills={7: 2, 8: 3},

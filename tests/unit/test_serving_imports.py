@@ -11,8 +11,9 @@ pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULES = ["serving.server", "serving.cli_serve", "serving.cli_predict", "serving.http", "serving.service",
-           "serving.triton_backend", "serving.models", "serving.features", "serving.validation", "serving.metrics",
-           "serving.settings", "serving.errors"]
+           "serving.grpc_api", "serving.backends.triton", "serving.backends.onnxruntime", "serving.triton_client",
+           "serving.triton_supervisor", "serving.catalog", "serving.features", "serving.validation",
+           "serving.metrics", "serving.settings", "serving.errors", "routerkt.contract.repository"]
 
 
 def test_serving_modules_do_not_import_torch() -> None:

@@ -44,7 +44,7 @@ def test_labels_carry_no_learner_information() -> None:
     metrics.grpc_handled.labels(grpc_service="s", grpc_method="m", grpc_type="unary", grpc_code="OK").inc()
     metrics.reloads.labels(model="kt", reason="stub_crash").inc()
     allowed = {"grpc_service", "grpc_method", "grpc_type", "grpc_code", "model", "reason", "kind", "code",
-               "handler", "status", "le"}
+               "handler", "status", "le", "version", "git_sha"}   # version: of a model or of the build
     for family in metrics.registry.collect():
         for sample in family.samples:
             assert set(sample.labels) <= allowed, (family.name, sample.labels)
@@ -53,7 +53,7 @@ def test_labels_carry_no_learner_information() -> None:
 
 def test_latency_buckets_suit_milliseconds() -> None:
     metrics = Metrics()
-    metrics.triton_seconds.labels(model="kt").observe(0.003)
+    metrics.triton_seconds.labels(model="kt", version="1").observe(0.003)
     buckets = [s.labels["le"] for s in metrics.registry.collect() for s in s.samples
                if s.name == "routerkt_triton_request_seconds_bucket"]
     assert sum(1 for le in buckets if le != "+Inf" and float(le) <= 0.01) >= 5

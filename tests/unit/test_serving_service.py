@@ -12,17 +12,24 @@ import grpc
 import numpy as np
 import pytest
 
-from export import signature
+from routerkt.contract import signature
+from routerkt.contract.model_info import ModelInfo
 from export.repository import publish_version
 from export.triton_config import PARAM_N_QUESTIONS, PARAM_N_SKILLS, TritonModelOptions, render_config
 from serving.errors import ServingError
 from serving.metrics import Metrics
-from serving.models import ModelRegistry
-from serving.proto.routerkt.v1 import knowledge_tracing_pb2 as pb
-from serving.service import Deadline, PredictionService
+from serving.api import knowledge_tracing_pb2 as pb
+from serving.catalog import ModelCatalog
+from serving.features import WindowEncoder
+from serving.grpc_api import batch_query, batch_response, predict_query, predict_response
+from serving.history import RequestHistory
+from serving.metrics import MetricsSink
+from serving.parts import BackendError, FailureKind
+from serving.requests import Deadline
+from serving.service import PredictionService
 from serving.settings import Settings
-from serving.triton_backend import BackendError, FailureKind
-from training.data.vocab import Vocab
+from serving.version_policy import LatestReadyVersion
+from routerkt.contract.vocab import Vocab
 
 pytestmark = pytest.mark.unit
 
@@ -35,7 +42,7 @@ def write_version(repo: Path, name: str, version: int, window: int = 5, max_batc
                                  parameters={PARAM_N_QUESTIONS: str(vocab.n_questions),
                                              PARAM_N_SKILLS: str(vocab.n_skills)})
     files = {signature.VOCAB_FILE: json.dumps(vocab.to_json()).encode(),
-             signature.INFO_FILE: json.dumps({"window": window}).encode(), "model.py": b"# not run here\n"}
+             signature.INFO_FILE: ModelInfo(name=name, window=window).save_bytes(), "model.py": b"# not run here\n"}
     publish_version(repo, name, files, render_config(name, options), version=version)
 
 
@@ -53,11 +60,14 @@ class FakeBackend:
     def ready_versions(self, model: str) -> frozenset[int]:
         return frozenset(self.ready.get(model, set())) if self.triton_ready else frozenset()
 
-    def is_reloading(self, model: str) -> bool:
-        return model in self.reloading
+    def unavailable_reason(self, model: str) -> str | None:
+        if model in self.reloading:
+            return "reloading"
+        return None if self.triton_ready else "down"
 
-    async def infer(self, model, version, questions, skills, responses, timeout_s):
-        self.calls.append((model, version, questions.copy(), timeout_s))
+    async def infer(self, model, rows, timeout_s):
+        questions = rows[0]
+        self.calls.append((model.name, model.version, questions.copy(), timeout_s))
         if self.delay:
             await asyncio.sleep(self.delay)
         if self.fail is not None:
@@ -77,12 +87,27 @@ def repo(tmp_path: Path) -> Path:
 @pytest.fixture
 def setup(repo: Path):
     settings = Settings(repository=repo, max_candidates=3, max_rows_per_infer=4, max_inflight=2).validate()
-    registry = ModelRegistry(repo)
+    registry = ModelCatalog(repo)
     registry.refresh()
     backend = FakeBackend()
     backend.ready = {"kt": {1, 2}}
     metrics = Metrics()
-    return PredictionService(settings, registry, backend, metrics), backend, metrics
+    service = PredictionService(settings, registry, backend, metrics, history=RequestHistory(),
+                                policy=LatestReadyVersion(), encoder=WindowEncoder(), sink=MetricsSink(metrics))
+    return ProtoFacade(service), backend, metrics
+
+
+class ProtoFacade:
+    """The transport-independent service behind the gRPC adapter's message conversions."""
+
+    def __init__(self, service: PredictionService) -> None:
+        self.service, self.settings = service, service.settings
+
+    async def predict(self, request: pb.PredictRequest, deadline: Deadline) -> pb.PredictResponse:
+        return predict_response(await self.service.predict(predict_query(request), deadline))
+
+    async def predict_batch(self, request: pb.PredictBatchRequest, deadline: Deadline) -> pb.PredictBatchResponse:
+        return batch_response(await self.service.predict(batch_query(request), deadline))
 
 
 def predict_request(candidates=(100, 101), history=((100, 7, 1),), model="kt", version=0) -> pb.PredictRequest:
@@ -103,7 +128,7 @@ def code_of(coro) -> ServingError:
 
 # -- registry -------------------------------------------------------------------------------------
 def test_registry_reads_versions_and_picks_up_new_ones(repo: Path) -> None:
-    registry = ModelRegistry(repo)
+    registry = ModelCatalog(repo)
     result = registry.refresh()
     assert result.added == (("kt", 1), ("kt", 2), ("small", 1)) and registry.models() == ["kt", "small"]
     assert registry.get("kt", 1).window == 5 and registry.get("small", 1).max_batch_size == 3
@@ -118,7 +143,7 @@ def test_registry_reads_versions_and_picks_up_new_ones(repo: Path) -> None:
 
 def test_registry_refuses_a_window_that_contradicts_the_config(repo: Path) -> None:
     write_version(repo, "kt", 3, window=9)                # rewrites the model's config.pbtxt to dims [9]
-    registry = ModelRegistry(repo)
+    registry = ModelCatalog(repo)
     registry.refresh()
     assert registry.versions("kt") == [3]                 # versions 1, 2 (window 5) no longer fit
 
@@ -127,7 +152,7 @@ def test_registry_skips_broken_versions_until_fixed(repo: Path) -> None:
     write_version(repo, "kt", 3)
     vocab_path = repo / "kt" / "3" / signature.VOCAB_FILE
     vocab_path.write_text("{not json")
-    registry = ModelRegistry(repo)
+    registry = ModelCatalog(repo)
     registry.refresh()
     assert registry.versions("kt") == [1, 2]
     vocab_path.write_text(json.dumps(VOCAB.to_json()))
@@ -136,7 +161,7 @@ def test_registry_skips_broken_versions_until_fixed(repo: Path) -> None:
 
 
 def test_registry_not_found_names_model_or_version(repo: Path) -> None:
-    registry = ModelRegistry(repo)
+    registry = ModelCatalog(repo)
     registry.refresh()
     for name, version, field in (("nope", 1, "model"), ("kt", 9, "version")):
         with pytest.raises(ServingError) as info:

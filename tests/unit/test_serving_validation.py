@@ -8,12 +8,23 @@ import pytest
 
 from serving.errors import ServingError
 from serving.features import encode_learner
-from serving.proto.routerkt.v1 import knowledge_tracing_pb2 as pb
+from serving.api import knowledge_tracing_pb2 as pb
 from serving.settings import Settings
-from serving.validation import ABSENT_SKILL, UNKNOWN_SKILL, validate_batch, validate_predict
-from training.data.vocab import Vocab
+from serving.grpc_api import batch_query, predict_query
+from serving.requests import ABSENT_SKILL, UNKNOWN_SKILL
+from serving.validation import validate_query
+from routerkt.contract.vocab import Vocab
 
 pytestmark = pytest.mark.unit
+
+
+def validate_predict(request: pb.PredictRequest, settings: Settings):
+    """A PredictRequest through the gRPC adapter's conversion and the structural validation."""
+    return validate_query(predict_query(request), settings)[0]
+
+
+def validate_batch(request: pb.PredictBatchRequest, settings: Settings):
+    return validate_query(batch_query(request), settings)
 
 SETTINGS = Settings(max_candidates=4, max_history=6, max_batch_learners=2).validate()
 VOCAB = Vocab(questions={10: 2, 11: 3, 12: 4}, skills={5: 2, 6: 3}, question_skill={10: 5, 11: 6, 12: -1})

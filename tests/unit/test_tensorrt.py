@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from export import signature
+from routerkt.contract import signature
 from export.tensorrt import build_engine, tensorrt_available, trtexec_command
 from routerkt.errors import UserError
 
@@ -48,7 +48,7 @@ def test_trtexec_command_covers_every_input_with_the_profile() -> None:
     assert "--onnx=runs/a b/model.onnx" in argv and "--saveEngine=out/model.plan" in argv
     for flag, batch in (("--minShapes", 1), ("--optShapes", 32), ("--maxShapes", 512)):
         (value,) = [a.split("=", 1)[1] for a in argv if a.startswith(flag + "=")]
-        assert value == ",".join(f"{name}:{batch}x100" for name in signature.INPUT_NAMES)
+        assert value == ",".join(f"{name}:{batch}x100" for name in signature.SCORE.input_names)
     assert "--memPoolSize=workspace:2048" in argv and "--fp16" in argv
     assert "--fp16" not in shlex.split(trtexec_command("m.onnx", "m.plan", 100))
 
@@ -57,9 +57,9 @@ def _tiny_onnx(path: Path) -> None:
     import onnx
     from onnx import TensorProto, helper
 
-    inputs = [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", 100]) for n in signature.INPUT_NAMES]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", 100]) for n in signature.SCORE.input_names]
     output = helper.make_tensor_value_info(signature.PROBS, TensorProto.FLOAT, ["batch", 100])
-    nodes = [helper.make_node("Sum", list(signature.INPUT_NAMES), ["total"]),
+    nodes = [helper.make_node("Sum", list(signature.SCORE.input_names), ["total"]),
              helper.make_node("Cast", ["total"], ["f"], to=TensorProto.FLOAT),
              helper.make_node("Sigmoid", ["f"], [signature.PROBS])]
     model = helper.make_model(helper.make_graph(nodes, "tiny", inputs, [output]),

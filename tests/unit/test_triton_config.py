@@ -4,11 +4,12 @@ from __future__ import annotations
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
-from export import signature
+from routerkt.contract import signature
 from export.triton_config import (
     HEADER, PARAM_N_QUESTIONS, PARAM_N_SKILLS, PARAM_ORT_INTRA_OP_THREADS, PARAM_WINDOW, WARMUP_NAME,
-    Backend, TritonModelOptions, build_config, parse_config, render_config,
+    Backend, TritonModelOptions, build_config, render_config,
 )
+from routerkt.contract.repository import parse_triton_config as parse_config
 from routerkt.errors import UserError
 
 pytestmark = pytest.mark.unit
@@ -31,9 +32,9 @@ def _round_trip(name: str, options: TritonModelOptions) -> mc.ModelConfig:
 
 def _assert_signature(config: mc.ModelConfig, window: int) -> None:
     assert [(t.name, mc.DataType.Name(t.data_type), list(t.dims)) for t in config.input] == [
-        (s.name, s.triton_dtype, [window]) for s in signature.INPUTS]
+        (s.name, s.triton_dtype, [window]) for s in signature.SCORE.inputs]
     assert [(t.name, mc.DataType.Name(t.data_type), list(t.dims)) for t in config.output] == [
-        (s.name, s.triton_dtype, [window]) for s in signature.OUTPUTS]
+        (s.name, s.triton_dtype, [window]) for s in signature.SCORE.outputs]
     assert [t.name for t in config.input] == ["questions", "skills", "responses"]
     assert mc.DataType.Name(config.output[0].data_type) == "TYPE_FP32"
 
@@ -89,8 +90,8 @@ def test_warmup_is_one_zero_filled_batch_of_every_input() -> None:
     assert len(config.model_warmup) == 1
     warmup = config.model_warmup[0]
     assert (warmup.name, warmup.batch_size, warmup.count) == (WARMUP_NAME, 1, 1)
-    assert sorted(warmup.inputs) == sorted(signature.INPUT_NAMES)
-    for spec in signature.INPUTS:
+    assert sorted(warmup.inputs) == sorted(signature.SCORE.input_names)
+    for spec in signature.SCORE.inputs:
         entry = warmup.inputs[spec.name]
         assert entry.zero_data and list(entry.dims) == [30]
         assert mc.DataType.Name(entry.data_type) == spec.triton_dtype

@@ -1,4 +1,4 @@
-"""Tests of training/data/vocab.py: deterministic ids, vectorised encoding, JSON round trip, bad files."""
+"""Tests of routerkt/contract/vocab.py: deterministic ids, vectorised encoding, JSON round trip, bad files."""
 from __future__ import annotations
 
 import json
@@ -6,9 +6,10 @@ import json
 import numpy as np
 import pytest
 
-from export.signature import FIRST_ID, PAD_ID, UNK_ID
-from training.data.csv_reader import DataError, Interactions
-from training.data.vocab import FORMAT, Vocab
+from routerkt.contract.signature import FIRST_ID, PAD_ID, UNK_ID
+from routerkt.contract.vocab import VocabError
+from training.data.csv_reader import Interactions
+from routerkt.contract.vocab import FORMAT, Vocab
 
 pytestmark = pytest.mark.unit
 
@@ -110,7 +111,7 @@ def test_from_json_of_to_json(vocab):
 def test_load_bad_files(tmp_path, content, problem):
     path = tmp_path / "vocab.json"
     path.write_text(content)
-    with pytest.raises(DataError) as info:
+    with pytest.raises(VocabError) as info:
         Vocab.load(path)
     message = str(info.value)
     assert message.startswith(f"{path}{problem}"), message
@@ -118,7 +119,7 @@ def test_load_bad_files(tmp_path, content, problem):
 
 
 def test_load_missing_file(tmp_path):
-    with pytest.raises(DataError, match="no such file"):
+    with pytest.raises(VocabError, match="no such file"):
         Vocab.load(tmp_path / "missing.json")
 
 
@@ -126,7 +127,7 @@ def test_importing_vocab_needs_neither_pandas_nor_torch():
     import subprocess
     import sys
 
-    code = ("import sys, training.data.vocab; "
+    code = ("import sys, routerkt.contract.vocab; "
             "print(sorted(m for m in ('pandas', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"

@@ -34,16 +34,16 @@ from typing import Any
 
 import numpy as np
 
-from export.signature import PAD_ID
+from routerkt.contract.signature import PAD_ID, PAD_RESPONSE
 from routerkt.errors import UserError
 from training.config import Protocol
 from training.data.csv_reader import DataError, Interactions
-from training.data.vocab import Vocab
+from routerkt.contract.vocab import Vocab
 
 log = logging.getLogger(__name__)
 
 SINGLE_SPLIT_TEST_RATIO = 0.2  # test share when n_folds == 1
-PAD_RESPONSE = -1
+
 
 
 @dataclass

@@ -19,7 +19,10 @@ Inference cost: biases that do not depend on the learner add no [B, H, L, L] wor
 - Relative: softmax(-|i - j| / tau + M) V = (K (V * valid)) / (K valid) with K[h, i, j] =
   exp(-(distance to j minus distance to the nearest visible key) / tau_h) on visible (i, j), a
   [H, L, L] constant at inference: two small matmuls, no softmax over [B, H, L, L].
-- Both tables are precomputed for max_len by `freeze_biases()` (export) and sliced to L.
+- Tables for max_len, sliced to L: the ALiBi ones (`alibi`, `alibi_keys`) are fixed buffers built
+  in `__init__`; the relative kernel depends on the learned tau_h, so training computes it in each
+  forward pass and `freeze_biases()` (before export) turns it into [H, Lmax, Lmax] constants, one
+  per mask kind.
 The explicit path (attention maps requested, or fused_attention off) materialises the
 probabilities; a unit test checks that both paths agree.
 """

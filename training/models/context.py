@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from export.signature import PAD_ID
+from routerkt.contract.signature import PAD_ID
 
 # Large negative logit for masked entries. Finite (not -inf) so that no row can become NaN;
 # exp(NEG - max) underflows to exactly 0 in float32 and bfloat16.

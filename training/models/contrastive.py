@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from export.signature import FIRST_ID, PAD_ID
+from routerkt.contract.signature import FIRST_ID, PAD_ID
 from training.config import ModelConfig
 
 

@@ -1,6 +1,7 @@
 """The one registry: backbone enum -> model class (filled by @register in each backbone module), and
-presets with the papers' names -> ModelConfig field values. Trainer, exporter and evaluator call
-`build_model(config)` and never branch on a model name.
+presets with the papers' names -> ModelConfig field values. `run_config` turns a preset and config
+overrides into a run's RunConfig. Trainer, exporter and evaluator call `build_model(config)` and
+never branch on a model name.
 
 Every attention preset uses the same width and depth (d_model 64, 2 blocks, 8 heads, d_ff 256), so
 the variants differ only in their attention bias or routing.
@@ -8,10 +9,12 @@ the variants differ only in their attention bias or routing.
 from __future__ import annotations
 
 import dataclasses
+import os
+from collections.abc import Iterable
 from typing import Any
 
 from routerkt.errors import UserError
-from training.config import ModelConfig, from_dict, to_dict
+from training.config import ModelConfig, RunConfig, apply_overrides, from_dict, to_dict
 from training.models import akt, cl4kt, dkt, simplekt  # noqa: F401  (registration side effect)
 from training.models.base import MODELS, KTModel
 
@@ -39,14 +42,21 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def preset_names() -> list[str]:
-    return list(PRESETS)
-
-
 def preset_config(name: str) -> ModelConfig:
     if name not in PRESETS:
         raise UserError(f"unknown preset {name!r}; choose one of: {', '.join(PRESETS)}")
     return from_dict(ModelConfig, {**to_dict(ModelConfig()), **PRESETS[name]})
+
+
+def run_config(preset: str, data_path: str | os.PathLike = "", overrides: Iterable[str] = ()) -> RunConfig:
+    """The RunConfig of a preset on a data file, then `section.key=value` overrides in order (what
+    `train`, `reproduce` and `bench train` run); a bad override raises UserError."""
+    cfg = RunConfig(preset=preset, model=preset_config(preset))
+    cfg.data.path = str(data_path)
+    try:
+        return apply_overrides(cfg, list(overrides))
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
 
 
 def build_model(cfg: ModelConfig) -> KTModel:

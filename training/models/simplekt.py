@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from export.signature import PAD_ID
+from routerkt.contract.signature import PAD_ID
 from training.config import Backbone, ModelConfig
 from training.models.base import KTModel, masked_mean, register
 from training.models.context import MaskKind, SequenceContext

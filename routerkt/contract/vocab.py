@@ -1,6 +1,6 @@
 """The vocabulary: raw question / skill ids of a data set -> the model's embedding ids.
 
-Conventions (export/signature.py): PAD_ID = 0 (padding), UNK_ID = 1 (unknown id, and every raw -1),
+Conventions (routerkt/contract/signature.py): PAD_ID = 0 (padding), UNK_ID = 1 (unknown id, and every raw -1),
 real ids from FIRST_ID = 2 in ascending order of the raw id, so building twice from the same data
 gives the same mapping. `question_skill` keeps, for each raw question, the raw skill of its first
 occurrence with a known skill (-1 if it never had one); the gateway uses it when a request names a
@@ -12,23 +12,35 @@ The vocabulary travels with a model into the Triton repository as `vocab.json`:
      "questions": {"<raw>": id, ...}, "skills": {"<raw>": id, ...},
      "question_skill": {"<raw question>": raw_skill, ...}}
 
-No torch here: the serving gateway imports this module.
+No torch and no training code here: export writes this file, the serving gateway reads it.
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from export.signature import FIRST_ID, PAD_ID, UNK_ID
+from typing import Protocol
+
 from routerkt.atomic import atomic_write_json
-from training.data.csv_reader import DataError, Interactions
+from routerkt.contract.json_file import read_json
+from routerkt.contract.signature import FIRST_ID, PAD_ID, UNK_ID
+from routerkt.errors import UserError
 
 FORMAT = "routerkt-vocab/1"
+
+
+class VocabError(UserError):
+    """A vocabulary file or object is missing or malformed; str(error) is `<where>: <problem>`."""
+
+
+class RawIds(Protocol):
+    """What `Vocab.build` reads: raw question and skill ids, one per interaction (-1 = unknown)."""
+
+    question_id: np.ndarray
+    skill_id: np.ndarray
 
 
 def _index(raw_ids: np.ndarray) -> dict[int, int]:
@@ -76,7 +88,7 @@ class Vocab:
 
     # -- building -----------------------------------------------------------------------------
     @classmethod
-    def build(cls, inter: Interactions) -> Vocab:
+    def build(cls, inter: RawIds) -> Vocab:
         """Index every known question and skill of `inter` (deterministic: ascending raw id)."""
         q, s = inter.question_id, inter.skill_id
         with_q = q != -1
@@ -120,22 +132,22 @@ class Vocab:
 
     @classmethod
     def from_json(cls, d: Any, where: str = "vocab") -> Vocab:
-        """Inverse of `to_json`; raises DataError(`<where>: <problem>`) on anything malformed."""
+        """Inverse of `to_json`; raises VocabError(`<where>: <problem>`) on anything malformed."""
         if not isinstance(d, dict):
-            raise DataError(f"{where}: expected a JSON object, got {type(d).__name__}")
+            raise VocabError(f"{where}: expected a JSON object, got {type(d).__name__}")
         if d.get("format") != FORMAT:
-            raise DataError(f"{where}: format is {d.get('format')!r}, expected {FORMAT!r}")
+            raise VocabError(f"{where}: format is {d.get('format')!r}, expected {FORMAT!r}")
         for key, expected in (("pad_id", PAD_ID), ("unk_id", UNK_ID)):
             if d.get(key) != expected:
-                raise DataError(f"{where}: {key} is {d.get(key)!r}, this code uses {expected}")
+                raise VocabError(f"{where}: {key} is {d.get(key)!r}, this code uses {expected}")
         questions = _int_map(d, "questions", where)
         skills = _int_map(d, "skills", where)
         question_skill = _int_map(d, "question_skill", where)
         for name, mapping in (("questions", questions), ("skills", skills)):
             if any(raw < 0 for raw in mapping):
-                raise DataError(f"{where}: '{name}' has a negative raw id (-1 always means unknown)")
+                raise VocabError(f"{where}: '{name}' has a negative raw id (-1 always means unknown)")
             if sorted(mapping.values()) != list(range(FIRST_ID, FIRST_ID + len(mapping))):
-                raise DataError(f"{where}: '{name}' ids must be exactly {FIRST_ID}..{FIRST_ID + len(mapping) - 1}, "
+                raise VocabError(f"{where}: '{name}' ids must be exactly {FIRST_ID}..{FIRST_ID + len(mapping) - 1}, "
                                 f"each once")
         return cls(questions=questions, skills=skills, question_skill=question_skill)
 
@@ -145,32 +157,22 @@ class Vocab:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Vocab:
-        """Read a vocab JSON file; raises DataError(`<path>: <problem>`) when missing or malformed."""
-        where = str(path)
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise DataError(f"{where}: no such file") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise DataError(f"{where}: cannot read ({exc})") from None
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{where}:{exc.lineno}: invalid JSON ({exc.msg}, column {exc.colno})") from None
-        return cls.from_json(d, where)
+        """Read a vocab JSON file; raises VocabError(`<path>: <problem>`) when missing or malformed."""
+        d = read_json(path, VocabError)
+        return cls.from_json(d, str(path))
 
 
 def _int_map(d: dict, key: str, where: str) -> dict[int, int]:
     value = d.get(key)
     if not isinstance(value, dict):
-        raise DataError(f"{where}: '{key}' must be an object of raw id -> id")
+        raise VocabError(f"{where}: '{key}' must be an object of raw id -> id")
     out: dict[int, int] = {}
     for k, v in value.items():
         try:
             raw = int(k)
         except ValueError:
-            raise DataError(f"{where}: '{key}' has a non-integer key {k!r}") from None
+            raise VocabError(f"{where}: '{key}' has a non-integer key {k!r}") from None
         if isinstance(v, bool) or not isinstance(v, int):
-            raise DataError(f"{where}: '{key}' maps {k!r} to {v!r}, expected an integer")
+            raise VocabError(f"{where}: '{key}' maps {k!r} to {v!r}, expected an integer")
         out[raw] = v
     return out

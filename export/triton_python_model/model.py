@@ -3,7 +3,7 @@
 Copied verbatim into every version folder of a python-backend model by `routerkt export`. It runs
 inside Triton's `triton_python_backend_stub` with the project venv's interpreter, so it imports only
 numpy, onnxruntime, the standard library and `triton_python_backend_utils`, never the project.
-The tensor names below mirror export/signature.py (a unit test keeps them equal).
+The tensor names below mirror routerkt/contract/signature.py (a unit test keeps them equal).
 
 Triton 2.51 facts this file is written around (docs: serving-notes.md):
 - the python backend does NOT merge a dynamic batch: `execute` gets a list of requests and must
@@ -21,7 +21,7 @@ import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 
-# Mirrors export/signature.py (INPUT_NAMES, PROBS, ONNX_FILE).
+# Mirrors routerkt/contract/signature.py (INPUT_NAMES, PROBS, ONNX_FILE).
 QUESTIONS = "questions"
 SKILLS = "skills"
 RESPONSES = "responses"

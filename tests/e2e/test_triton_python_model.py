@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from export import signature
+from routerkt.contract import signature
 from export.repository import list_versions, publish_version
-from export.triton_backend import MODEL_PY
+from export.triton_python_model import MODEL_PY
 from export.triton_config import PARAM_N_QUESTIONS, PARAM_N_SKILLS, TritonModelOptions, render_config
 from serving.triton_launcher import STUB_NAME, TritonServer
 
@@ -63,7 +63,7 @@ def _batch(tiny, rows: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
 
 def _inputs(arrays) -> list:
     inputs = []
-    for spec, array in zip(signature.INPUTS, arrays):
+    for spec, array in zip(signature.SCORE.inputs, arrays):
         tensor = grpcclient.InferInput(spec.name, list(array.shape), spec.onnx_dtype)
         tensor.set_data_from_numpy(np.ascontiguousarray(array, dtype=spec.dtype))
         inputs.append(tensor)
@@ -81,7 +81,7 @@ def test_server_and_model_are_ready_with_our_config(served) -> None:
     assert client.is_model_ready(MODEL, "1")
     config = client.get_model_config(MODEL).config
     assert config.backend == "python" and config.max_batch_size == 64
-    assert [t.name for t in config.input] == list(signature.INPUT_NAMES)
+    assert [t.name for t in config.input] == list(signature.SCORE.input_names)
     assert config.parameters["run_id"].string_value == "e2e"
     stubs = server.stub_pids()
     assert stubs and all(STUB_NAME in Path(f"/proc/{pid}/cmdline").read_text() for pid in stubs)

@@ -1,7 +1,7 @@
-"""The Triton Python-backend model (export/triton_backend/model.py) without Triton.
+"""The Triton Python-backend model (export/triton_python_model/model.py) without Triton.
 
 model.py cannot import the project, so its tensor names are literals: they must equal
-export/signature.py. Its request handling is exercised against a fake `triton_python_backend_utils`
+routerkt/contract/signature.py. Its request handling is exercised against a fake `triton_python_backend_utils`
 and a tiny ONNX graph built with onnx.helper.
 """
 from __future__ import annotations
@@ -16,8 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from export import signature, triton_config
-from export.triton_backend import MODEL_PY
+from export import triton_config
+from routerkt.contract import signature
+from export.triton_python_model import MODEL_PY
 
 pytestmark = pytest.mark.unit
 
@@ -38,7 +39,7 @@ def _literals() -> dict[str, object]:
 
 def test_tensor_and_parameter_literals_match_the_signature() -> None:
     lit = _literals()
-    assert (lit["QUESTIONS"], lit["SKILLS"], lit["RESPONSES"]) == signature.INPUT_NAMES
+    assert (lit["QUESTIONS"], lit["SKILLS"], lit["RESPONSES"]) == signature.SCORE.input_names
     assert lit["PROBS"] == signature.PROBS
     assert lit["ONNX_FILE"] == signature.ONNX_FILE
     assert lit["PARAM_ORT_INTRA_OP_THREADS"] == triton_config.PARAM_ORT_INTRA_OP_THREADS
@@ -134,15 +135,15 @@ def _tiny_onnx(path: Path) -> None:
     import onnx
     from onnx import TensorProto, helper
 
-    inputs = [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "seq"]) for n in signature.INPUT_NAMES]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "seq"]) for n in signature.SCORE.input_names]
     output = helper.make_tensor_value_info(signature.PROBS, TensorProto.FLOAT, ["batch", "seq"])
     consts = [helper.make_tensor(f"w_{n}", TensorProto.FLOAT, [], [w])
-              for n, w in zip(signature.INPUT_NAMES, (0.01, 0.1, 1.0))]
+              for n, w in zip(signature.SCORE.input_names, (0.01, 0.1, 1.0))]
     nodes = []
-    for n in signature.INPUT_NAMES:
+    for n in signature.SCORE.input_names:
         nodes.append(helper.make_node("Cast", [n], [f"f_{n}"], to=TensorProto.FLOAT))
         nodes.append(helper.make_node("Mul", [f"f_{n}", f"w_{n}"], [f"m_{n}"]))
-    nodes.append(helper.make_node("Sum", [f"m_{n}" for n in signature.INPUT_NAMES], ["z"]))
+    nodes.append(helper.make_node("Sum", [f"m_{n}" for n in signature.SCORE.input_names], ["z"]))
     nodes.append(helper.make_node("Sigmoid", ["z"], [signature.PROBS]))
     graph = helper.make_graph(nodes, "tiny", inputs, [output], initializer=consts)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])

@@ -1,5 +1,5 @@
-"""serving/triton_backend.py with a FAKE tritonclient: error classification, readiness from the
-probe, stub-crash detection -> one guarded unload+load, reload counting and cooldown."""
+"""The Triton inference backend and its supervisor against a fake tritonclient: readiness probe,
+stub-crash detection -> one guarded unload+load, reload counting and cooldown."""
 from __future__ import annotations
 
 import asyncio
@@ -10,10 +10,12 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from serving.metrics import Metrics
-from serving.models import ModelVersion
+from serving.backends.triton import TritonInferenceBackend
+from serving.catalog import ModelVersion
+from serving.parts import BackendError, FailureKind
 from serving.settings import Settings
-from serving.triton_backend import BackendError, FailureKind, TritonBackend, classify
-from training.data.vocab import Vocab
+from serving.triton_client import classify
+from routerkt.contract.vocab import Vocab
 
 pytestmark = pytest.mark.unit
 
@@ -82,18 +84,18 @@ TABLE = {"kt": {1: ModelVersion(name="kt", version=1, window=4, max_batch_size=8
                                 vocab=Vocab(questions={}, skills={}, question_skill={}))}}
 
 
-def make_backend(**overrides) -> tuple[TritonBackend, FakeClient, Metrics]:
+def make_backend(**overrides) -> tuple[TritonInferenceBackend, FakeClient, Metrics]:
     settings = Settings(reload_cooldown_s=overrides.pop("cooldown", 0.0), **overrides).validate()
     metrics = Metrics()
-    backend = TritonBackend(settings, metrics)
+    backend = TritonInferenceBackend(settings, metrics)
     client = FakeClient()
-    backend._client = client
+    backend.client._client = client
     return backend, client, metrics
 
 
-async def settle(backend: TritonBackend) -> None:
+async def settle(backend: TritonInferenceBackend) -> None:
     for _ in range(100):
-        if not backend._tasks:
+        if not backend.supervisor._tasks:
             return
         await asyncio.sleep(0.01)
 
@@ -105,12 +107,12 @@ def reloads(metrics: Metrics, reason: str) -> float:
 def test_probe_marks_ready_and_triton_down_clears_everything() -> None:
     async def scenario():
         backend, client, metrics = make_backend()
-        await backend.probe(TABLE)
+        await backend.supervisor.probe(TABLE)
         assert backend.serving and backend.ready_versions("kt") == {1}
         assert metrics.registry.get_sample_value("routerkt_model_ready", {"model": "kt"}) == 1
         client.live = False
-        await backend.probe(TABLE)
-        assert not backend.serving and not backend.triton_ready and backend.ready_versions("kt") == frozenset()
+        await backend.supervisor.probe(TABLE)
+        assert not backend.serving and not backend.supervisor.triton_ready and backend.ready_versions("kt") == frozenset()
         assert metrics.registry.get_sample_value("routerkt_triton_ready") == 0
     asyncio.run(scenario())
 
@@ -118,17 +120,17 @@ def test_probe_marks_ready_and_triton_down_clears_everything() -> None:
 def test_stub_crash_on_the_request_path_triggers_exactly_one_reload() -> None:
     async def scenario():
         backend, client, metrics = make_backend()
-        await backend.probe(TABLE)
+        await backend.supervisor.probe(TABLE)
         client.infer_error = error("INTERNAL", STUB_ERROR)
         rows = np.zeros((2, 4), dtype=np.int64)
-        results = await asyncio.gather(*(backend.infer("kt", 1, rows, rows, rows, 1.0) for _ in range(5)),
+        results = await asyncio.gather(*(backend.infer(TABLE["kt"][1], (rows, rows, rows), 1.0) for _ in range(5)),
                                        return_exceptions=True)
         assert all(isinstance(r, BackendError) and r.kind is FailureKind.STUB_CRASHED for r in results)
         assert backend.ready_versions("kt") == frozenset()
         await settle(backend)
         assert client.unloads == 1 and client.loads == 1
         assert reloads(metrics, "stub_crash") == 1
-        await backend.probe(TABLE)
+        await backend.supervisor.probe(TABLE)
         assert backend.ready_versions("kt") == {1}
     asyncio.run(scenario())
 
@@ -137,7 +139,7 @@ def test_probe_detects_a_crashed_stub_while_triton_says_ready() -> None:
     async def scenario():
         backend, client, metrics = make_backend()
         client.infer_error = error("INTERNAL", STUB_ERROR)
-        await backend.probe(TABLE)
+        await backend.supervisor.probe(TABLE)
         assert backend.ready_versions("kt") == frozenset()
         await settle(backend)
         assert reloads(metrics, "stub_crash") == 1
@@ -147,12 +149,12 @@ def test_probe_detects_a_crashed_stub_while_triton_says_ready() -> None:
 def test_repeated_probe_failures_reload_after_the_threshold() -> None:
     async def scenario():
         backend, client, metrics = make_backend(probe_failures_before_reload=2)
-        await backend.probe(TABLE)
+        await backend.supervisor.probe(TABLE)
         client.infer_error = error("INTERNAL", "model execution failed")
-        await backend.probe(TABLE)
+        await backend.supervisor.probe(TABLE)
         await settle(backend)
         assert reloads(metrics, "probe_failed") == 0 and backend.ready_versions("kt") == {1}
-        await backend.probe(TABLE)
+        await backend.supervisor.probe(TABLE)
         await settle(backend)
         assert reloads(metrics, "probe_failed") == 1 and client.loads == 1
     asyncio.run(scenario())
@@ -161,8 +163,8 @@ def test_repeated_probe_failures_reload_after_the_threshold() -> None:
 def test_cooldown_limits_reloads() -> None:
     async def scenario():
         backend, client, metrics = make_backend(cooldown=60.0)
-        assert await backend.reload("kt", "stub_crash") is True
-        assert await backend.reload("kt", "stub_crash") is False
+        assert await backend.supervisor.reload("kt", "stub_crash") is True
+        assert await backend.supervisor.reload("kt", "stub_crash") is False
         assert client.unloads == 1 and reloads(metrics, "stub_crash") == 1
     asyncio.run(scenario())
 
@@ -170,12 +172,12 @@ def test_cooldown_limits_reloads() -> None:
 def test_unreachable_triton_on_the_request_path_marks_everything_down() -> None:
     async def scenario():
         backend, client, _ = make_backend()
-        await backend.probe(TABLE)
+        await backend.supervisor.probe(TABLE)
         client.infer_error = error("UNAVAILABLE", "failed to connect to all addresses")
         rows = np.zeros((1, 4), dtype=np.int64)
         with pytest.raises(BackendError) as info:
-            await backend.infer("kt", 1, rows, rows, rows, 1.0)
-        assert info.value.kind is FailureKind.UNAVAILABLE and not backend.triton_ready
+            await backend.infer(TABLE["kt"][1], (rows, rows, rows), 1.0)
+        assert info.value.kind is FailureKind.UNAVAILABLE and not backend.supervisor.triton_ready
     asyncio.run(scenario())
 
 
@@ -183,9 +185,9 @@ def test_manage_models_loads_a_model_triton_does_not_serve() -> None:
     async def scenario():
         backend, client, _ = make_backend()
         client.state = "UNAVAILABLE"
-        await backend.probe(TABLE)
+        await backend.supervisor.probe(TABLE)
         await settle(backend)
         assert client.loads == 1
-        await backend.probe(TABLE)
+        await backend.supervisor.probe(TABLE)
         assert backend.ready_versions("kt") == {1}
     asyncio.run(scenario())

@@ -1,8 +1,8 @@
-"""The gateway's model registry: what each model version in the Triton repository needs on the
-gateway side (vocabulary, window, Triton's max batch size), read with export/repository.py.
+"""The gateway's model catalog: what each model version in the Triton repository needs on the
+gateway side (vocabulary, window, Triton's max batch size), read with routerkt/contract/repository.py.
 
-Per version folder: `vocab.json` (training/data/vocab.py) and `model_info.json` (window, ...);
-per model: `config.pbtxt` (max_batch_size). `refresh()` rescans the repository and re-reads only
+Per version folder: `vocab.json` (routerkt/contract/vocab.py) and `model_info.json`
+(routerkt/contract/model_info.py); per model: `config.pbtxt` (max_batch_size). `refresh()` rescans the repository and re-reads only
 what changed (file size + mtime), so a newly exported version is picked up without a restart; a
 version whose files are broken is skipped with one log line (until its files change). Lookups
 never touch the disk. `refresh()` may run in a worker thread: it swaps in a new table atomically.
@@ -15,15 +15,15 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from export import signature
-from export.repository import CONFIG_FILE, list_models, list_versions, read_model_info
-from export.triton_config import parse_config
+from routerkt.contract import signature
+from routerkt.contract.repository import (list_models, list_versions, read_model_info, read_served_shape,
+                                          read_vocab)
+from routerkt.contract.signature import CONFIG_FILE
+from routerkt.contract.vocab import Vocab
 from routerkt.errors import UserError
-from serving.errors import not_found
-from training.data.csv_reader import DataError
-from training.data.vocab import Vocab
+from serving.errors import not_found, shown
 
-log = logging.getLogger("routerkt.gateway.models")
+log = logging.getLogger("routerkt.gateway.catalog")
 
 
 @dataclass(frozen=True)
@@ -42,15 +42,11 @@ class RefreshResult:
     added: tuple[tuple[str, int], ...] = ()
     removed: tuple[tuple[str, int], ...] = ()
 
-    @property
-    def changed_models(self) -> set[str]:
-        return {name for name, _ in self.added + self.removed}
-
 
 _Stamp = tuple[tuple[int, int], ...]      # (size, mtime_ns) of the files a version is read from
 
 
-class ModelRegistry:
+class ModelCatalog:
     """Model name -> version -> ModelVersion, read from a Triton model repository."""
 
     def __init__(self, repository: Path | str) -> None:
@@ -76,16 +72,16 @@ class ModelRegistry:
         """Version `version` of `name` (version must be > 0); NOT_FOUND otherwise."""
         versions = self._table.get(name)
         if not versions:
-            raise not_found(f"unknown model {name!r}", field="model")
+            raise not_found(f"unknown model {shown(name)}", field="model")
         if version not in versions:
-            raise not_found(f"model {name!r} has no version {version} (versions: {sorted(versions)})",
+            raise not_found(f"model {shown(name)} has no version {version} (versions: {sorted(versions)})",
                             field="version")
         return versions[version]
 
     def require_model(self, name: str) -> dict[int, ModelVersion]:
         versions = self._table.get(name)
         if not versions:
-            raise not_found(f"unknown model {name!r}", field="model")
+            raise not_found(f"unknown model {shown(name)}", field="model")
         return versions
 
     # -- loading --------------------------------------------------------------------------------------
@@ -121,21 +117,17 @@ class ModelRegistry:
         return RefreshResult(added=tuple(sorted(after - before)), removed=tuple(sorted(before - after)))
 
     def _read(self, name: str, version: int, config_path: Path, stamp: _Stamp) -> ModelVersion | None:
-        folder = self.repository / name / str(version)
         try:
-            info = read_model_info(self.repository, name, version)
-            window = info.get("window")
-            if isinstance(window, bool) or not isinstance(window, int) or window < 2:
-                raise UserError(f"{folder / signature.INFO_FILE}: 'window' must be an integer >= 2, got {window!r}")
-            config = parse_config(config_path.read_text(encoding="utf-8"))
-            if config.max_batch_size < 1:
+            window = read_model_info(self.repository, name, version).window
+            shape = read_served_shape(self.repository, name)
+            if shape.max_batch_size < 1:
                 raise UserError(f"{config_path}: max_batch_size must be >= 1 (the gateway sends [rows, window])")
-            dims = [list(t.dims) for t in config.input]
+            dims = [list(d) for d in shape.input_dims]
             if any(d != [window] for d in dims):
                 raise UserError(f"{config_path}: input dims {dims} do not match the window {window} of "
                                 f"{signature.INFO_FILE}")
-            vocab = Vocab.load(folder / signature.VOCAB_FILE)
-        except (UserError, DataError, OSError, UnicodeDecodeError) as exc:
+            vocab = read_vocab(self.repository, name, version)
+        except (UserError, OSError, UnicodeDecodeError) as exc:
             self._broken[(name, version)] = stamp
             log.error("skipping model %s version %s: %s", name, version, str(exc).splitlines()[0])
             return None
@@ -143,7 +135,7 @@ class ModelRegistry:
         log.info("model %s version %s: window %d, %d questions, %d skills", name, version, window,
                  len(vocab.questions), len(vocab.skills))
         return ModelVersion(name=name, version=version, window=window,
-                            max_batch_size=int(config.max_batch_size), vocab=vocab)
+                            max_batch_size=shape.max_batch_size, vocab=vocab)
 
     def _stamp(self, config_path: Path, name: str, version: int) -> _Stamp | None:
         folder = self.repository / name / str(version)

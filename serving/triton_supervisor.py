@@ -1,8 +1,8 @@
-"""The gateway's view of Triton: inference with deadlines, readiness, stub-crash recovery.
+"""Readiness and recovery of the models in one Triton server: which versions answer, and when to
+reload or load a model. It owns that state; the inference path (serving/backends/triton.py) only
+reports failures to it.
 
-Built on `tritonclient.grpc.aio` (one channel, reconnect backoff capped at 1 s so a restarted
-Triton on the same address is found again quickly). Facts it is written around (serving-notes §7):
-
+Facts it is written around (serving-notes §7):
 - a crashed python-backend stub is NOT restarted by Triton 2.51: the model keeps reporting READY
   and every request fails with "Stub process '<model>_0_0' is not healthy". Only an unload + load
   through the model-control API (tritonserver runs with --model-control-mode=explicit) brings it
@@ -10,12 +10,10 @@ Triton on the same address is found again quickly). Facts it is written around (
   per `reload_cooldown_s`, counted in routerkt_model_reloads_total{model, reason};
 - readiness flags alone miss that, so `probe()` sends a tiny real inference (one padding row) to
   every loaded version; a stub crash, or `probe_failures_before_reload` consecutive failures of a
-  model that still reports READY, triggers a reload;
-- Triton's error texts carry file paths and tracebacks: they are logged here and never reach a
-  client (BackendError.detail is for the log only).
+  model that still reports READY, triggers a reload.
 
-A version is "ready" when Triton lists it READY and its last probe succeeded. Failures on the
-request path update the state at once (Triton unreachable -> nothing is ready) and wake the probe.
+A version is "ready" when Triton lists it READY and its last probe succeeded. A failure on the
+request path updates the state at once (Triton unreachable -> nothing is ready) and wakes the probe.
 """
 from __future__ import annotations
 
@@ -23,77 +21,29 @@ import asyncio
 import logging
 import math
 import time
-from enum import Enum
 from typing import Mapping
 
 import numpy as np
-import tritonclient.grpc as grpcclient
-import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
-from export import signature
+from serving.catalog import ModelVersion
 from serving.metrics import Metrics
-from serving.models import ModelVersion
+from serving.parts import BackendError, FailureKind
 from serving.settings import Settings
+from serving.triton_client import TritonClient
 
 log = logging.getLogger("routerkt.gateway.triton")
 
-STUB_UNHEALTHY = "is not healthy"          # "Stub process '<model>_0_0' is not healthy."
-MAX_GRPC_MESSAGE = 2**31 - 1
-LOAD_RETRY_S = 60.0                        # how often a failed (or refused) load of one version is retried
+LOAD_RETRY_S = 60.0        # how often a failed (or refused) load of one version is retried
 
 
-class FailureKind(str, Enum):
-    UNAVAILABLE = "unavailable"      # Triton unreachable (down, restarting, connection lost)
-    NOT_LOADED = "not_loaded"        # Triton does not serve that model / version (NOT_FOUND)
-    STUB_CRASHED = "stub_crashed"    # the python backend's stub process died
-    DEADLINE = "deadline"            # client_timeout passed
-    REJECTED = "rejected"            # Triton refused our tensors: a gateway bug
-    FAILED = "failed"                # the model failed while executing
+class TritonSupervisor:
+    """The readiness state machine and reload policy for one Triton (use inside one event loop)."""
 
-
-class BackendError(Exception):
-    """An inference failed; `detail` is Triton's text, for the log only."""
-
-    def __init__(self, kind: FailureKind, detail: str) -> None:
-        super().__init__(f"{kind.value}: {detail}")
-        self.kind = kind
-        self.detail = detail
-
-
-def classify(exc: InferenceServerException) -> FailureKind:
-    status = (exc.status() or "").rsplit(".", 1)[-1]
-    message = exc.message() or ""
-    if status == "DEADLINE_EXCEEDED":
-        return FailureKind.DEADLINE
-    if status in ("UNAVAILABLE", "CANCELLED"):
-        return FailureKind.UNAVAILABLE
-    if status == "NOT_FOUND":
-        return FailureKind.NOT_LOADED
-    if STUB_UNHEALTHY in message:
-        return FailureKind.STUB_CRASHED
-    if status in ("INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "UNIMPLEMENTED"):
-        return FailureKind.REJECTED
-    return FailureKind.FAILED
-
-
-def channel_args() -> list[tuple[str, int]]:
-    return [
-        ("grpc.max_send_message_length", MAX_GRPC_MESSAGE),
-        ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE),
-        ("grpc.initial_reconnect_backoff_ms", 100),
-        ("grpc.min_reconnect_backoff_ms", 100),
-        ("grpc.max_reconnect_backoff_ms", 1000),
-    ]
-
-
-class TritonBackend:
-    """Inference and model control against one Triton server (create and use inside one loop)."""
-
-    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+    def __init__(self, settings: Settings, metrics: Metrics, client: TritonClient) -> None:
         self.settings = settings
         self.metrics = metrics
-        self._client: grpcaio.InferenceServerClient | None = None
+        self.client = client
         self._triton_ready = False
         self._ready: dict[str, frozenset[int]] = {}      # model -> versions that answer inferences
         self._failures: dict[str, int] = {}              # model -> consecutive failed probes
@@ -104,19 +54,11 @@ class TritonBackend:
         self._tasks: set[asyncio.Task] = set()
         self._wake = asyncio.Event()
 
-    # -- lifecycle -------------------------------------------------------------------------------
-    async def start(self) -> None:
-        if self._client is None:
-            self._client = grpcaio.InferenceServerClient(self.settings.triton_url, channel_args=channel_args())
-
     async def close(self) -> None:
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
 
     # -- state -----------------------------------------------------------------------------------
     @property
@@ -149,40 +91,12 @@ class TritonBackend:
             pass
         self._wake.clear()
 
-    # -- inference -------------------------------------------------------------------------------
-    async def infer(self, model: str, version: int, questions: np.ndarray, skills: np.ndarray,
-                    responses: np.ndarray, timeout_s: float, observe: bool = True) -> np.ndarray:
-        """probs float32 [rows, window] for int64 [rows, window] inputs; BackendError on failure.
-        `observe`: record the round trip in routerkt_triton_request_seconds (not for probes)."""
-        client = self._require_client()
-        inputs = []
-        for spec, array in zip(signature.INPUTS, (questions, skills, responses)):
-            tensor = grpcclient.InferInput(spec.name, list(array.shape), spec.onnx_dtype)
-            tensor.set_data_from_numpy(np.ascontiguousarray(array, dtype=spec.dtype))
-            inputs.append(tensor)
-        outputs = [grpcclient.InferRequestedOutput(signature.PROBS)]
-        started = time.perf_counter()
-        try:
-            result = await client.infer(model, inputs, model_version=str(version), outputs=outputs,
-                                        client_timeout=timeout_s)
-        except InferenceServerException as exc:
-            kind = classify(exc)
-            self._on_failure(model, version, kind, exc.message() or "")
-            raise BackendError(kind, exc.message() or str(exc)) from None
-        finally:
-            if observe:
-                self.metrics.triton_seconds.labels(model=model).observe(time.perf_counter() - started)
-        probs = result.as_numpy(signature.PROBS)
-        if probs is None or probs.shape != questions.shape:
-            shape = None if probs is None else probs.shape
-            raise BackendError(FailureKind.FAILED, f"output {signature.PROBS} has shape {shape}, "
-                                                   f"expected {questions.shape}")
-        return probs
-
-    def _on_failure(self, model: str, version: int, kind: FailureKind, detail: str) -> None:
+    # -- what the request path reports -----------------------------------------------------------
+    def on_failure(self, model: str, version: int, exc: BackendError) -> None:
+        kind = exc.kind
         if kind is FailureKind.UNAVAILABLE:
             if self._triton_ready:
-                log.warning("Triton at %s is unreachable; marking every model not ready", self.settings.triton_url)
+                log.warning("Triton at %s is unreachable; marking every model not ready", self.client.url)
             self._set_triton_down()
         elif kind is FailureKind.STUB_CRASHED:
             self._set_ready(model, frozenset())
@@ -190,35 +104,26 @@ class TritonBackend:
         elif kind is FailureKind.NOT_LOADED:
             self._set_ready(model, self._ready.get(model, frozenset()) - {version})
         elif kind in (FailureKind.FAILED, FailureKind.REJECTED):
-            log.error("Triton failed model %s version %s (%s): %s", model, version, kind.value, _first_line(detail))
+            log.error("Triton failed model %s version %s (%s): %s", model, version, kind.value, first_line(exc.detail))
         if kind is not FailureKind.DEADLINE:
             self._wake.set()
 
     # -- readiness probe -------------------------------------------------------------------------
     async def probe(self, table: Mapping[str, Mapping[int, ModelVersion]]) -> None:
-        """One readiness round over every model of the registry (see the module docstring)."""
-        client = self._require_client()
-        timeout = self.settings.probe_timeout_s
+        """One readiness round over every model of the catalog (see the module docstring)."""
         try:
-            # live, not ready: with strict readiness one model loading/unloading makes the server
-            # "not ready", but the other models still serve; model readiness comes from the index
-            live = await client.is_server_live(client_timeout=timeout)
-            index = await client.get_model_repository_index(client_timeout=timeout)
-        except InferenceServerException as exc:
+            states = await self.client.model_states(self.settings.probe_timeout_s)
+        except BackendError as exc:
             if self._triton_ready:
-                log.warning("Triton at %s is not answering: %s", self.settings.triton_url, _first_line(exc.message()))
-            live, index = False, None
-        if not live or index is None:
+                log.warning("Triton at %s is not answering: %s", self.client.url, first_line(exc.detail))
+            states = None
+        if states is None:
             self._set_triton_down()
             return
         if not self._triton_ready:
-            log.info("Triton at %s is ready", self.settings.triton_url)
+            log.info("Triton at %s is ready", self.client.url)
         self._triton_ready = True
         self.metrics.triton_ready.set(1)
-        states: dict[str, dict[int, str]] = {}
-        for entry in index.models:
-            if entry.version.isdigit():
-                states.setdefault(entry.name, {})[int(entry.version)] = entry.state
         await asyncio.gather(*(self._probe_model(name, versions, states.get(name, {}))
                                for name, versions in table.items()))
         for name in set(self._ready) - set(table):        # removed from the repository
@@ -235,11 +140,12 @@ class TritonBackend:
         previous = self._ready.get(name, frozenset())
         good: set[int] = set()
         for version in loaded:
-            window = versions[version].window
-            zeros = np.zeros((1, window), dtype=np.int64)       # one padding row, like Triton's warmup
+            zeros = np.zeros((1, versions[version].window), dtype=np.int64)   # one padding row, like warmup
             try:
-                await self.infer(name, version, zeros, zeros, zeros, self.settings.probe_timeout_s, observe=False)
+                await self.client.infer(name, version, (zeros, zeros, zeros), self.settings.probe_timeout_s,
+                                        observe=False)
             except BackendError as exc:
+                self.on_failure(name, version, exc)
                 if exc.kind is FailureKind.DEADLINE and version in previous:
                     good.add(version)                            # busy, not broken: keep the old verdict
                 elif exc.kind in (FailureKind.FAILED, FailureKind.REJECTED):
@@ -249,7 +155,7 @@ class TritonBackend:
                     elif version in previous:
                         good.add(version)
                 if exc.kind in (FailureKind.UNAVAILABLE, FailureKind.STUB_CRASHED):
-                    return                                       # state already updated by infer
+                    return                                       # state already updated by on_failure
                 continue
             good.add(version)
             self._failures[name] = 0
@@ -287,7 +193,7 @@ class TritonBackend:
                 return True
             except (InferenceServerException, asyncio.TimeoutError) as exc:
                 text = exc.message() if isinstance(exc, InferenceServerException) else "timed out"
-                log.error("reloading model %s failed: %s", model, _first_line(text))
+                log.error("reloading model %s failed: %s", model, first_line(text))
                 return False
             finally:
                 self._reloading.discard(model)
@@ -298,10 +204,8 @@ class TritonBackend:
         """Unload, then load at once. Not waiting for the unload on purpose: with a dead stub the
         version stays UNLOADING for 30-40 s (Triton waits for the stub), while a load issued right
         away brings up a fresh instance in about 1.4 s (measured with Triton 2.51)."""
-        client = self._require_client()
-        timeout = self.settings.reload_timeout_s
-        await client.unload_model(model, client_timeout=timeout)
-        await client.load_model(model, client_timeout=timeout)
+        await self.client.unload(model, self.settings.reload_timeout_s)
+        await self.client.load(model, self.settings.reload_timeout_s)
 
     def _maybe_load(self, model: str, version: int) -> None:
         """Ask Triton (explicit mode) to load `model` when its latest repository version is not
@@ -318,9 +222,9 @@ class TritonBackend:
             async with lock:
                 log.info("asking Triton to load model %s (version %d is in the repository)", model, version)
                 try:
-                    await self._require_client().load_model(model, client_timeout=self.settings.reload_timeout_s)
+                    await self.client.load(model, self.settings.reload_timeout_s)
                 except InferenceServerException as exc:
-                    log.error("Triton did not load model %s: %s", model, _first_line(exc.message()))
+                    log.error("Triton did not load model %s: %s", model, first_line(exc.message()))
                 self._wake.set()
         self._spawn(load())
 
@@ -329,11 +233,6 @@ class TritonBackend:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    def _require_client(self) -> grpcaio.InferenceServerClient:
-        if self._client is None:
-            raise RuntimeError("TritonBackend.start() was not awaited")
-        return self._client
 
     def _set_triton_down(self) -> None:
         self._triton_ready = False
@@ -346,5 +245,5 @@ class TritonBackend:
         self.metrics.model_ready.labels(model=model).set(1 if versions else 0)
 
 
-def _first_line(text: str | None) -> str:
+def first_line(text: str | None) -> str:
     return (text or "").strip().splitlines()[0][:300] if text and text.strip() else ""

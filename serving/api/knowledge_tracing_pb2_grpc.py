@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from serving.proto.routerkt.v1 import knowledge_tracing_pb2 as serving_dot_proto_dot_routerkt_dot_v1_dot_knowledge__tracing__pb2
+from serving.api import knowledge_tracing_pb2 as serving_dot_api_dot_knowledge__tracing__pb2
 
 GRPC_GENERATED_VERSION = '1.81.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in serving/proto/routerkt/v1/knowledge_tracing_pb2_grpc.py depends on'
+        + ' but the generated code in serving/api/knowledge_tracing_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -40,13 +40,13 @@ class KnowledgeTracingServiceStub:
         """
         self.Predict = channel.unary_unary(
                 '/routerkt.v1.KnowledgeTracingService/Predict',
-                request_serializer=serving_dot_proto_dot_routerkt_dot_v1_dot_knowledge__tracing__pb2.PredictRequest.SerializeToString,
-                response_deserializer=serving_dot_proto_dot_routerkt_dot_v1_dot_knowledge__tracing__pb2.PredictResponse.FromString,
+                request_serializer=serving_dot_api_dot_knowledge__tracing__pb2.PredictRequest.SerializeToString,
+                response_deserializer=serving_dot_api_dot_knowledge__tracing__pb2.PredictResponse.FromString,
                 _registered_method=True)
         self.PredictBatch = channel.unary_unary(
                 '/routerkt.v1.KnowledgeTracingService/PredictBatch',
-                request_serializer=serving_dot_proto_dot_routerkt_dot_v1_dot_knowledge__tracing__pb2.PredictBatchRequest.SerializeToString,
-                response_deserializer=serving_dot_proto_dot_routerkt_dot_v1_dot_knowledge__tracing__pb2.PredictBatchResponse.FromString,
+                request_serializer=serving_dot_api_dot_knowledge__tracing__pb2.PredictBatchRequest.SerializeToString,
+                response_deserializer=serving_dot_api_dot_knowledge__tracing__pb2.PredictBatchResponse.FromString,
                 _registered_method=True)
 
 
@@ -74,13 +74,13 @@ def add_KnowledgeTracingServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Predict': grpc.unary_unary_rpc_method_handler(
                     servicer.Predict,
-                    request_deserializer=serving_dot_proto_dot_routerkt_dot_v1_dot_knowledge__tracing__pb2.PredictRequest.FromString,
-                    response_serializer=serving_dot_proto_dot_routerkt_dot_v1_dot_knowledge__tracing__pb2.PredictResponse.SerializeToString,
+                    request_deserializer=serving_dot_api_dot_knowledge__tracing__pb2.PredictRequest.FromString,
+                    response_serializer=serving_dot_api_dot_knowledge__tracing__pb2.PredictResponse.SerializeToString,
             ),
             'PredictBatch': grpc.unary_unary_rpc_method_handler(
                     servicer.PredictBatch,
-                    request_deserializer=serving_dot_proto_dot_routerkt_dot_v1_dot_knowledge__tracing__pb2.PredictBatchRequest.FromString,
-                    response_serializer=serving_dot_proto_dot_routerkt_dot_v1_dot_knowledge__tracing__pb2.PredictBatchResponse.SerializeToString,
+                    request_deserializer=serving_dot_api_dot_knowledge__tracing__pb2.PredictBatchRequest.FromString,
+                    response_serializer=serving_dot_api_dot_knowledge__tracing__pb2.PredictBatchResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -112,8 +112,8 @@ class KnowledgeTracingService:
             request,
             target,
             '/routerkt.v1.KnowledgeTracingService/Predict',
-            serving_dot_proto_dot_routerkt_dot_v1_dot_knowledge__tracing__pb2.PredictRequest.SerializeToString,
-            serving_dot_proto_dot_routerkt_dot_v1_dot_knowledge__tracing__pb2.PredictResponse.FromString,
+            serving_dot_api_dot_knowledge__tracing__pb2.PredictRequest.SerializeToString,
+            serving_dot_api_dot_knowledge__tracing__pb2.PredictResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -139,8 +139,8 @@ class KnowledgeTracingService:
             request,
             target,
             '/routerkt.v1.KnowledgeTracingService/PredictBatch',
-            serving_dot_proto_dot_routerkt_dot_v1_dot_knowledge__tracing__pb2.PredictBatchRequest.SerializeToString,
-            serving_dot_proto_dot_routerkt_dot_v1_dot_knowledge__tracing__pb2.PredictBatchResponse.FromString,
+            serving_dot_api_dot_knowledge__tracing__pb2.PredictBatchRequest.SerializeToString,
+            serving_dot_api_dot_knowledge__tracing__pb2.PredictBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,73 @@
+"""The inference signature: named graphs with their tensor names, dtypes and shapes, shared by the
+ONNX exporter, the Triton config renderer, the Triton python-backend model and the gateway. It is
+the one place these facts live; nothing here imports torch.
+
+Conventions (identical in training, offline evaluation and serving):
+- Ids are the re-indexed vocabulary ids: PAD_ID 0 = padding, UNK_ID 1 = unknown, real ids start
+  at FIRST_ID 2 (routerkt/contract/vocab.py).
+- Sequences are LEFT-padded: the most recent interaction sits at the last index (L-1). Padding
+  positions hold question = skill = PAD_ID and response PAD_RESPONSE (-1; the model clamps).
+- The gateway puts a candidate question at index L-1 with response CANDIDATE_RESPONSE; a causal
+  model never reads it.
+
+Graphs (one ONNX file per graph in a model version folder):
+- `score`: questions, skills, responses int64 [batch, seq] -> probs float32 [batch, seq], where
+  probs[b, t] = P(correct at t | questions <= t, responses < t). Whole-sequence scoring for
+  evaluation; the gateway reads probs[:, -1].
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PAD_ID = 0                 # question / skill id of a padding position
+UNK_ID = 1                 # id of every question or skill the vocabulary does not know (and raw -1)
+FIRST_ID = 2               # the first id of a real question or skill
+PAD_RESPONSE = -1          # response value at padding positions
+CANDIDATE_RESPONSE = 0     # response value at a candidate's slot; never read by a causal model
+
+# Files inside a model version folder of the Triton repository.
+ONNX_FILE = "model.onnx"
+PLAN_FILE = "model.plan"
+VOCAB_FILE = "vocab.json"        # routerkt/contract/vocab.py
+INFO_FILE = "model_info.json"    # routerkt/contract/model_info.py
+CONFIG_FILE = "config.pbtxt"     # per model, next to its version folders
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str                 # numpy dtype name
+    triton_dtype: str          # Triton config data_type
+    onnx_dtype: str            # ONNX / tritonclient datatype string
+    axes: tuple[str, ...]      # symbolic axes; "batch" and "seq" are dynamic in ONNX
+
+
+@dataclass(frozen=True)
+class Graph:
+    """One exported graph: its inputs and outputs, in order."""
+
+    name: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.inputs)
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.outputs)
+
+
+def _int64(name: str) -> TensorSpec:
+    return TensorSpec(name, "int64", "TYPE_INT64", "INT64", ("batch", "seq"))
+
+
+SCORE = Graph(
+    name="score",
+    inputs=(_int64("questions"), _int64("skills"), _int64("responses")),
+    outputs=(TensorSpec("probs", "float32", "TYPE_FP32", "FP32", ("batch", "seq")),),
+)
+PROBS = SCORE.outputs[0].name      # the probability output of the score graph
+
+GRAPHS: dict[str, Graph] = {SCORE.name: SCORE}

@@ -1,0 +1,100 @@
+"""An in-process inference backend: each catalog version's model.onnx run with onnxruntime on the
+gateway's CPU, with the session settings of the Triton python-backend model
+(routerkt/contract/onnx_session.py). For development without Triton and for tests of the
+code around the backend; the production path and the e2e tests use a real Triton.
+
+Versions whose folder has no model.onnx (TensorRT plans) are not served here. Sessions are built
+in a worker thread when a version first appears in the catalog and run in worker threads, so the
+event loop never blocks on a forward pass.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import numpy as np
+
+from routerkt.contract.onnx_session import cpu_session
+from routerkt.contract.repository import version_dir
+from routerkt.contract.signature import ONNX_FILE, PROBS, SCORE
+from serving.catalog import ModelCatalog, ModelVersion
+from serving.parts import BackendError, FailureKind, Rows
+from serving.settings import Settings
+
+log = logging.getLogger("routerkt.gateway.onnxruntime")
+
+
+class OnnxRuntimeBackend:
+    """InferenceBackend that runs the repository's ONNX files in this process."""
+
+    def __init__(self, settings: Settings, threads: int = 1) -> None:
+        self.settings = settings
+        self.threads = threads
+        self._sessions: dict[tuple[str, int], object] = {}
+        self._broken: set[tuple[str, int]] = set()
+        self._wake = asyncio.Event()
+
+    async def start(self, catalog: ModelCatalog) -> None:
+        await self._load_new(catalog)
+
+    async def maintain(self, catalog: ModelCatalog) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.settings.probe_interval_s)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+            await self._load_new(catalog)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def close(self) -> None:
+        self._sessions.clear()
+
+    async def _load_new(self, catalog: ModelCatalog) -> None:
+        table = catalog.snapshot()
+        wanted = {(name, v) for name, versions in table.items() for v in versions}
+        for key in set(self._sessions) - wanted:            # removed from the repository
+            del self._sessions[key]
+        for name, version in sorted(wanted - set(self._sessions) - self._broken):
+            path = version_dir(catalog.repository, name, version) / ONNX_FILE
+            try:
+                self._sessions[(name, version)] = await asyncio.to_thread(cpu_session, path, self.threads)
+                log.info("onnxruntime: loaded model %s version %d", name, version)
+            except Exception as exc:                         # no ONNX file, or one onnxruntime refuses
+                self._broken.add((name, version))
+                log.error("onnxruntime: cannot load model %s version %d: %s", name, version,
+                          str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
+
+    @property
+    def serving(self) -> bool:
+        return bool(self._sessions)
+
+    def ready_versions(self, model: str) -> frozenset[int]:
+        return frozenset(v for name, v in self._sessions if name == model)
+
+    def ready_models(self) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        for name, version in sorted(self._sessions):
+            out.setdefault(name, []).append(version)
+        return out
+
+    def unavailable_reason(self, model: str) -> str | None:
+        return None
+
+    def describe(self) -> dict[str, object]:
+        return {"backend": "onnxruntime"}
+
+    async def infer(self, model: ModelVersion, rows: Rows, timeout_s: float) -> np.ndarray:
+        session = self._sessions.get((model.name, model.version))
+        if session is None:
+            raise BackendError(FailureKind.NOT_LOADED, f"{model.name} version {model.version} is not loaded")
+        feeds = {name: np.ascontiguousarray(array, dtype=np.int64) for name, array in zip(SCORE.input_names, rows)}
+        try:
+            outputs = await asyncio.wait_for(asyncio.to_thread(session.run, [PROBS], feeds), timeout_s)
+        except asyncio.TimeoutError:
+            raise BackendError(FailureKind.DEADLINE, "onnxruntime did not finish in time") from None
+        except Exception as exc:
+            raise BackendError(FailureKind.FAILED, str(exc)) from None
+        return np.asarray(outputs[0], dtype=np.float32)

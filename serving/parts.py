@@ -1,0 +1,118 @@
+"""The injected parts of the serving pipeline (serving/service.py), each behind a small interface:
+
+    query --validate--> HistorySource --> VersionPolicy --> Encoder --> InferenceBackend --> PredictionSink
+          (validation)  where the history  which version   ids ->        P(correct) per     sees every
+                        comes from         answers         model rows    row                prediction
+
+Today's parts: RequestHistory (the request carries the history), LatestReadyVersion (the newest
+version the backend serves, or the one the request pins), WindowEncoder (serving/features.py),
+TritonInferenceBackend or OnnxRuntimeBackend (serving/backends/), MetricsSink (serving/metrics.py).
+`create_server(...)` (serving/server.py) takes any of them, so tests and later features (a
+session store, canary policies, outcome tracking) plug in here without touching the pipeline.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Mapping, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from serving.catalog import ModelCatalog, ModelVersion
+    from serving.features import EncodedLearner
+    from serving.requests import PredictQuery, PredictResult
+    from serving.validation import LearnerInput
+
+Rows = tuple[np.ndarray, np.ndarray, np.ndarray]   # questions, skills, responses: int64 [rows, window]
+
+
+class FailureKind(str, Enum):
+    """Why an inference failed, independent of the backend that ran it."""
+
+    UNAVAILABLE = "unavailable"      # the inference server is unreachable (down, restarting)
+    NOT_LOADED = "not_loaded"        # the backend does not serve that model / version
+    STUB_CRASHED = "stub_crashed"    # the process running the model died
+    DEADLINE = "deadline"            # the timeout passed
+    REJECTED = "rejected"            # the backend refused our tensors: a gateway bug
+    FAILED = "failed"                # the model failed while executing
+
+
+class BackendError(Exception):
+    """An inference failed; `detail` is the backend's own text, for the log only."""
+
+    def __init__(self, kind: FailureKind, detail: str) -> None:
+        super().__init__(f"{kind.value}: {detail}")
+        self.kind = kind
+        self.detail = detail
+
+
+class HistorySource(Protocol):
+    """Where a learner's history comes from."""
+
+    async def complete(self, learner: LearnerInput) -> LearnerInput:
+        """The learner with its history filled in (may return `learner` itself)."""
+
+
+class VersionPolicy(Protocol):
+    """Which version of a model answers a call."""
+
+    def choose(self, name: str, requested: int, versions: Mapping[int, ModelVersion],
+               ready: frozenset[int]) -> ModelVersion:
+        """One of `versions` (all in the catalog) given the ones the backend serves now; raises a
+        ServingError (UNAVAILABLE) when none can answer."""
+
+
+class Encoder(Protocol):
+    """Raw platform ids -> the model's input rows."""
+
+    def encode(self, learner: LearnerInput, model: ModelVersion) -> EncodedLearner: ...
+
+    def rows(self, learner: EncodedLearner, model: ModelVersion) -> Rows: ...
+
+
+class InferenceBackend(Protocol):
+    """Runs model versions and knows which of them answer right now."""
+
+    async def start(self, catalog: ModelCatalog) -> None:
+        """Connect, and check readiness once (before the gateway reports SERVING)."""
+
+    async def maintain(self, catalog: ModelCatalog) -> None:
+        """Background upkeep (readiness probes, reloads) until cancelled."""
+
+    def wake(self) -> None:
+        """The catalog changed: look again soon."""
+
+    async def close(self) -> None: ...
+
+    @property
+    def serving(self) -> bool:
+        """The backend is up and at least one model answers."""
+
+    def ready_versions(self, model: str) -> frozenset[int]: ...
+
+    def ready_models(self) -> dict[str, list[int]]: ...
+
+    def unavailable_reason(self, model: str) -> str | None:
+        """Why `model` cannot be served at all now (a client-safe sentence), or None."""
+
+    def describe(self) -> dict[str, object]:
+        """Readiness details for /readyz and the health log line."""
+
+    async def infer(self, model: ModelVersion, rows: Rows, timeout_s: float) -> np.ndarray:
+        """probs float32 [rows, window]; raises BackendError."""
+
+
+@dataclass(frozen=True)
+class PredictionRecord:
+    """One answered call, as a sink sees it: no learner ids, only what was served."""
+
+    query: PredictQuery
+    result: PredictResult
+    encoded: list[EncodedLearner]
+
+
+class PredictionSink(Protocol):
+    """Sees every prediction the gateway returns."""
+
+    def record(self, prediction: PredictionRecord) -> None: ...

@@ -1,1 +1,0 @@
-"""Protocol buffers of the gateway API (package routerkt.v1); generated code is committed."""

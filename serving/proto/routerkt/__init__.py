@@ -1,1 +1,0 @@
-"""Generated gRPC code for the routerkt.* proto packages."""

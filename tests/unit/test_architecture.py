@@ -1,0 +1,33 @@
+"""The layering of the packages (README, "Architecture"), enforced by import-linter's contracts in
+pyproject.toml: the contracts must all be there, and `lint-imports` must keep every one of them."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+EXPECTED = {
+    "Layers point down: loadtest -> serving | export -> training -> routerkt",
+    "serving uses only the contract: no training, no export, no torch",
+    "The contract is torch-free",
+}
+
+
+def test_every_layering_contract_is_declared() -> None:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    assert {c["name"] for c in config["contracts"]} == EXPECTED
+    layers = next(c for c in config["contracts"] if c["type"] == "layers")["layers"]
+    assert layers == ["loadtest", "serving | export", "training", "routerkt"]
+
+
+def test_import_linter_keeps_every_contract() -> None:
+    lint = Path(sys.executable).with_name("lint-imports")
+    out = subprocess.run([str(lint), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert f"{len(EXPECTED)} kept, 0 broken" in out.stdout
