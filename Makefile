@@ -20,8 +20,12 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade "pip==25.3"
 
-# Re-install only when the project's dependencies change.
+# Re-install only when the project's dependencies change. The session store's tests and
+# `routerkt bench load --sessions` need a real redis-server: Debian's package, installed once.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
+	command -v redis-server >/dev/null || command -v valkey-server >/dev/null || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; } || \
+	  { echo "install redis-server (or valkey-server) for the session-store tests" >&2; exit 1; }
 	$(BIN)/pip install -q -e ".[all]"
 	touch $@
 

@@ -27,7 +27,7 @@ from routerkt.errors import UserError
 from serving.api import knowledge_tracing_pb2 as pb
 
 # The locustfile's user classes and the RPC each one calls (load.py checks both were exercised).
-USER_RPCS: dict[str, str] = {"LearnerUser": "Predict", "BatchUser": "PredictBatch"}
+USER_RPCS: dict[str, str] = {"LearnerUser": "Predict", "BatchUser": "PredictBatch", "SessionUser": "Observe"}
 DEFAULT_WEIGHTS: dict[str, int] = {"LearnerUser": 3, "BatchUser": 1}   # the default users mix
 REQUEST_TYPE = "grpc"                       # locust's "Type" column for every call
 
@@ -49,7 +49,7 @@ def parse_user_mix(text: str, flag: str = "--user-classes") -> dict[str, int]:
             raise UserError(f"{flag}: weight of {name} must be an integer >= 1, got {weight!r}")
         if name in mix:
             raise UserError(f"{flag}: {name} is named twice")
-        mix[name] = int(weight) if sep else DEFAULT_WEIGHTS[name]
+        mix[name] = int(weight) if sep else DEFAULT_WEIGHTS.get(name, 1)
     if not mix:
         raise UserError(f"{flag}: name at least one user class ({', '.join(USER_RPCS)})")
     return mix
@@ -162,6 +162,7 @@ class Learner:
         self.rng = rng
         self.history: deque[pb.Interaction] = deque(maxlen=options.max_history)
         self.answered = 0                # questions answered in total (history keeps the last ones)
+        self.learner_id = f"bench-{rng.getrandbits(64):016x}"   # for session users (the store keeps the history)
 
     def pick_candidates(self) -> list[pb.Candidate]:
         """1..K distinct questions to ask about; skills are left to the gateway's lookup."""
@@ -188,6 +189,15 @@ class Learner:
 
     def learner_request(self, candidates: Sequence[pb.Candidate]) -> pb.LearnerRequest:
         return pb.LearnerRequest(history=list(self.history), candidates=list(candidates))
+
+    def predict_by_id_request(self, candidates: Sequence[pb.Candidate]) -> pb.PredictRequest:
+        return pb.PredictRequest(model=self.vocabulary.model, learner_id=self.learner_id, candidates=list(candidates))
+
+    def observe_request(self, interaction: pb.Interaction) -> pb.ObserveRequest:
+        """The answer just given, as the one event of an Observe (event id: its sequence number)."""
+        return pb.ObserveRequest(learner_id=self.learner_id, events=[pb.Event(
+            event_id=str(self.answered), question_id=interaction.question_id, skill_id=interaction.skill_id,
+            correct=interaction.correct)])
 
     def predict_request(self, candidates: Sequence[pb.Candidate]) -> pb.PredictRequest:
         return pb.PredictRequest(model=self.vocabulary.model, history=list(self.history),

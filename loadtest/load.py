@@ -11,6 +11,12 @@ running gateway is used; --repository still provides the ids the learners use. l
 headless as a subprocess (loadtest/locustfile.py; its log in OUT/locust.log, CSVs OUT/locust_*.csv),
 bounded by --duration plus a margin, after which it is stopped by PID.
 
+`--sessions` runs three phases in one invocation, each against its own gateway in front of one
+Triton: stateless LearnerUsers (history in every Predict), then SessionUsers (Predict by
+learner_id, then Observe of the answer) on a SQLite store, then on a redis-server started here;
+it prints their Predict / Observe latencies and events/s side by side (OUT/<phase>/ per phase,
+OUT/sessions.json). --target cannot be combined with it.
+
 Prints requests/s and p50/p95/p99 per RPC, writes OUT/load.json, and exits 1 when an SLO fails:
 the failure ratio above --max-failure-ratio, any RPC's p99 above --max-p99-ms, an RPC of the chosen
 user classes never called, or the load test itself broken. locust's own exit code for "some
@@ -56,6 +62,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=Path("bench/load"), help="output folder")
     p.add_argument("--max-failure-ratio", type=float, default=0.01, help="SLO: failed / all requests")
     p.add_argument("--max-p99-ms", type=float, default=500.0, help="SLO: p99 latency of every RPC, ms")
+    p.add_argument("--sessions", action="store_true",
+                   help="stateless vs session users on SQLite and Redis, side by side (starts its own servers)")
     p.add_argument("--user-classes", default=format_user_mix(DEFAULT_WEIGHTS),
                    help=f"user classes and weights, CLASS[:WEIGHT],... (classes: {', '.join(USER_RPCS)})")
     p.add_argument("--max-candidates", type=int, default=4, help="candidates per question round: 1..K")
@@ -210,27 +218,47 @@ def validate(args: argparse.Namespace) -> tuple[int, dict[str, int], float]:
 
 
 # -- servers and locust --------------------------------------------------------------------------
-def start_servers(stack: ExitStack, repository: Path, model: str, out: Path) -> str:
-    """Start Triton and the gateway (stopped when `stack` closes); returns the gateway's target."""
-    from serving.server import ThreadedGateway
-    from serving.settings import Settings
+def start_triton(stack: ExitStack, repository: Path, out: Path):
     from serving.triton_launcher import TritonServer
 
     triton = TritonServer(repository, log_path=out / "triton.log", exit_timeout_s=5)
     stack.callback(triton.stop)
     print(f"starting tritonserver for {repository} (log {out / 'triton.log'})", file=sys.stderr)
     triton.start(timeout=READY_TIMEOUT_S)
-    settings = Settings(repository=repository, triton_url=triton.grpc_url, grpc_port=0, http_port=None,
+    return triton
+
+
+def start_gateway(stack: ExitStack, repository: Path, model: str, triton_url: str, store_url: str | None = None) -> str:
+    """An in-process gateway (stopped when `stack` closes), with a session store when `store_url`."""
+    from serving.catalog import ModelCatalog
+    from serving.metrics import Metrics
+    from serving.server import ThreadedGateway
+    from serving.sessions.keys import LearnerKeys
+    from serving.sessions.service import SessionService
+    from serving.sessions.store import open_store
+    from serving.settings import Settings
+
+    settings = Settings(repository=repository, triton_url=triton_url, grpc_port=0, http_port=None,
                         grace_period_s=2.0)
-    gateway = ThreadedGateway(settings).start()
+    metrics, catalog = Metrics(), ModelCatalog(repository)
+    parts: dict = {"catalog": catalog}
+    if store_url:
+        parts["sessions"] = SessionService(settings, open_store(store_url), LearnerKeys(os.urandom(32)), catalog,
+                                           metrics)
+    gateway = ThreadedGateway(settings, metrics, **parts).start()
     stack.callback(gateway.stop, 2.0)
     deadline = time.monotonic() + READY_TIMEOUT_S
     while not gateway.server.backend.ready_versions(model):
         if time.monotonic() > deadline:
-            raise UserError(f"model {model!r} did not become ready in Triton within {READY_TIMEOUT_S:.0f} s "
-                            f"(see {out / 'triton.log'})")
+            raise UserError(f"model {model!r} did not become ready in Triton within {READY_TIMEOUT_S:.0f} s")
         time.sleep(0.2)
-    target = f"127.0.0.1:{gateway.grpc_port}"
+    return f"127.0.0.1:{gateway.grpc_port}"
+
+
+def start_servers(stack: ExitStack, repository: Path, model: str, out: Path) -> str:
+    """Start Triton and the gateway (stopped when `stack` closes); returns the gateway's target."""
+    triton = start_triton(stack, repository, out)
+    target = start_gateway(stack, repository, model, triton.grpc_url)
     print(f"gateway ready at {target} (Triton pid {triton.pid})", file=sys.stderr)
     return target
 
@@ -329,6 +357,9 @@ def run(args: argparse.Namespace) -> int:
     vocabulary = load_vocabulary(args.repository, args.model)          # fails before anything starts
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
+    if args.sessions:
+        from loadtest.load_sessions import run_sessions
+        return run_sessions(args, duration, spawn_rate, vocabulary, out)
     for stale in out.glob("locust_*.csv"):
         stale.unlink()
     timeout_s = duration + STARTUP_MARGIN_S + 0.1 * duration

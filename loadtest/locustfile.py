@@ -192,4 +192,26 @@ class BatchUser(_GatewayUser):
             learner.answer(candidates, result.probabilities)
 
 
-assert {LearnerUser.__name__, BatchUser.__name__} == set(USER_RPCS)
+class SessionUser(_GatewayUser):
+    """One learner whose history the gateway's session store keeps: Predict by learner_id on
+    1..K candidates, answer one, Observe that answer, repeat."""
+
+    weight = 1
+
+    def on_start(self) -> None:
+        super().on_start()
+        self.learner = self.new_learner()
+
+    @task
+    def practice_with_a_session(self) -> None:
+        candidates = self.learner.pick_candidates()
+        try:
+            response = self.stub.Predict(self.learner.predict_by_id_request(candidates),
+                                         timeout=self.config.predict_timeout_s)
+            interaction = self.learner.answer(candidates, response.probabilities)
+            self.stub.Observe(self.learner.observe_request(interaction), timeout=self.config.predict_timeout_s)
+        except grpc.RpcError:
+            return                           # already recorded as a failure by the interceptor
+
+
+assert {LearnerUser.__name__, BatchUser.__name__, SessionUser.__name__} == set(USER_RPCS)

@@ -24,7 +24,7 @@ class OneLineParser(argparse.ArgumentParser):
         print(f"{self.prog}: error: {message}", file=sys.stderr)
         sys.exit(2)
 
-# command -> (module, help). Nested benches are "bench <name>".
+# command -> (module, help). Command groups (GROUPS) nest: "bench <name>", "sessions <name>".
 COMMANDS: dict[str, tuple[str, str]] = {
     "synth": ("training.data.synthetic_cli", "write a synthetic learner dataset (canonical CSV)"),
     "train": ("training.train_cli", "train a preset with K-fold cross-validation"),
@@ -39,6 +39,10 @@ BENCHES: dict[str, tuple[str, str]] = {
     "throughput": ("loadtest.throughput", "inference throughput: PyTorch vs onnxruntime vs Triton"),
     "load": ("loadtest.load", "locust load test against the gateway"),
 }
+SESSIONS: dict[str, tuple[str, str]] = {
+    "import": ("serving.sessions.importer", "bulk-load a canonical CSV into a session store"),
+}
+GROUPS: dict[str, dict[str, tuple[str, str]]] = {"bench": BENCHES, "sessions": SESSIONS}
 # Commands that train with PyTorch: glibc returning memory through mmap made CPU training ~1.8x
 # slower here. The setting also keeps every freed block in the process, so inference benchmarks
 # (which hold several models and servers at once) and servers run without it.
@@ -67,7 +71,7 @@ def _limit_memory() -> None:
 
 
 def _maybe_reexec(argv: list[str]) -> None:
-    command = " ".join(argv[:2]) if argv[:1] == ["bench"] else (argv[0] if argv else "")
+    command = " ".join(argv[:2]) if argv[:1] and argv[0] in GROUPS else (argv[0] if argv else "")
     if command not in TRAINING_COMMANDS:
         return
     if MALLOC_TUNABLE in os.environ.get("GLIBC_TUNABLES", "") or os.environ.get("ROUTERKT_NO_REEXEC"):
@@ -89,12 +93,13 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, str]]:
     for name, (module, help_text) in COMMANDS.items():
         sub.add_parser(name, help=help_text, add_help=False)
         modules[name] = module
-    bench = sub.add_parser("bench", help="benchmarks: " + ", ".join(BENCHES))
-    bench_sub = bench.add_subparsers(dest="bench", metavar="BENCH")
-    bench_sub.required = True
-    for name, (module, help_text) in BENCHES.items():
-        bench_sub.add_parser(name, help=help_text, add_help=False)
-        modules[f"bench {name}"] = module
+    for group, members in GROUPS.items():
+        group_parser = sub.add_parser(group, help=f"{group}: " + ", ".join(members))
+        group_sub = group_parser.add_subparsers(dest=group, metavar=group.upper())
+        group_sub.required = True
+        for name, (module, help_text) in members.items():
+            group_sub.add_parser(name, help=help_text, add_help=False)
+            modules[f"{group} {name}"] = module
     return parser, modules
 
 
@@ -109,10 +114,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     key = argv[0]
     rest = argv[1:]
-    if key == "bench":
-        if not rest or rest[0] not in BENCHES:
+    if key in GROUPS:
+        if not rest or rest[0] not in GROUPS[key]:
             parser.parse_args(argv)  # prints usage and exits 2 (or help)
-        key, rest = f"bench {rest[0]}", rest[1:]
+        key, rest = f"{key} {rest[0]}", rest[1:]
     if key not in modules:
         parser.parse_args(argv)
         return 2

@@ -64,6 +64,10 @@ class ModelCatalog:
     def versions(self, name: str) -> list[int]:
         return sorted(self._table.get(name, {}))
 
+    def max_window(self) -> int:
+        """The longest window of any version (0 for an empty catalog)."""
+        return max((v.window for versions in self._table.values() for v in versions.values()), default=0)
+
     def snapshot(self) -> dict[str, dict[int, ModelVersion]]:
         """The current table (do not mutate)."""
         return self._table

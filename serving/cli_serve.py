@@ -2,13 +2,17 @@
 
     routerkt serve --repository model_repository [--grpc-port 50051] [--http-port 8080]
                    [--triton-url HOST:PORT] [--sample-model NAME]
+                   [--store sqlite:///PATH | redis://HOST:PORT/DB] [--store-keep N] [--store-ttl S]
 
 Without --triton-url, the tritonserver bundled in nvidia-pytriton is started on free 127.0.0.1
 ports (never the gateway's) with --model-control-mode=explicit, and the gateway waits until it is
 ready. One log line per endpoint. Ctrl-C / SIGTERM: the gateway drains first, then Triton is
 stopped (by PID). --sample-model NAME makes one Predict over real gRPC loopback once the model is
 ready, with a small made-up history (ids from that model's vocabulary), prints the request and the
-probabilities, and keeps serving. Logs are JSON lines when stderr is not a terminal.
+probabilities, then Observes the same history for a sample learner and Predicts by its learner id
+(the store's answer equals the explicit one), and keeps serving. The session store defaults to the
+SQLite file <state dir>/sessions.sqlite3; learner ids are keyed by HMAC with the secret in
+ROUTERKT_STORE_SECRET or --store-secret-file (created when missing). Logs are JSON lines when stderr is not a terminal.
 """
 from __future__ import annotations
 
@@ -70,6 +74,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--triton-log", type=Path, default=None, help="write Triton's log here (default: a temp file)")
     parser.add_argument("--log-format", choices=("auto", "json", "plain"), default="auto",
                         help="log format (auto: JSON when stderr is not a terminal)")
+    parser.add_argument("--state-dir", type=Path, default=Path(".routerkt"),
+                        help="the serving state folder (default SQLite store, store secret)")
+    parser.add_argument("--store", default=None, metavar="URL",
+                        help="session store: sqlite:///PATH or redis://HOST:PORT/DB "
+                             "(default: sqlite:///<state dir>/sessions.sqlite3); 'none' disables sessions")
+    parser.add_argument("--store-keep", type=int, default=defaults.store_keep,
+                        help="events kept per learner (at least the longest model window)")
+    parser.add_argument("--store-ttl", type=float, default=defaults.store_ttl_s,
+                        help="seconds after which an inactive learner is deleted (0 = never)")
+    parser.add_argument("--store-secret-file", type=Path, default=None,
+                        help="file with the HMAC secret for learner keys (default: <state dir>/store.secret)")
+    parser.add_argument("--backend", choices=("triton", "onnxruntime"), default="triton",
+                        help="inference backend: Triton (default), or onnxruntime in-process (development)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"model repository {repository} is not a folder (run `routerkt export` first)")
     settings = Settings(repository=repository, host=args.host, grpc_port=args.grpc_port,
                         http_port=None if args.http_port is not None and args.http_port < 0 else args.http_port,
-                        max_inflight=args.max_inflight, grace_period_s=args.grace_period)
+                        max_inflight=args.max_inflight, grace_period_s=args.grace_period,
+                        store_keep=args.store_keep, store_ttl_s=args.store_ttl)
     settings.validate()
     if args.triton_url:
         settings.triton_url = args.triton_url
@@ -88,11 +106,13 @@ def run(args: argparse.Namespace) -> int:
     triton = None
     previous = signal.signal(signal.SIGTERM, _interrupt)       # SIGTERM while Triton starts: stop cleanly
     try:
-        if args.triton_url:
+        if args.backend == "onnxruntime":
+            log.info("inference: onnxruntime in this process (development backend, no Triton)")
+        elif args.triton_url:
             log.info("Triton: using %s", settings.triton_url)
         else:
             triton = _start_triton(settings, args.triton_log)
-        code = asyncio.run(_serve(settings, args.sample_model))
+        code = asyncio.run(_serve(settings, args))
     finally:
         if triton is not None:                                  # a second signal must not orphan Triton
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -131,8 +151,33 @@ def _start_triton(settings: Settings, log_path: Path | None):
     return server
 
 
-async def _serve(settings: Settings, sample_model: str | None) -> int:
+def _session_parts(settings: Settings, args: argparse.Namespace):
+    """(store, keys) for the --store flags, or (None, None) with --store none."""
+    from serving.sessions.keys import LearnerKeys, load_secret
+    from serving.sessions.store import open_store
+
+    url = args.store or f"sqlite:///{args.state_dir / 'sessions.sqlite3'}"
+    if url == "none":
+        return None, None
+    keys = LearnerKeys(load_secret(args.store_secret_file or args.state_dir / "store.secret"))
+    return open_store(url, ttl_s=settings.store_ttl_s), keys
+
+
+async def _serve(settings: Settings, args: argparse.Namespace) -> int:
+    from serving.catalog import ModelCatalog
+    from serving.metrics import Metrics
     from serving.server import GatewayServer, serve
+    from serving.sessions.service import SessionService
+
+    metrics, catalog = Metrics(), ModelCatalog(settings.repository)
+    parts: dict[str, object] = {"metrics": metrics, "catalog": catalog}
+    store, keys = _session_parts(settings, args)
+    if store is not None:
+        parts["sessions"] = SessionService(settings, store, keys, catalog, metrics)
+        log.info("session store: %s", store.kind)
+    if args.backend == "onnxruntime":
+        from serving.backends.onnxruntime import OnnxRuntimeBackend
+        parts["backend"] = OnnxRuntimeBackend(settings)
 
     async def started(server: GatewayServer) -> None:
         log.info("gateway gRPC: %s:%d (routerkt.v1.KnowledgeTracingService, grpc.health.v1, reflection)",
@@ -141,10 +186,10 @@ async def _serve(settings: Settings, sample_model: str | None) -> int:
             base = f"http://{settings.host}:{server.http_port}"
             log.info("gateway HTTP: %s (/v1/predict, /v1/predict_batch, /docs)", base)
             log.info("gateway metrics: %s/metrics, health %s/livez %s/readyz", base, base, base)
-        if sample_model:
-            await sample_prediction(server, sample_model)
+        if args.sample_model:
+            await sample_prediction(server, args.sample_model)
 
-    return await serve(settings, on_started=started)
+    return await serve(settings, on_started=started, **parts)
 
 
 async def sample_prediction(server, model: str) -> None:
@@ -171,13 +216,41 @@ async def sample_prediction(server, model: str) -> None:
                                 candidates=[pb.Candidate(question_id=q) for q in questions[5:]])
     host = "127.0.0.1" if server.settings.host in ("0.0.0.0", "::") else server.settings.host
     async with grpc.aio.insecure_channel(f"{host}:{server.grpc_port}") as channel:
+        stub = pb_grpc.KnowledgeTracingServiceStub(channel)
         try:
-            response = await pb_grpc.KnowledgeTracingServiceStub(channel).Predict(request, timeout=10.0)
+            response = await stub.Predict(request, timeout=10.0)
         except grpc.aio.AioRpcError as exc:
             log.error("sample prediction failed: %s: %s", exc.code().name, exc.details())
             return
-    body = json_format.MessageToDict(request, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
-    print("sample request: " + json.dumps(body), flush=True)
-    pairs = ", ".join(f"question {c.question_id}: {p:.4f}" for c, p in zip(request.candidates, response.probabilities))
-    print(f"sample response: model {response.model} version {response.version}, "
-          f"history_used {response.history_used}, P(correct) {pairs}", flush=True)
+        body = json_format.MessageToDict(request, preserving_proto_field_name=True,
+                                         always_print_fields_with_no_presence=True)
+        print("sample request: " + json.dumps(body), flush=True)
+        pairs = ", ".join(f"question {c.question_id}: {p:.4f}"
+                          for c, p in zip(request.candidates, response.probabilities))
+        print(f"sample response: model {response.model} version {response.version}, "
+              f"history_used {response.history_used}, P(correct) {pairs}", flush=True)
+        if server.sessions is not None:
+            await sample_session(stub, request, response)
+
+
+async def sample_session(stub, request, explicit) -> None:
+    """Observe the sample history for a sample learner, then Predict by learner id (same answer)."""
+    import grpc
+
+    from serving.api import knowledge_tracing_pb2 as pb
+
+    learner = "routerkt-sample-learner"
+    try:
+        await stub.ForgetLearner(pb.ForgetLearnerRequest(learner_id=learner), timeout=10.0)
+        events = [pb.Event(event_id=f"sample-{i}", question_id=h.question_id, skill_id=h.skill_id, correct=h.correct)
+                  for i, h in enumerate(request.history)]
+        observed = await stub.Observe(pb.ObserveRequest(learner_id=learner, events=events), timeout=10.0)
+        by_id = await stub.Predict(pb.PredictRequest(model=request.model, learner_id=learner,
+                                                     candidates=request.candidates), timeout=10.0)
+    except grpc.aio.AioRpcError as exc:
+        log.error("sample session failed: %s: %s", exc.code().name, exc.details())
+        return
+    diff = max(abs(a - b) for a, b in zip(by_id.probabilities, explicit.probabilities))
+    print(f"sample session: Observe stored {observed.stored} events (history_length {observed.history_length}); "
+          f"Predict by learner_id: P(correct) {', '.join(f'{p:.4f}' for p in by_id.probabilities)} "
+          f"(max |diff| to the explicit history: {diff:.1e})", flush=True)

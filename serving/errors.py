@@ -16,6 +16,7 @@ HTTP_STATUS: dict[grpc.StatusCode, int] = {
     grpc.StatusCode.OK: 200,
     grpc.StatusCode.INVALID_ARGUMENT: 400,
     grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.FAILED_PRECONDITION: 400,
     grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
     grpc.StatusCode.UNAVAILABLE: 503,
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
@@ -60,6 +61,10 @@ def invalid_argument(field: str, message: str) -> ServingError:
 
 def not_found(message: str, field: str | None = None) -> ServingError:
     return ServingError(grpc.StatusCode.NOT_FOUND, message, field)
+
+
+def failed_precondition(message: str) -> ServingError:
+    return ServingError(grpc.StatusCode.FAILED_PRECONDITION, message)
 
 
 def unavailable(message: str) -> ServingError:

@@ -56,6 +56,7 @@ class PredictIn(BaseModel):
     version: Int64 = Field(0, description="0 = the latest served version")
     history: list[InteractionIn] = Field(default_factory=list, description="oldest first; may be empty")
     candidates: list[CandidateIn]
+    learner_id: str = Field("", description="set: the history comes from the session store (history empty)")
 
 
 class PredictOut(BaseModel):
@@ -68,6 +69,7 @@ class PredictOut(BaseModel):
 class LearnerIn(BaseModel):
     history: list[InteractionIn] = Field(default_factory=list)
     candidates: list[CandidateIn]
+    learner_id: str = ""
 
 
 class LearnerOut(BaseModel):
@@ -141,6 +143,8 @@ def create_app(gateway: "GatewayServer") -> FastAPI:
         ready = gateway.ready
         body = {"ready": ready, **gateway.backend.describe(), "stopping": gateway.stopping,
                 "models": gateway.backend.ready_models()}
+        if gateway.sessions is not None:
+            body["store"] = {"kind": gateway.sessions.store.kind, "up": gateway.sessions.up}
         return JSONResponse(status_code=200 if ready else 503, content=body)
 
     @app.get("/metrics", summary="Prometheus metrics of the gateway", response_class=PlainTextResponse)
@@ -156,7 +160,7 @@ def create_app(gateway: "GatewayServer") -> FastAPI:
             return _error(deadline)
         try:
             query = PredictQuery(model=body.model, version=body.version,
-                                 learners=[_learner(body.history, body.candidates)])
+                                 learners=[_learner(body.history, body.candidates, body.learner_id)])
             result = await service.predict(query, deadline)
         except ServingError as exc:
             return _error(exc)
@@ -173,7 +177,7 @@ def create_app(gateway: "GatewayServer") -> FastAPI:
             return _error(deadline)
         try:
             query = PredictQuery(model=body.model, version=body.version, batch=True,
-                                 learners=[_learner(l.history, l.candidates) for l in body.learners])
+                                 learners=[_learner(l.history, l.candidates, l.learner_id) for l in body.learners])
             result = await service.predict(query, deadline)
         except ServingError as exc:
             return _error(exc)
@@ -183,9 +187,9 @@ def create_app(gateway: "GatewayServer") -> FastAPI:
     return app
 
 
-def _learner(history: list[InteractionIn], candidates: list[CandidateIn]) -> LearnerQuery:
+def _learner(history: list[InteractionIn], candidates: list[CandidateIn], learner_id: str) -> LearnerQuery:
     return LearnerQuery.from_values(((i.question_id, i.skill_id, i.correct) for i in history),
-                                    ((c.question_id, c.skill_id) for c in candidates))
+                                    ((c.question_id, c.skill_id) for c in candidates), learner_id)
 
 
 def _deadline(header: str | None, default_s: float) -> Deadline | ServingError:

@@ -42,6 +42,10 @@ METRIC_NAMES = (
     "routerkt_http_requests_total",
     "routerkt_predictions_total",
     "routerkt_build_info",
+    "routerkt_store_seconds",
+    "routerkt_store_errors_total",
+    "routerkt_store_up",
+    "routerkt_events_total",
 )
 
 # Metrics read from Triton's own /metrics port (Triton 2.51, serving-notes.md §1), plus the
@@ -113,6 +117,19 @@ class Metrics:
         self.predictions = Counter(
             "routerkt_predictions", "Candidate probabilities returned, by model and version.",
             ("model", "version"), registry=r)
+        self.store_seconds = Histogram(
+            "routerkt_store_seconds", "Session store calls, by operation (append, history, forget), in seconds.",
+            ("operation",), buckets=LATENCY_BUCKETS, registry=r)
+        self.store_errors = Counter(
+            "routerkt_store_errors", "Session store calls that failed or timed out, by operation.",
+            ("operation",), registry=r)
+        self.store_up = Gauge(
+            "routerkt_store_up", "1 while the session store answers, else 0.", registry=r)
+        self.events = Counter(
+            "routerkt_events", "Observed events: stored, or skipped as duplicates of a stored event id.",
+            ("result",), registry=r)
+        for result in ("stored", "duplicate"):
+            self.events.labels(result=result)
         self.build_info = Gauge(
             "routerkt_build_info", "Always 1; the labels say which build of the gateway runs.",
             ("version", "git_sha"), registry=r)

@@ -4,7 +4,8 @@
           (validation)  where the history  which version   ids ->        P(correct) per     sees every
                         comes from         answers         model rows    row                prediction
 
-Today's parts: RequestHistory (the request carries the history), LatestReadyVersion (the newest
+Today's parts: RequestHistory (the request carries the history) or SessionHistory (the session
+store's, when the request names the learner: serving/sessions/service.py), LatestReadyVersion (the newest
 version the backend serves, or the one the request pins), WindowEncoder (serving/features.py),
 TritonInferenceBackend or OnnxRuntimeBackend (serving/backends/), MetricsSink (serving/metrics.py).
 `create_server(...)` (serving/server.py) takes any of them, so tests and later features (a
@@ -21,7 +22,7 @@ import numpy as np
 if TYPE_CHECKING:
     from serving.catalog import ModelCatalog, ModelVersion
     from serving.features import EncodedLearner
-    from serving.requests import PredictQuery, PredictResult
+    from serving.requests import Deadline, PredictQuery, PredictResult
     from serving.validation import LearnerInput
 
 Rows = tuple[np.ndarray, np.ndarray, np.ndarray]   # questions, skills, responses: int64 [rows, window]
@@ -50,8 +51,8 @@ class BackendError(Exception):
 class HistorySource(Protocol):
     """Where a learner's history comes from."""
 
-    async def complete(self, learner: LearnerInput) -> LearnerInput:
-        """The learner with its history filled in (may return `learner` itself)."""
+    async def complete(self, learner: LearnerInput, model: ModelVersion, deadline: Deadline) -> LearnerInput:
+        """The learner with its history filled in for `model` (may return `learner` itself)."""
 
 
 class VersionPolicy(Protocol):

@@ -36,10 +36,11 @@ class LearnerQuery:
     history_correct: np.ndarray      # int64 [H] (validated to 0/1 later)
     candidate_questions: np.ndarray  # int64 [C]
     candidate_skills: np.ndarray     # int64 [C]; ABSENT_SKILL where not set
+    learner_id: str = ""             # set: the history comes from the session store (never logged)
 
     @classmethod
     def from_values(cls, history: Iterable[tuple[int, int | None, int]],
-                    candidates: Iterable[tuple[int, int | None]]) -> LearnerQuery:
+                    candidates: Iterable[tuple[int, int | None]], learner_id: str = "") -> LearnerQuery:
         """From (question, skill or None, correct) and (question, skill or None) tuples."""
         history, candidates = list(history), list(candidates)
 
@@ -48,7 +49,7 @@ class LearnerQuery:
                                np.array([i[1] is not None for i in items], dtype=bool))
         return cls(np.array([h[0] for h in history], dtype=np.int64), skills(history),
                    np.array([h[2] for h in history], dtype=np.int64),
-                   np.array([c[0] for c in candidates], dtype=np.int64), skills(candidates))
+                   np.array([c[0] for c in candidates], dtype=np.int64), skills(candidates), learner_id)
 
 
 @dataclass

@@ -47,7 +47,8 @@ from serving.http import create_app
 from serving.metrics import Metrics, MetricsSink
 from serving.parts import Encoder, HistorySource, InferenceBackend, PredictionSink, VersionPolicy
 from serving.service import PredictionService
-from serving.settings import SERVICE_NAME, Settings
+from serving.sessions.service import SessionHistory, SessionService
+from serving.settings import SERVICE_NAME, SESSIONS_SERVICE_NAME, Settings
 from serving.version_policy import LatestReadyVersion
 
 log = logging.getLogger("routerkt.gateway")
@@ -68,8 +69,9 @@ class _EmbeddedUvicorn(uvicorn.Server):
 class GatewayServer:
     """Both servers of one gateway and the tasks around them (see the module docstring)."""
 
-    def __init__(self, service: PredictionService) -> None:
+    def __init__(self, service: PredictionService, sessions: SessionService | None = None) -> None:
         self.service = service
+        self.sessions = sessions
         self.settings = settings = service.settings
         self.metrics = metrics = service.metrics
         self.catalog = service.catalog
@@ -80,7 +82,8 @@ class GatewayServer:
             options=[("grpc.max_receive_message_length", settings.max_message_bytes),
                      ("grpc.max_send_message_length", settings.max_message_bytes),
                      ("grpc.so_reuseport", 0)])
-        pb_grpc.add_KnowledgeTracingServiceServicer_to_server(KnowledgeTracingServicer(self.service), self.grpc)
+        pb_grpc.add_KnowledgeTracingServiceServicer_to_server(KnowledgeTracingServicer(self.service, sessions),
+                                                              self.grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
         reflection.enable_server_reflection(
             (pb.DESCRIPTOR.services_by_name["KnowledgeTracingService"].full_name,
@@ -106,6 +109,7 @@ class GatewayServer:
         self._tasks: list[asyncio.Task] = []               # probe and repository loops
         self._stopping = False
         self._serving: bool | None = None
+        self._store_up: bool | None = None
         self._stopped = asyncio.Event()
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -114,6 +118,8 @@ class GatewayServer:
         log.info("gateway settings: %s", json.dumps(self.settings.describe(), sort_keys=True))
         await asyncio.to_thread(self.catalog.refresh)
         await self.backend.start(self.catalog)
+        if self.sessions is not None:
+            await self.sessions.start()
         await self._update_health()
         await self.grpc.start()
         if self._http_socket is not None:
@@ -125,6 +131,8 @@ class GatewayServer:
         self._tasks.append(asyncio.create_task(self.backend.maintain(self.catalog)))
         self._tasks.append(asyncio.create_task(self._repository_loop()))
         self._tasks.append(asyncio.create_task(self._health_loop()))
+        if self.sessions is not None:
+            self._tasks.append(asyncio.create_task(self.sessions.maintain()))
         log.info("gateway started: gRPC %s:%d, HTTP %s, Triton %s, models %s", self.settings.host, self.grpc_port,
                  f"{self.settings.host}:{self.http_port}" if self.http_port else "off", self.settings.triton_url,
                  self.backend.ready_models() or "none ready yet")
@@ -152,6 +160,8 @@ class GatewayServer:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.backend.close()
+        if self.sessions is not None:
+            await self.sessions.close()
         log.info("gateway stopped")
         self._stopped.set()
 
@@ -195,24 +205,30 @@ class GatewayServer:
         status = SERVING if serving else NOT_SERVING
         await self.health.set("", status)
         await self.health.set(SERVICE_NAME, status)
+        if self.sessions is not None and self.sessions.up != self._store_up:
+            self._store_up = self.sessions.up
+            await self.health.set(SESSIONS_SERVICE_NAME, SERVING if self.sessions.up else NOT_SERVING)
 
 
 def create_server(settings: Settings, *, metrics: Metrics | None = None, catalog: ModelCatalog | None = None,
                   backend: InferenceBackend | None = None, history: HistorySource | None = None,
                   policy: VersionPolicy | None = None, encoder: Encoder | None = None,
-                  sink: PredictionSink | None = None) -> tuple[GatewayServer, int]:
+                  sink: PredictionSink | None = None, sessions: SessionService | None = None) -> tuple[GatewayServer, int]:
     """Build the gateway from its parts (defaults: the repository's catalog, Triton at
     settings.triton_url, the request's history, the latest ready version, window encoding, metrics)
     and bind its ports (call inside a running event loop). Returns the server (not started) and the
     bound gRPC port (useful with settings.grpc_port = 0)."""
     settings.validate()
     metrics = metrics or Metrics()
+    catalog = catalog or (sessions.catalog if sessions is not None else ModelCatalog(settings.repository))
+    if history is None:
+        history = SessionHistory(sessions) if sessions is not None else RequestHistory()
     service = PredictionService(
-        settings, catalog or ModelCatalog(settings.repository), backend or TritonInferenceBackend(settings, metrics),
-        metrics, history=history or RequestHistory(), policy=policy or LatestReadyVersion(),
+        settings, catalog, backend or TritonInferenceBackend(settings, metrics),
+        metrics, history=history, policy=policy or LatestReadyVersion(),
         encoder=encoder or WindowEncoder(lambda kind, n: metrics.unknown_ids.labels(kind=kind).inc(n)),
         sink=sink or MetricsSink(metrics))
-    server = GatewayServer(service)
+    server = GatewayServer(service, sessions)
     return server, server.grpc_port
 
 

@@ -3,8 +3,8 @@ pipeline of injected parts (serving/parts.py). It knows no transport: gRPC (serv
 and HTTP (serving/http.py) hand it a PredictQuery and render its PredictResult or ServingError.
 
 One call: take an in-flight slot (RESOURCE_EXHAUSTED when none is free) -> validate
-(INVALID_ARGUMENT + field) -> history source -> model from the catalog (NOT_FOUND) -> version
-policy over what the backend serves (UNAVAILABLE) -> encoder (ids -> left-padded windows) ->
+(INVALID_ARGUMENT + field) -> model from the catalog (NOT_FOUND) -> version policy over what the
+backend serves (UNAVAILABLE) -> history source (the request's, or the session store's) -> encoder (ids -> left-padded windows) ->
 backend, with the caller's remaining deadline as timeout (DEADLINE_EXCEEDED) -> probabilities at
 the last position -> prediction sink. All candidates of one learner go in one inference; a batch
 packs whole learners into inferences of at most min(max_rows_per_infer, the model's
@@ -57,9 +57,10 @@ class PredictionService:
     async def predict(self, query: PredictQuery, deadline: Deadline) -> PredictResult:
         async with self._call():
             learners = validate_query(query, self.settings)
-            self._observe_sizes(learners)
-            learners = [await self.history.complete(learner) for learner in learners]
             model = await self._resolve(query.model, query.version)
+            learners = list(await asyncio.gather(*(self.history.complete(learner, model, deadline)
+                                                   for learner in learners)))
+            self._observe_sizes(learners)
             encoded = self._encode(learners, model)
             probs = await self._infer(model, encoded, deadline)
             result = PredictResult(model=model.name, version=model.version,

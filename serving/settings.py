@@ -11,6 +11,7 @@ from routerkt.errors import UserError
 
 MIB = 1 << 20
 SERVICE_NAME = "routerkt.v1.KnowledgeTracingService"   # health-check service name (and the proto's)
+SESSIONS_SERVICE_NAME = "routerkt.v1.Sessions"         # health-check name of the session store's state
 
 
 @dataclass
@@ -31,6 +32,15 @@ class Settings:
     max_message_bytes: int = 4 * MIB              # gRPC max receive size; bigger messages get RESOURCE_EXHAUSTED
     max_rows_per_infer: int = 256                 # rows per Triton request when packing a batch (capped by the
                                                   # model's max_batch_size); must be >= max_candidates
+
+    # -- learner sessions (serving/sessions/) -------------------------------------------------------
+    max_learner_id_chars: int = 128               # learner_id length accepted (INVALID_ARGUMENT beyond)
+    max_event_id_chars: int = 128                 # event_id length accepted
+    max_observe_events: int = 1000                # events per Observe call
+    store_keep: int = 1000                        # events kept per learner: the newest max(store_keep, window)
+    store_ttl_s: float = 0.0                      # learners inactive this long are deleted (0 = never)
+    store_probe_s: float = 1.0                    # how often the store is pinged (health, recovery)
+    store_expiry_s: float = 60.0                  # how often inactive learners are swept (SQLite)
 
     # -- backpressure and deadlines ----------------------------------------------------------------
     max_inflight: int = 64                        # Predict/PredictBatch calls served at once; beyond: RESOURCE_EXHAUSTED
@@ -61,18 +71,19 @@ class Settings:
             if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 65535:
                 raise UserError(f"settings.{name} must be a port number in [0, 65535], got {value!r}")
         positive_ints = ("max_candidates", "max_history", "max_batch_learners", "max_message_bytes",
-                         "max_rows_per_infer", "max_inflight", "probe_failures_before_reload")
+                         "max_rows_per_infer", "max_inflight", "probe_failures_before_reload", "max_learner_id_chars",
+                         "max_event_id_chars", "max_observe_events", "store_keep")
         for name in positive_ints:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise UserError(f"settings.{name} must be a positive integer, got {value!r}")
         positive_floats = ("default_deadline_s", "probe_interval_s", "probe_timeout_s", "reload_timeout_s",
-                           "repository_poll_s")
+                           "repository_poll_s", "store_probe_s", "store_expiry_s")
         for name in positive_floats:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
                 raise UserError(f"settings.{name} must be a positive number of seconds, got {value!r}")
-        for name in ("inflight_wait_s", "deadline_margin_s", "grace_period_s", "reload_cooldown_s"):
+        for name in ("inflight_wait_s", "deadline_margin_s", "grace_period_s", "reload_cooldown_s", "store_ttl_s"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
                 raise UserError(f"settings.{name} must be >= 0 seconds, got {value!r}")

@@ -32,6 +32,7 @@ class LearnerInput:
     candidate_questions: np.ndarray  # int64 [C]
     candidate_skills: np.ndarray    # int64 [C]; ABSENT_SKILL / UNKNOWN_SKILL as above
     prefix: str = ""                # field prefix for error messages ("" or "learners[i].")
+    learner_id: str = ""            # set: the history comes from the session store
 
     @property
     def history_length(self) -> int:
@@ -40,6 +41,13 @@ class LearnerInput:
     @property
     def n_candidates(self) -> int:
         return int(self.candidate_questions.shape[0])
+
+
+def check_learner_id(learner_id: str, settings: Settings, field: str = "learner_id") -> None:
+    if len(learner_id) > settings.max_learner_id_chars:
+        raise invalid_argument(field, f"at most {settings.max_learner_id_chars} characters")
+    if not learner_id.isprintable():
+        raise invalid_argument(field, "must not contain control characters")
 
 
 def check_model(model: str, version: int) -> None:
@@ -65,6 +73,11 @@ def validate_learner(learner: LearnerQuery, settings: Settings, prefix: str) -> 
     hq, hs, hc = learner.history_questions, learner.history_skills, learner.history_correct
     cq, cs = learner.candidate_questions, learner.candidate_skills
     n_history, n_candidates = int(hq.shape[0]), int(cq.shape[0])
+    if learner.learner_id:
+        check_learner_id(learner.learner_id, settings, f"{prefix}learner_id")
+        if n_history:
+            raise invalid_argument(f"{prefix}history", "must be empty when learner_id is set "
+                                                       "(the history comes from the session store)")
     if n_history > settings.max_history:
         raise invalid_argument(f"{prefix}history",
                                f"at most {settings.max_history} interactions, got {n_history}")
@@ -81,7 +94,7 @@ def validate_learner(learner: LearnerQuery, settings: Settings, prefix: str) -> 
     _first_bad((hc != 0) & (hc != 1), f"{prefix}history", "correct", "must be 0 or 1")
     _first_bad(cq < 0, f"{prefix}candidates", "question_id", "must be >= 0")
     _first_bad(c_set & (cs < UNKNOWN_SKILL), f"{prefix}candidates", "skill_id", skill_rule)
-    return LearnerInput(hq, hs, hc, cq, cs, prefix)
+    return LearnerInput(hq, hs, hc, cq, cs, prefix, learner.learner_id)
 
 
 def _first_bad(bad: np.ndarray, list_field: str, item_field: str, problem: str) -> None:

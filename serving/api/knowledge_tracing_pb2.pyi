@@ -25,16 +25,18 @@ class Candidate(_message.Message):
     def __init__(self, question_id: _Optional[int] = ..., skill_id: _Optional[int] = ...) -> None: ...
 
 class PredictRequest(_message.Message):
-    __slots__ = ("model", "version", "history", "candidates")
+    __slots__ = ("model", "version", "history", "candidates", "learner_id")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIELD_NUMBER: _ClassVar[int]
     CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    LEARNER_ID_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: int
     history: _containers.RepeatedCompositeFieldContainer[Interaction]
     candidates: _containers.RepeatedCompositeFieldContainer[Candidate]
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., history: _Optional[_Iterable[_Union[Interaction, _Mapping]]] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ...) -> None: ...
+    learner_id: str
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., history: _Optional[_Iterable[_Union[Interaction, _Mapping]]] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., learner_id: _Optional[str] = ...) -> None: ...
 
 class PredictResponse(_message.Message):
     __slots__ = ("probabilities", "model", "version", "history_used")
@@ -49,12 +51,14 @@ class PredictResponse(_message.Message):
     def __init__(self, probabilities: _Optional[_Iterable[float]] = ..., model: _Optional[str] = ..., version: _Optional[int] = ..., history_used: _Optional[int] = ...) -> None: ...
 
 class LearnerRequest(_message.Message):
-    __slots__ = ("history", "candidates")
+    __slots__ = ("history", "candidates", "learner_id")
     HISTORY_FIELD_NUMBER: _ClassVar[int]
     CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    LEARNER_ID_FIELD_NUMBER: _ClassVar[int]
     history: _containers.RepeatedCompositeFieldContainer[Interaction]
     candidates: _containers.RepeatedCompositeFieldContainer[Candidate]
-    def __init__(self, history: _Optional[_Iterable[_Union[Interaction, _Mapping]]] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ...) -> None: ...
+    learner_id: str
+    def __init__(self, history: _Optional[_Iterable[_Union[Interaction, _Mapping]]] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., learner_id: _Optional[str] = ...) -> None: ...
 
 class LearnerResult(_message.Message):
     __slots__ = ("probabilities", "history_used")
@@ -83,3 +87,49 @@ class PredictBatchResponse(_message.Message):
     model: str
     version: int
     def __init__(self, results: _Optional[_Iterable[_Union[LearnerResult, _Mapping]]] = ..., model: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+
+class Event(_message.Message):
+    __slots__ = ("event_id", "question_id", "skill_id", "correct", "timestamp_ms")
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    QUESTION_ID_FIELD_NUMBER: _ClassVar[int]
+    SKILL_ID_FIELD_NUMBER: _ClassVar[int]
+    CORRECT_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    event_id: str
+    question_id: int
+    skill_id: int
+    correct: int
+    timestamp_ms: int
+    def __init__(self, event_id: _Optional[str] = ..., question_id: _Optional[int] = ..., skill_id: _Optional[int] = ..., correct: _Optional[int] = ..., timestamp_ms: _Optional[int] = ...) -> None: ...
+
+class ObserveRequest(_message.Message):
+    __slots__ = ("learner_id", "events")
+    LEARNER_ID_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    learner_id: str
+    events: _containers.RepeatedCompositeFieldContainer[Event]
+    def __init__(self, learner_id: _Optional[str] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ...) -> None: ...
+
+class ObserveResponse(_message.Message):
+    __slots__ = ("stored", "duplicates", "history_length")
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATES_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    stored: int
+    duplicates: int
+    history_length: int
+    def __init__(self, stored: _Optional[int] = ..., duplicates: _Optional[int] = ..., history_length: _Optional[int] = ...) -> None: ...
+
+class ForgetLearnerRequest(_message.Message):
+    __slots__ = ("learner_id",)
+    LEARNER_ID_FIELD_NUMBER: _ClassVar[int]
+    learner_id: str
+    def __init__(self, learner_id: _Optional[str] = ...) -> None: ...
+
+class ForgetLearnerResponse(_message.Message):
+    __slots__ = ("existed", "deleted")
+    EXISTED_FIELD_NUMBER: _ClassVar[int]
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    existed: bool
+    deleted: int
+    def __init__(self, existed: _Optional[bool] = ..., deleted: _Optional[int] = ...) -> None: ...

@@ -27,7 +27,8 @@ if _version_not_supported:
 
 class KnowledgeTracingServiceStub:
     """Status codes: INVALID_ARGUMENT (the message names the field, e.g. `history[3].skill_id`),
-    NOT_FOUND (unknown model or version), UNAVAILABLE (Triton down or the model not ready; retry),
+    NOT_FOUND (unknown model or version), UNAVAILABLE (Triton down, the model not ready, or the
+    session store unreachable for calls that need it; retry),
     RESOURCE_EXHAUSTED (the gateway's in-flight limit, or a message over the size limit),
     DEADLINE_EXCEEDED (the caller's deadline, or the gateway's default one, passed).
     """
@@ -48,11 +49,22 @@ class KnowledgeTracingServiceStub:
                 request_serializer=serving_dot_api_dot_knowledge__tracing__pb2.PredictBatchRequest.SerializeToString,
                 response_deserializer=serving_dot_api_dot_knowledge__tracing__pb2.PredictBatchResponse.FromString,
                 _registered_method=True)
+        self.Observe = channel.unary_unary(
+                '/routerkt.v1.KnowledgeTracingService/Observe',
+                request_serializer=serving_dot_api_dot_knowledge__tracing__pb2.ObserveRequest.SerializeToString,
+                response_deserializer=serving_dot_api_dot_knowledge__tracing__pb2.ObserveResponse.FromString,
+                _registered_method=True)
+        self.ForgetLearner = channel.unary_unary(
+                '/routerkt.v1.KnowledgeTracingService/ForgetLearner',
+                request_serializer=serving_dot_api_dot_knowledge__tracing__pb2.ForgetLearnerRequest.SerializeToString,
+                response_deserializer=serving_dot_api_dot_knowledge__tracing__pb2.ForgetLearnerResponse.FromString,
+                _registered_method=True)
 
 
 class KnowledgeTracingServiceServicer:
     """Status codes: INVALID_ARGUMENT (the message names the field, e.g. `history[3].skill_id`),
-    NOT_FOUND (unknown model or version), UNAVAILABLE (Triton down or the model not ready; retry),
+    NOT_FOUND (unknown model or version), UNAVAILABLE (Triton down, the model not ready, or the
+    session store unreachable for calls that need it; retry),
     RESOURCE_EXHAUSTED (the gateway's in-flight limit, or a message over the size limit),
     DEADLINE_EXCEEDED (the caller's deadline, or the gateway's default one, passed).
     """
@@ -65,6 +77,21 @@ class KnowledgeTracingServiceServicer:
 
     def PredictBatch(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Observe(self, request, context):
+        """Append a learner's answers to the session store; returns once they are durably stored.
+        All or nothing: a bad event rejects the whole call and stores nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ForgetLearner(self, request, context):
+        """Delete everything the session store holds about a learner.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -82,6 +109,16 @@ def add_KnowledgeTracingServiceServicer_to_server(servicer, server):
                     request_deserializer=serving_dot_api_dot_knowledge__tracing__pb2.PredictBatchRequest.FromString,
                     response_serializer=serving_dot_api_dot_knowledge__tracing__pb2.PredictBatchResponse.SerializeToString,
             ),
+            'Observe': grpc.unary_unary_rpc_method_handler(
+                    servicer.Observe,
+                    request_deserializer=serving_dot_api_dot_knowledge__tracing__pb2.ObserveRequest.FromString,
+                    response_serializer=serving_dot_api_dot_knowledge__tracing__pb2.ObserveResponse.SerializeToString,
+            ),
+            'ForgetLearner': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForgetLearner,
+                    request_deserializer=serving_dot_api_dot_knowledge__tracing__pb2.ForgetLearnerRequest.FromString,
+                    response_serializer=serving_dot_api_dot_knowledge__tracing__pb2.ForgetLearnerResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'routerkt.v1.KnowledgeTracingService', rpc_method_handlers)
@@ -92,7 +129,8 @@ def add_KnowledgeTracingServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class KnowledgeTracingService:
     """Status codes: INVALID_ARGUMENT (the message names the field, e.g. `history[3].skill_id`),
-    NOT_FOUND (unknown model or version), UNAVAILABLE (Triton down or the model not ready; retry),
+    NOT_FOUND (unknown model or version), UNAVAILABLE (Triton down, the model not ready, or the
+    session store unreachable for calls that need it; retry),
     RESOURCE_EXHAUSTED (the gateway's in-flight limit, or a message over the size limit),
     DEADLINE_EXCEEDED (the caller's deadline, or the gateway's default one, passed).
     """
@@ -141,6 +179,60 @@ class KnowledgeTracingService:
             '/routerkt.v1.KnowledgeTracingService/PredictBatch',
             serving_dot_api_dot_knowledge__tracing__pb2.PredictBatchRequest.SerializeToString,
             serving_dot_api_dot_knowledge__tracing__pb2.PredictBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Observe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/routerkt.v1.KnowledgeTracingService/Observe',
+            serving_dot_api_dot_knowledge__tracing__pb2.ObserveRequest.SerializeToString,
+            serving_dot_api_dot_knowledge__tracing__pb2.ObserveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForgetLearner(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/routerkt.v1.KnowledgeTracingService/ForgetLearner',
+            serving_dot_api_dot_knowledge__tracing__pb2.ForgetLearnerRequest.SerializeToString,
+            serving_dot_api_dot_knowledge__tracing__pb2.ForgetLearnerResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -24,7 +24,6 @@ from serving.api import knowledge_tracing_pb2 as pb
 from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
 from serving.server import ThreadedGateway
 from serving.settings import Settings
-from serving.triton_launcher import TritonServer
 
 from tests.helpers import wait_for
 
@@ -35,17 +34,6 @@ torch = pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parents[2]
 WINDOW = 20                     # TINY_OVERRIDES in tests/conftest.py
 UNKNOWN_QUESTION = 10**12
-
-
-@pytest.fixture(scope="module")
-def triton(kt_repository, tmp_path_factory):
-    server = TritonServer(kt_repository.path, log_path=tmp_path_factory.mktemp("triton") / "triton.log",
-                          exit_timeout_s=3)
-    server.start(timeout=120)
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def gateway_settings(kt_repository, triton, **overrides) -> Settings:

@@ -1,0 +1,80 @@
+"""Observe / ForgetLearner queries (transport-independent) and their validation.
+
+Rules (numbers from Settings): `learner_id` 1..max_learner_id_chars characters, no control
+characters; 1..max_observe_events events per call; each event: an `event_id` of
+1..max_event_id_chars characters, unique within the call; question_id >= 0; skill_id >= 0, -1
+(unknown) or absent, and an explicit id must be known to at least one model version the gateway
+serves; correct 0 or 1; timestamp_ms >= 0 when set. The first problem raises INVALID_ARGUMENT
+naming the field (`events[3].correct`) and nothing is stored.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from serving.errors import invalid_argument
+from serving.requests import INVALID_SKILL
+from serving.sessions.store import NO_TIMESTAMP
+from serving.settings import Settings
+from serving.validation import check_learner_id as check_optional_learner_id
+
+
+@dataclass
+class ObserveQuery:
+    learner_id: str
+    event_ids: list[str]
+    questions: np.ndarray       # int64 [E]
+    skills: np.ndarray          # int64 [E], serving/requests.py encoding (ABSENT_SKILL, INVALID_SKILL)
+    correct: np.ndarray         # int64 [E]
+    timestamps: np.ndarray      # int64 [E], NO_TIMESTAMP where not set; INVALID_TIMESTAMP where < 0
+
+
+INVALID_TIMESTAMP = -2
+
+
+def check_learner_id(learner_id: str, settings: Settings, field: str = "learner_id") -> None:
+    """A required learner id (Observe, ForgetLearner): present, bounded, printable."""
+    if not learner_id:
+        raise invalid_argument(field, "a learner id is required")
+    check_optional_learner_id(learner_id, settings, field)
+
+
+def validate_observe(query: ObserveQuery, settings: Settings, skill_known: Callable[[np.ndarray], np.ndarray]) -> None:
+    """Raise INVALID_ARGUMENT for the first bad field. `skill_known`: raw skill ids -> bool mask of
+    the ids some served model version knows."""
+    check_learner_id(query.learner_id, settings)
+    n = len(query.event_ids)
+    if n == 0:
+        raise invalid_argument("events", "at least one event is required")
+    if n > settings.max_observe_events:
+        raise invalid_argument("events", f"at most {settings.max_observe_events} events per call, got {n}")
+    seen: dict[str, int] = {}
+    for i, event_id in enumerate(query.event_ids):
+        if not event_id:
+            raise invalid_argument(f"events[{i}].event_id", "an event id is required")
+        if len(event_id) > settings.max_event_id_chars:
+            raise invalid_argument(f"events[{i}].event_id", f"at most {settings.max_event_id_chars} characters")
+        if event_id in seen:
+            raise invalid_argument(f"events[{i}].event_id", f"repeats events[{seen[event_id]}].event_id")
+        seen[event_id] = i
+    _first_bad(query.questions < 0, "question_id", "must be >= 0")
+    _first_bad(query.skills == INVALID_SKILL, "skill_id", "must be >= 0, or -1 for an unknown skill")
+    _first_bad((query.correct != 0) & (query.correct != 1), "correct", "must be 0 or 1")
+    _first_bad(query.timestamps == INVALID_TIMESTAMP, "timestamp_ms", "must be >= 0")
+    explicit = query.skills >= 0
+    if explicit.any():
+        _first_bad(explicit & ~skill_known(query.skills), "skill_id",
+                   "unknown skill id for every served model (use -1 for an unknown skill, or omit skill_id)")
+
+
+def timestamp_array(values: np.ndarray, present: np.ndarray) -> np.ndarray:
+    values = np.asarray(values, dtype=np.int64)
+    return np.where(present, np.where(values < 0, INVALID_TIMESTAMP, values), NO_TIMESTAMP)
+
+
+def _first_bad(bad: np.ndarray, item_field: str, problem: str) -> None:
+    if bad.any():
+        index = int(np.flatnonzero(bad)[0])
+        raise invalid_argument(f"events[{index}].{item_field}", problem)

@@ -1,0 +1,127 @@
+"""The shared session store for several gateways: Redis or Valkey (redis-py's asyncio client).
+
+Per learner key K (hash-tagged, so one learner's keys stay on one cluster slot):
+
+    rk:{K}:events   list of "question,skill,correct,timestamp_ms", oldest first
+    rk:{K}:ids      sorted set event key -> sequence number (idempotency over the kept events)
+    rk:{K}:meta     hash: next (the next sequence number)
+
+An append is ONE Lua script, which Redis runs atomically: two gateways appending to the same
+learner at once are serialised, each request's events stay contiguous and in order, and a retried
+request finds its event keys and stores nothing twice. The script also trims to `keep` and sets
+the TTL. Durability is the server's: the test and `make serve` start redis-server with
+`--appendonly yes --appendfsync always`, so an acknowledged append is on disk.
+"""
+from __future__ import annotations
+
+import redis.asyncio as aioredis
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+from redis.retry import Retry
+
+from serving.sessions.store import AppendResult, History, StoredEvent, StoreUnavailable
+
+APPEND = """
+local keep = tonumber(ARGV[1])
+local ttl = tonumber(ARGV[2])
+local seq = tonumber(redis.call('HGET', KEYS[3], 'next') or '0')
+local stored, duplicates = 0, 0
+for i = 3, #ARGV, 2 do
+  if redis.call('ZSCORE', KEYS[2], ARGV[i]) then
+    duplicates = duplicates + 1
+  else
+    redis.call('RPUSH', KEYS[1], ARGV[i + 1])
+    redis.call('ZADD', KEYS[2], seq, ARGV[i])
+    seq = seq + 1
+    stored = stored + 1
+  end
+end
+redis.call('HSET', KEYS[3], 'next', seq)
+redis.call('LTRIM', KEYS[1], -keep, -1)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. (seq - keep))
+if ttl > 0 then
+  for j = 1, 3 do redis.call('PEXPIRE', KEYS[j], ttl) end
+end
+return {stored, duplicates, redis.call('LLEN', KEYS[1])}
+"""
+SOCKET_TIMEOUT_S = 2.0         # one command; the caller's deadline bounds the call anyway
+CONNECT_TIMEOUT_S = 0.5
+
+
+def _keys(learner_key: str) -> list[str]:
+    return [f"rk:{{{learner_key}}}:events", f"rk:{{{learner_key}}}:ids", f"rk:{{{learner_key}}}:meta"]
+
+
+class RedisStore:
+    kind = "redis"
+
+    def __init__(self, host: str, port: int, db: int = 0, ttl_s: float = 0.0) -> None:
+        self.ttl_s = ttl_s
+        self._client = aioredis.Redis(host=host, port=port, db=db, socket_timeout=SOCKET_TIMEOUT_S,
+                                      socket_connect_timeout=CONNECT_TIMEOUT_S, retry=Retry(NoBackoff(), 0),
+                                      decode_responses=True)
+        self._append = self._client.register_script(APPEND)
+
+    async def open(self) -> None:
+        pass                      # connections are made on first use and remade after a failure
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    async def ping(self) -> None:
+        try:
+            await self._client.ping()
+        except (RedisError, OSError) as exc:
+            raise StoreUnavailable(f"redis: {exc}") from None
+
+    def _args(self, events: list[StoredEvent], keep: int) -> list[object]:
+        args: list[object] = [keep, int(self.ttl_s * 1000)]
+        for e in events:
+            args += [e.event_key, f"{e.question_id},{e.skill_id},{e.correct},{e.timestamp_ms}"]
+        return args
+
+    async def append(self, learner_key: str, events: list[StoredEvent], keep: int, now_ms: int) -> AppendResult:
+        try:
+            stored, duplicates, length = await self._append(keys=_keys(learner_key), args=self._args(events, keep))
+        except (RedisError, OSError) as exc:
+            raise StoreUnavailable(f"redis: {exc}") from None
+        return AppendResult(stored=int(stored), duplicates=int(duplicates), history_length=int(length))
+
+    async def append_many(self, batch: list[tuple[str, list[StoredEvent]]], keep: int,
+                          now_ms: int) -> list[AppendResult]:
+        """Several learners' appends in one pipeline (bulk import); each append stays atomic."""
+        try:
+            async with self._client.pipeline(transaction=False) as pipe:
+                for learner_key, events in batch:
+                    await self._append(keys=_keys(learner_key), args=self._args(events, keep), client=pipe)
+                replies = await pipe.execute()
+        except (RedisError, OSError) as exc:
+            raise StoreUnavailable(f"redis: {exc}") from None
+        return [AppendResult(int(s), int(d), int(n)) for s, d, n in replies]
+
+    async def history(self, learner_key: str, limit: int) -> History:
+        try:
+            items = await self._client.lrange(_keys(learner_key)[0], -limit, -1) if limit > 0 else []
+        except (RedisError, OSError) as exc:
+            raise StoreUnavailable(f"redis: {exc}") from None
+        return History.from_rows([tuple(int(v) for v in item.split(",")[:3]) for item in items])
+
+    async def forget(self, learner_key: str) -> tuple[bool, int]:
+        keys = _keys(learner_key)
+        try:
+            async with self._client.pipeline(transaction=True) as pipe:
+                pipe.llen(keys[0])
+                pipe.delete(*keys)
+                length, removed = await pipe.execute()
+        except (RedisError, OSError) as exc:
+            raise StoreUnavailable(f"redis: {exc}") from None
+        return int(removed) > 0, int(length)
+
+    async def learner_keys(self) -> list[str]:
+        found: set[str] = set()
+        try:
+            async for key in self._client.scan_iter(match="rk:{*}:*", count=1000):
+                found.add(key.split("{", 1)[1].split("}", 1)[0])
+        except (RedisError, OSError) as exc:
+            raise StoreUnavailable(f"redis: {exc}") from None
+        return sorted(found)

@@ -1,0 +1,158 @@
+"""Observe and ForgetLearner over a SessionStore, and `SessionHistory`: the pipeline's
+HistorySource that reads a learner's history from the store when the request names the learner.
+
+Every store call is bounded by the caller's deadline: a store that does not answer in time, or
+cannot be reached, gives UNAVAILABLE ("the session store is not available") well within the
+deadline, while stateless Predict (history in the request) never touches the store. A background
+loop pings the store every `store_probe_s`: readiness reports it and the gRPC health service
+`routerkt.v1.Sessions` follows it; the client reconnects by itself once the store is back.
+Learner ids are turned into keyed hashes on entry (keys.py) and never logged.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import numpy as np
+
+from routerkt.contract.signature import UNK_ID
+from serving import errors
+from serving.catalog import ModelCatalog, ModelVersion
+from serving.errors import ServingError
+from serving.metrics import Metrics
+from serving.requests import UNKNOWN_SKILL, Deadline
+from serving.sessions.events import ObserveQuery, check_learner_id, validate_observe
+from serving.sessions.keys import LearnerKeys
+from serving.sessions.store import AppendResult, History, SessionStore, StoredEvent, StoreUnavailable
+from serving.settings import Settings
+from serving.validation import LearnerInput
+
+log = logging.getLogger("routerkt.gateway.sessions")
+
+UNAVAILABLE = "the session store is not available; retry shortly"
+
+
+class SessionService:
+    """Observe / ForgetLearner / stored histories, with metrics and store health."""
+
+    def __init__(self, settings: Settings, store: SessionStore, keys: LearnerKeys, catalog: ModelCatalog,
+                 metrics: Metrics) -> None:
+        self.settings = settings
+        self.store = store
+        self.keys = keys
+        self.catalog = catalog
+        self.metrics = metrics
+        self.up = False
+
+    async def start(self) -> None:
+        try:
+            await self.store.open()
+            await self.store.ping()
+            self._set_up(True)
+        except StoreUnavailable as exc:
+            log.error("session store (%s) is not available: %s", self.store.kind, str(exc)[:300])
+            self._set_up(False)
+
+    async def close(self) -> None:
+        await self.store.close()
+
+    async def maintain(self) -> None:
+        """Ping the store (health) and expire inactive learners (SQLite; Redis expires by itself)."""
+        last_expiry = time.monotonic()
+        while True:
+            await asyncio.sleep(self.settings.store_probe_s)
+            try:
+                await asyncio.wait_for(self.store.ping(), self.settings.store_probe_s)
+                self._set_up(True)
+                expire = getattr(self.store, "expire", None)
+                if expire is not None and time.monotonic() - last_expiry > self.settings.store_expiry_s:
+                    last_expiry = time.monotonic()
+                    gone = await expire(int(time.time() * 1000))
+                    if gone:
+                        log.info("session store: %d inactive learners expired", gone)
+            except (StoreUnavailable, asyncio.TimeoutError):
+                self._set_up(False)
+            except Exception:                                  # never let the loop die
+                log.exception("session store upkeep failed")
+
+    def _set_up(self, up: bool) -> None:
+        if up != self.up:
+            log.warning("session store (%s) is %s", self.store.kind, "available" if up else "NOT available")
+        self.up = up
+        self.metrics.store_up.set(1 if up else 0)
+
+    # -- calls -----------------------------------------------------------------------------------
+    async def observe(self, query: ObserveQuery, deadline: Deadline) -> AppendResult:
+        try:
+            validate_observe(query, self.settings, self._skill_known)
+            key = self.keys.learner(query.learner_id)
+            events = [StoredEvent(self.keys.event(key, event_id), int(q), int(s), int(c), int(t))
+                      for event_id, q, s, c, t in zip(query.event_ids, query.questions.tolist(), query.skills.tolist(),
+                                                       query.correct.tolist(), query.timestamps.tolist())]
+            keep = max(self.settings.store_keep, self.catalog.max_window())
+            result = await self._call("append", self.store.append(key, events, keep, int(time.time() * 1000)),
+                                      deadline)
+        except ServingError as exc:
+            self.metrics.errors.labels(code=exc.code_name).inc()
+            raise
+        self.metrics.events.labels(result="stored").inc(result.stored)
+        self.metrics.events.labels(result="duplicate").inc(result.duplicates)
+        return result
+
+    async def forget(self, learner_id: str, deadline: Deadline) -> tuple[bool, int]:
+        try:
+            check_learner_id(learner_id, self.settings)
+            return await self._call("forget", self.store.forget(self.keys.learner(learner_id)), deadline)
+        except ServingError as exc:
+            self.metrics.errors.labels(code=exc.code_name).inc()
+            raise
+
+    async def history(self, learner_id: str, limit: int, deadline: Deadline) -> History:
+        return await self._call("history", self.store.history(self.keys.learner(learner_id), limit), deadline)
+
+    async def _call(self, operation: str, coro, deadline: Deadline):
+        timeout = deadline.remaining() - self.settings.deadline_margin_s
+        started = time.perf_counter()
+        try:
+            if timeout <= 0:
+                raise asyncio.TimeoutError
+            result = await asyncio.wait_for(coro, timeout)
+        except (StoreUnavailable, asyncio.TimeoutError) as exc:
+            coro.close()
+            self.metrics.store_errors.labels(operation=operation).inc()
+            if isinstance(exc, StoreUnavailable):
+                self._set_up(False)
+            log.warning("session store %s failed: %s", operation, str(exc)[:300] or "timed out")
+            raise errors.unavailable(UNAVAILABLE) from None
+        finally:
+            self.metrics.store_seconds.labels(operation=operation).observe(time.perf_counter() - started)
+        self._set_up(True)
+        return result
+
+    def _skill_known(self, raw_skills: np.ndarray) -> np.ndarray:
+        versions = [v for by_version in self.catalog.snapshot().values() for v in by_version.values()]
+        if not versions:
+            return np.ones(raw_skills.shape, dtype=bool)       # nothing to check against yet
+        known = np.zeros(raw_skills.shape, dtype=bool)
+        for version in versions:
+            known |= version.vocab.encode_skills(raw_skills) != UNK_ID
+        return known
+
+
+class SessionHistory:
+    """HistorySource: the store's history when the learner is named, else the request's."""
+
+    def __init__(self, sessions: SessionService) -> None:
+        self.sessions = sessions
+
+    async def complete(self, learner: LearnerInput, model: ModelVersion, deadline: Deadline) -> LearnerInput:
+        if not learner.learner_id:
+            return learner
+        stored = await self.sessions.history(learner.learner_id, max(model.window - 1, 0), deadline)
+        # a stored skill this version does not know counts as unknown (-1), not as a request error
+        explicit = stored.skills >= 0
+        unknown = explicit & (model.vocab.encode_skills(stored.skills) == UNK_ID)
+        skills = np.where(unknown, UNKNOWN_SKILL, stored.skills)
+        return LearnerInput(stored.questions, skills, stored.correct, learner.candidate_questions,
+                            learner.candidate_skills, learner.prefix, learner.learner_id)

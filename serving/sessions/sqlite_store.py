@@ -1,0 +1,176 @@
+"""The embedded session store: one SQLite file in WAL mode with synchronous=FULL, so a commit that
+returned survives a crash of the process (and of the machine).
+
+    learners(learner PK, next_seq, count, last_seen_ms)
+    events(learner, seq, event_key, question, skill, correct, ts)   PK (learner, seq), UNIQUE (learner, event_key)
+
+One writer thread and one reader thread, each with its own connection (sqlite3 connections stay in
+the thread that made them); the event loop never waits on the disk. An append is one IMMEDIATE
+transaction: skip known event keys, insert the rest with consecutive sequence numbers, trim to
+`keep`, update the learner row. Another process writing the same file waits on SQLite's lock
+(busy timeout), so appends of one learner stay ordered.
+"""
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from serving.sessions.store import AppendResult, History, StoredEvent, StoreUnavailable
+
+SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS learners (learner TEXT PRIMARY KEY, next_seq INTEGER NOT NULL, "
+    "count INTEGER NOT NULL, last_seen_ms INTEGER NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS events (learner TEXT NOT NULL, seq INTEGER NOT NULL, event_key TEXT NOT NULL, "
+    "question INTEGER NOT NULL, skill INTEGER NOT NULL, correct INTEGER NOT NULL, ts INTEGER NOT NULL, "
+    "PRIMARY KEY (learner, seq)) WITHOUT ROWID",
+    "CREATE UNIQUE INDEX IF NOT EXISTS events_by_key ON events (learner, event_key)",
+    "CREATE INDEX IF NOT EXISTS learners_by_last_seen ON learners (last_seen_ms)",
+)
+BUSY_TIMEOUT_S = 5.0
+
+
+class SqliteStore:
+    kind = "sqlite"
+
+    def __init__(self, path: Path, ttl_s: float = 0.0) -> None:
+        self.path = Path(path)
+        self.ttl_s = ttl_s
+        self._local = threading.local()
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-writer")
+        self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-reader")
+        self._connections: list[sqlite3.Connection] = []
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    async def open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        await self._run(self._writer, self._create)
+
+    async def close(self) -> None:
+        for pool in (self._writer, self._reader):
+            await asyncio.get_running_loop().run_in_executor(pool, self._close_local)
+            pool.shutdown(wait=True)
+
+    def _connection(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            self._local.conn = conn
+        return conn
+
+    def _close_local(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
+    def _create(self) -> None:
+        conn = self._connection()
+        for statement in SCHEMA:
+            conn.execute(statement)
+
+    async def _run(self, pool: ThreadPoolExecutor, fn, *args):
+        try:
+            return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"sqlite: {exc}") from None
+
+    # -- operations ------------------------------------------------------------------------------
+    async def ping(self) -> None:
+        await self._run(self._reader, lambda: self._connection().execute("SELECT 1").fetchone())
+
+    async def append(self, learner_key: str, events: list[StoredEvent], keep: int, now_ms: int) -> AppendResult:
+        return (await self.append_many([(learner_key, events)], keep, now_ms))[0]
+
+    async def append_many(self, batch: list[tuple[str, list[StoredEvent]]], keep: int,
+                          now_ms: int) -> list[AppendResult]:
+        """Several learners' appends in ONE transaction (bulk import)."""
+        return await self._run(self._writer, self._append_many, batch, keep, now_ms)
+
+    def _append_many(self, batch: list[tuple[str, list[StoredEvent]]], keep: int, now_ms: int) -> list[AppendResult]:
+        conn = self._connection()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            results = [self._append(conn, learner, events, keep, now_ms) for learner, events in batch]
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        return results
+
+    def _append(self, conn: sqlite3.Connection, learner: str, events: list[StoredEvent], keep: int,
+                now_ms: int) -> AppendResult:
+        row = conn.execute("SELECT next_seq, count FROM learners WHERE learner = ?", (learner,)).fetchone()
+        next_seq, count = row if row else (0, 0)
+        keys = [e.event_key for e in events]
+        known = set()
+        for start in range(0, len(keys), 500):                  # SQLite's bound-parameter limit
+            chunk = keys[start:start + 500]
+            marks = ",".join("?" * len(chunk))
+            known.update(k for (k,) in conn.execute(
+                f"SELECT event_key FROM events WHERE learner = ? AND event_key IN ({marks})", (learner, *chunk)))
+        new = [e for e in events if e.event_key not in known]
+        conn.executemany(
+            "INSERT INTO events (learner, seq, event_key, question, skill, correct, ts) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [(learner, next_seq + i, e.event_key, e.question_id, e.skill_id, e.correct, e.timestamp_ms)
+             for i, e in enumerate(new)])
+        next_seq += len(new)
+        conn.execute("DELETE FROM events WHERE learner = ? AND seq < ?", (learner, next_seq - keep))
+        count = min(count + len(new), keep)
+        conn.execute("INSERT INTO learners (learner, next_seq, count, last_seen_ms) VALUES (?, ?, ?, ?) "
+                     "ON CONFLICT (learner) DO UPDATE SET next_seq = excluded.next_seq, count = excluded.count, "
+                     "last_seen_ms = excluded.last_seen_ms", (learner, next_seq, count, now_ms))
+        return AppendResult(stored=len(new), duplicates=len(events) - len(new), history_length=count)
+
+    async def history(self, learner_key: str, limit: int) -> History:
+        def read() -> History:
+            rows = self._connection().execute(
+                "SELECT question, skill, correct FROM events WHERE learner = ? ORDER BY seq DESC LIMIT ?",
+                (learner_key, limit)).fetchall()
+            return History.from_rows(rows[::-1])
+        return await self._run(self._reader, read)
+
+    async def forget(self, learner_key: str) -> tuple[bool, int]:
+        def delete() -> tuple[bool, int]:
+            conn = self._connection()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                deleted = conn.execute("DELETE FROM events WHERE learner = ?", (learner_key,)).rowcount
+                existed = conn.execute("DELETE FROM learners WHERE learner = ?", (learner_key,)).rowcount > 0
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            return existed or deleted > 0, deleted
+        return await self._run(self._writer, delete)
+
+    async def expire(self, now_ms: int) -> int:
+        """Delete learners inactive for longer than the TTL; returns how many (0 without a TTL)."""
+        if self.ttl_s <= 0:
+            return 0
+
+        def sweep() -> int:
+            conn = self._connection()
+            cutoff = now_ms - int(self.ttl_s * 1000)
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.execute("DELETE FROM events WHERE learner IN (SELECT learner FROM learners WHERE last_seen_ms < ?)",
+                             (cutoff,))
+                gone = conn.execute("DELETE FROM learners WHERE last_seen_ms < ?", (cutoff,)).rowcount
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            return gone
+        return await self._run(self._writer, sweep)
+
+    async def learner_keys(self) -> list[str]:
+        def keys() -> list[str]:
+            conn = self._connection()
+            rows = conn.execute("SELECT learner FROM learners UNION SELECT DISTINCT learner FROM events").fetchall()
+            return sorted(k for (k,) in rows)
+        return await self._run(self._reader, keys)

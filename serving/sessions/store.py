@@ -1,0 +1,113 @@
+"""The session store interface: per-learner, append-only, ordered event logs with idempotent
+appends, bounded retention and an optional TTL for inactive learners.
+
+Both implementations (sqlite_store.py, redis_store.py) promise the same:
+- `append` is all or nothing and returns only once the events are durable (SQLite: committed with
+  synchronous=FULL in WAL mode; Redis: run by the server, whose AOF `appendfsync always` we start
+  it with). Events whose event key is already stored for the learner are skipped (counted as
+  duplicates); the rest are appended in request order, after everything stored before.
+- Retention: after an append only the newest `keep` events of the learner are kept; idempotency
+  holds for the event keys still kept.
+- `forget` removes everything stored for the learner.
+- A store that cannot be reached raises StoreUnavailable (the caller answers UNAVAILABLE).
+
+URLs: `sqlite:///relative/path.sqlite3`, `sqlite:////absolute/path.sqlite3`, `redis://HOST:PORT/DB`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+from urllib.parse import urlparse
+
+import numpy as np
+
+from routerkt.errors import UserError
+
+NO_TIMESTAMP = -1
+
+
+class StoreUnavailable(Exception):
+    """The store did not answer (down, unreachable, timed out); str() is for the log only."""
+
+
+@dataclass(frozen=True)
+class StoredEvent:
+    event_key: str           # keyed hash of the client's event id (serving/sessions/keys.py)
+    question_id: int
+    skill_id: int            # raw skill id; ABSENT_SKILL (-2) when the event had none
+    correct: int
+    timestamp_ms: int = NO_TIMESTAMP
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    stored: int
+    duplicates: int
+    history_length: int      # events held for the learner after the append
+
+
+@dataclass
+class History:
+    """A learner's stored events, oldest first."""
+
+    questions: np.ndarray    # int64 [n]
+    skills: np.ndarray       # int64 [n]
+    correct: np.ndarray      # int64 [n]
+
+    @classmethod
+    def empty(cls) -> History:
+        return cls(*(np.zeros(0, dtype=np.int64) for _ in range(3)))
+
+    @classmethod
+    def from_rows(cls, rows: list[tuple[int, int, int]]) -> History:
+        if not rows:
+            return cls.empty()
+        array = np.asarray(rows, dtype=np.int64)
+        return cls(array[:, 0].copy(), array[:, 1].copy(), array[:, 2].copy())
+
+
+class SessionStore(Protocol):
+    kind: str                # "sqlite" | "redis": for logs, metrics and /readyz
+
+    async def open(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def ping(self) -> None:
+        """Raise StoreUnavailable unless the store answers."""
+
+    async def append(self, learner_key: str, events: list[StoredEvent], keep: int, now_ms: int) -> AppendResult: ...
+
+    async def append_many(self, batch: list[tuple[str, list[StoredEvent]]], keep: int,
+                          now_ms: int) -> list[AppendResult]:
+        """Appends of several learners at once (bulk import); each keeps `append`'s guarantees."""
+
+    async def history(self, learner_key: str, limit: int) -> History:
+        """The newest `limit` events, oldest first (empty for an unknown learner)."""
+
+    async def forget(self, learner_key: str) -> tuple[bool, int]:
+        """(whether anything was stored, events deleted)."""
+
+    async def learner_keys(self) -> list[str]:
+        """Every learner key held (for audits and tests; scans the whole store)."""
+
+
+def open_store(url: str, ttl_s: float = 0.0) -> SessionStore:
+    """The store a URL names (not yet opened); UserError for an unsupported or malformed URL."""
+    parsed = urlparse(url)
+    if parsed.scheme == "sqlite":
+        path = url[len("sqlite:///"):] if url.startswith("sqlite:///") else ""
+        if not path:
+            raise UserError(f"--store {url!r}: expected sqlite:///PATH")
+        from serving.sessions.sqlite_store import SqliteStore
+        return SqliteStore(Path(path), ttl_s=ttl_s)
+    if parsed.scheme == "redis":
+        if not parsed.hostname or not parsed.port:
+            raise UserError(f"--store {url!r}: expected redis://HOST:PORT/DB")
+        from serving.sessions.redis_store import RedisStore
+        db = parsed.path.lstrip("/") or "0"
+        if not db.isdigit():
+            raise UserError(f"--store {url!r}: the database must be a number")
+        return RedisStore(parsed.hostname, parsed.port, int(db), ttl_s=ttl_s)
+    raise UserError(f"--store {url!r}: use sqlite:///PATH or redis://HOST:PORT/DB")

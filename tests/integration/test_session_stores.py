@@ -1,0 +1,158 @@
+"""The two session stores against one contract, each the real thing: SQLite (a file, WAL) and a
+redis-server process on loopback. Appends are ordered and idempotent, retention and forget hold,
+and learner keys are keyed hashes."""
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+
+import pytest
+
+from serving.sessions.keys import LearnerKeys
+from serving.sessions.redis_server import RedisServer
+from serving.sessions.store import StoredEvent, StoreUnavailable, open_store
+
+pytestmark = pytest.mark.integration
+
+KEYS = LearnerKeys(b"test-secret-of-32-bytes-for-hmac!")
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory):
+    with RedisServer(tmp_path_factory.mktemp("redis")) as server:
+        yield server
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def store_url(request, tmp_path, redis_server):
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'sessions.sqlite3'}"
+    return redis_server.url.replace("/0", f"/{hash(tmp_path) % 15 + 1}")   # a fresh database per test
+
+
+def events(learner: str, ids, start_q: int = 100) -> list[StoredEvent]:
+    key = KEYS.learner(learner)
+    return [StoredEvent(KEYS.event(key, str(i)), start_q + n, 7, n % 2, 1000 + n) for n, i in enumerate(ids)]
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def with_store(url, fn, ttl_s: float = 0.0):
+    store = open_store(url, ttl_s=ttl_s)
+    await store.open()
+    try:
+        if store.kind == "redis":
+            await store._client.flushdb()
+        return await fn(store)
+    finally:
+        await store.close()
+
+
+def test_append_is_ordered_idempotent_and_bounded(store_url) -> None:
+    async def scenario(store):
+        key = KEYS.learner("learner-1")
+        first = await store.append(key, events("learner-1", range(5)), keep=8, now_ms=1)
+        assert (first.stored, first.duplicates, first.history_length) == (5, 0, 5)
+        again = await store.append(key, events("learner-1", range(5)), keep=8, now_ms=2)
+        assert (again.stored, again.duplicates, again.history_length) == (0, 5, 5)     # a retry stores nothing
+        mixed = await store.append(key, events("learner-1", range(3, 9), start_q=200), keep=8, now_ms=3)
+        assert (mixed.stored, mixed.duplicates, mixed.history_length) == (4, 2, 8)
+        history = await store.history(key, 100)
+        assert history.questions.tolist() == [100, 101, 102, 103, 104, 202, 203, 204, 205][-8:]
+        more = await store.append(key, events("learner-1", range(9, 12), start_q=300), keep=8, now_ms=4)
+        assert more.history_length == 8                                           # trimmed to keep
+        history = await store.history(key, 3)
+        assert history.questions.tolist() == [300, 301, 302] and history.correct.tolist() == [0, 1, 0]
+        assert (await store.history(KEYS.learner("nobody"), 10)).questions.size == 0
+    run(with_store(store_url, scenario))
+
+
+def test_forget_removes_everything_of_one_learner(store_url) -> None:
+    async def scenario(store):
+        a, b = KEYS.learner("a"), KEYS.learner("b")
+        await store.append(a, events("a", range(4)), keep=100, now_ms=1)
+        await store.append(b, events("b", range(2)), keep=100, now_ms=1)
+        assert await store.forget(a) == (True, 4)
+        assert await store.forget(a) == (False, 0)
+        assert await store.learner_keys() == [b]
+        assert (await store.history(a, 10)).questions.size == 0
+        again = await store.append(a, events("a", range(4)), keep=100, now_ms=2)
+        assert again.stored == 4                                                  # nothing left to dedupe against
+    run(with_store(store_url, scenario))
+
+
+def test_concurrent_appends_of_one_learner_interleave_whole_requests(store_url) -> None:
+    async def scenario(store):
+        key = KEYS.learner("busy")
+
+        async def writer(w: int):
+            for r in range(10):
+                ids = [f"{w}-{r}-{i}" for i in range(3)]
+                evs = [StoredEvent(KEYS.event(key, e), 1000 * w + 10 * r + i, -2, 1, -1) for i, e in enumerate(ids)]
+                await store.append(key, evs, keep=1000, now_ms=1)
+        await asyncio.gather(*(writer(w) for w in range(1, 4)))
+        questions = (await store.history(key, 1000)).questions.tolist()
+        assert len(questions) == 90 and len(set(questions)) == 90
+        for start in range(0, 90, 3):                                              # each request contiguous
+            block = questions[start:start + 3]
+            assert block == list(range(block[0], block[0] + 3))
+        for w in range(1, 4):                                                      # each writer in its order
+            mine = [q for q in questions if q // 1000 == w]
+            assert mine == sorted(mine)
+    run(with_store(store_url, scenario))
+
+
+def test_sqlite_holds_no_raw_learner_or_event_id(tmp_path) -> None:
+    url = f"sqlite:///{tmp_path / 's.sqlite3'}"
+
+    async def scenario(store):
+        await store.append(KEYS.learner("alice@example.org"), events("alice@example.org", ["evt-secret-1"]),
+                           keep=10, now_ms=1)
+    run(with_store(url, scenario))
+    with sqlite3.connect(tmp_path / "s.sqlite3") as conn:
+        dump = "\n".join(conn.iterdump())
+    assert "alice" not in dump and "evt-secret" not in dump
+    assert KEYS.learner("alice@example.org") in dump
+
+
+def test_sqlite_expires_inactive_learners(tmp_path) -> None:
+    url = f"sqlite:///{tmp_path / 'ttl.sqlite3'}"
+
+    async def scenario(store):
+        await store.append(KEYS.learner("old"), events("old", range(2)), keep=10, now_ms=1_000)
+        await store.append(KEYS.learner("new"), events("new", range(2)), keep=10, now_ms=100_000)
+        assert await store.expire(now_ms=100_500) == 1
+        assert await store.learner_keys() == [KEYS.learner("new")]
+    run(with_store(url, scenario, ttl_s=60.0))
+
+
+def test_redis_ttl_expires_a_learner(redis_server) -> None:
+    async def scenario(store):
+        key = KEYS.learner("short-lived")
+        await store.append(key, events("short-lived", range(2)), keep=10, now_ms=1)
+        assert (await store.history(key, 10)).questions.size == 2
+        await asyncio.sleep(1.3)
+        assert (await store.history(key, 10)).questions.size == 0
+    run(with_store(redis_server.url, scenario, ttl_s=1.0))
+
+
+def test_an_unreachable_redis_is_store_unavailable(tmp_path) -> None:
+    from serving.triton_launcher import free_port
+
+    async def scenario():
+        store = open_store(f"redis://127.0.0.1:{free_port()}/0")
+        with pytest.raises(StoreUnavailable):
+            await store.ping()
+        with pytest.raises(StoreUnavailable):
+            await store.append(KEYS.learner("x"), events("x", [1]), keep=10, now_ms=1)
+        await store.close()
+    run(scenario())
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "mysql://x", "redis://127.0.0.1/0", "redis://127.0.0.1:1/zero"])
+def test_bad_store_urls_are_one_line_user_errors(url: str) -> None:
+    from routerkt.errors import UserError
+    with pytest.raises(UserError, match="--store"):
+        open_store(url)
