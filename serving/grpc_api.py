@@ -2,9 +2,17 @@
 (serving/service.py) and back. Protobuf stops here: each learner's repeated fields become numpy
 arrays in one pass (serving/requests.py), errors become status code + message, and the offending
 field travels in the trailing metadata key `routerkt-field`.
+
+Decoding is the gateway's own (`add_to_server`): a body that is not a valid message of the
+method's request type (garbage, truncated, invalid UTF-8 in a string field) is answered
+INVALID_ARGUMENT "the request body is not a valid <Type>", counted in
+routerkt_undecodable_requests_total{method} and logged at most once per LOG_EVERY_S, never with a
+traceback (grpc's own deserializer would answer UNKNOWN and log one per call).
 """
 from __future__ import annotations
 
+import logging
+import time
 from typing import Sequence
 
 import grpc
@@ -18,6 +26,42 @@ from serving.requests import Deadline, LearnerQuery, PredictQuery, PredictResult
 from serving.service import PredictionService
 from serving.sessions.events import ObserveQuery, timestamp_array
 from serving.sessions.service import SessionService
+
+
+log = logging.getLogger("routerkt.gateway.grpc")
+
+SERVICE = pb.DESCRIPTOR.services_by_name["KnowledgeTracingService"]
+LOG_EVERY_S = 10.0
+
+
+class Undecodable:
+    """What the gateway's deserializer returns for a body that does not parse."""
+
+    def __init__(self, type_name: str) -> None:
+        self.type_name = type_name
+
+
+def _decoder(message_type, on_failure):
+    def decode(data: bytes):
+        try:
+            return message_type.FromString(data)
+        except Exception:                      # DecodeError, invalid UTF-8, ...: never a traceback
+            on_failure()
+            return Undecodable(message_type.DESCRIPTOR.name)
+    return decode
+
+
+def add_to_server(servicer: "KnowledgeTracingServicer", server: grpc.aio.Server) -> None:
+    """Register the service's methods with the gateway's safe decoding (see the module docstring)."""
+    handlers = {}
+    for method in SERVICE.methods:
+        request_type = getattr(pb, method.input_type.name)
+        response_type = getattr(pb, method.output_type.name)
+        handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+            getattr(servicer, method.name),
+            request_deserializer=_decoder(request_type, servicer.undecodable(method.name)),
+            response_serializer=response_type.SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),))
 
 
 def learner_query(history: Sequence, candidates: Sequence, learner_id: str = "") -> LearnerQuery:
@@ -75,10 +119,23 @@ class KnowledgeTracingServicer(pb_grpc.KnowledgeTracingServiceServicer):
     def __init__(self, service: PredictionService, sessions: SessionService | None = None) -> None:
         self.service = service
         self.sessions = sessions
+        self._last_log = -LOG_EVERY_S
+
+    def undecodable(self, method: str):
+        """The callback counting (and rarely logging) an undecodable body of `method`."""
+        counter = self.service.metrics.undecodable.labels(method=method)
+
+        def count() -> None:
+            counter.inc()
+            if time.monotonic() - self._last_log >= LOG_EVERY_S:
+                self._last_log = time.monotonic()
+                log.warning("undecodable %s request bodies answered INVALID_ARGUMENT (counted in "
+                            "routerkt_undecodable_requests_total; logged at most every %.0fs)", method, LOG_EVERY_S)
+        return count
 
     async def Predict(self, request: pb.PredictRequest, context: grpc.aio.ServicerContext) -> pb.PredictResponse:
         try:
-            result = await self.service.predict(predict_query(request), self._deadline(context))
+            result = await self.service.predict(predict_query(_decoded(request)), self._deadline(context))
         except ServingError as exc:
             await _abort(context, exc)
             raise AssertionError("unreachable") from None
@@ -87,7 +144,7 @@ class KnowledgeTracingServicer(pb_grpc.KnowledgeTracingServiceServicer):
     async def PredictBatch(self, request: pb.PredictBatchRequest,
                            context: grpc.aio.ServicerContext) -> pb.PredictBatchResponse:
         try:
-            result = await self.service.predict(batch_query(request), self._deadline(context))
+            result = await self.service.predict(batch_query(_decoded(request)), self._deadline(context))
         except ServingError as exc:
             await _abort(context, exc)
             raise AssertionError("unreachable") from None
@@ -95,7 +152,8 @@ class KnowledgeTracingServicer(pb_grpc.KnowledgeTracingServiceServicer):
 
     async def Observe(self, request: pb.ObserveRequest, context: grpc.aio.ServicerContext) -> pb.ObserveResponse:
         try:
-            result = await self._sessions().observe(observe_query(request), self._deadline(context))
+            query = observe_query(_decoded(request))
+            result = await self._sessions().observe(query, self._deadline(context))
         except ServingError as exc:
             await _abort(context, exc)
             raise AssertionError("unreachable") from None
@@ -105,7 +163,8 @@ class KnowledgeTracingServicer(pb_grpc.KnowledgeTracingServiceServicer):
     async def ForgetLearner(self, request: pb.ForgetLearnerRequest,
                             context: grpc.aio.ServicerContext) -> pb.ForgetLearnerResponse:
         try:
-            existed, deleted = await self._sessions().forget(request.learner_id, self._deadline(context))
+            learner_id = _decoded(request).learner_id
+            existed, deleted = await self._sessions().forget(learner_id, self._deadline(context))
         except ServingError as exc:
             await _abort(context, exc)
             raise AssertionError("unreachable") from None
@@ -119,6 +178,13 @@ class KnowledgeTracingServicer(pb_grpc.KnowledgeTracingServiceServicer):
     def _deadline(self, context: grpc.aio.ServicerContext) -> Deadline:
         remaining = context.time_remaining()
         return Deadline.after(self.service.settings.default_deadline_s if remaining is None else remaining)
+
+
+def _decoded(request):
+    """The request, or INVALID_ARGUMENT when its body did not decode."""
+    if isinstance(request, Undecodable):
+        raise errors.invalid_argument("body", f"the request body is not a valid {request.type_name}")
+    return request
 
 
 async def _abort(context: grpc.aio.ServicerContext, exc: ServingError) -> None:

@@ -14,10 +14,14 @@ this module only turns JSON bodies into PredictQuery (serving/requests.py) and r
 Errors are {"error": {"code": <gRPC code name>, "message", "field"}} with HTTP 400 (INVALID_ARGUMENT,
 also for malformed JSON / wrong types), 404 (NOT_FOUND), 413 (body over the size limit), 429
 (RESOURCE_EXHAUSTED), 503 (UNAVAILABLE), 504 (DEADLINE_EXCEEDED), 500 (INTERNAL). The deadline is
-settings.default_deadline_s unless the `X-Request-Timeout` header gives one in seconds.
+settings.default_deadline_s unless the `X-Request-Timeout` header gives one in seconds (capped at
+MAX_REQUEST_TIMEOUT_S, 60). Input is strict: JSON integers only (no bool, string or float for an id
+or `correct`), text without lone surrogates, a body of at most 4x max_message_bytes also when
+chunked (413), arriving within settings.http_body_timeout_s (408).
 """
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Annotated, Any
 
 import grpc
@@ -25,7 +29,7 @@ from fastapi import FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field, StrictInt
 
 from serving.errors import ServingError, invalid_argument
 from serving.requests import Deadline, LearnerQuery, PredictQuery
@@ -36,8 +40,21 @@ if TYPE_CHECKING:
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 JSON_SIZE_FACTOR = 4          # a JSON body may be this many times settings.max_message_bytes
-Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
-Int32 = Annotated[int, Field(ge=INT32_MIN, le=INT32_MAX)]
+MAX_REQUEST_TIMEOUT_S = 60.0  # X-Request-Timeout beyond this is capped to it
+# JSON integers only: no bool, no "12", no 1.0 (400 naming the field)
+Int64 = Annotated[StrictInt, Field(ge=INT64_MIN, le=INT64_MAX)]
+Int32 = Annotated[StrictInt, Field(ge=INT32_MIN, le=INT32_MAX)]
+
+
+def _encodable(text: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode text (no lone surrogates)") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_encodable)]
 
 
 class InteractionIn(BaseModel):
@@ -52,11 +69,11 @@ class CandidateIn(BaseModel):
 
 
 class PredictIn(BaseModel):
-    model: str
+    model: Text
     version: Int64 = Field(0, description="0 = the latest served version")
     history: list[InteractionIn] = Field(default_factory=list, description="oldest first; may be empty")
     candidates: list[CandidateIn]
-    learner_id: str = Field("", description="set: the history comes from the session store (history empty)")
+    learner_id: Text = Field("", description="set: the history comes from the session store (history empty)")
 
 
 class PredictOut(BaseModel):
@@ -69,7 +86,7 @@ class PredictOut(BaseModel):
 class LearnerIn(BaseModel):
     history: list[InteractionIn] = Field(default_factory=list)
     candidates: list[CandidateIn]
-    learner_id: str = ""
+    learner_id: Text = ""
 
 
 class LearnerOut(BaseModel):
@@ -78,7 +95,7 @@ class LearnerOut(BaseModel):
 
 
 class PredictBatchIn(BaseModel):
-    model: str
+    model: Text
     version: Int64 = 0
     learners: list[LearnerIn]
 
@@ -106,22 +123,64 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (503, "UNAVAILABLE: Triton or the model is not ready"), (504, "DEADLINE_EXCEEDED"))}
 
 
+class BodyGuard:
+    """ASGI middleware: reads a request body completely before the app sees it, refusing one over
+    `max_bytes` (413, chunked or not) and one that does not arrive within `read_timeout_s` (408: a
+    Content-Length larger than the body, a slow client). Bodies of GET/HEAD pass through."""
+
+    def __init__(self, app, max_bytes: int, read_timeout_s: float, metrics) -> None:
+        self.app, self.max_bytes, self.read_timeout_s, self.metrics = app, max_bytes, read_timeout_s, metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope.get("method") in ("GET", "HEAD"):
+            await self.app(scope, receive, send)
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.read_timeout_s
+        chunks, size = [], 0
+        while True:
+            try:
+                message = await asyncio.wait_for(receive(), max(deadline - loop.time(), 0.001))
+            except asyncio.TimeoutError:
+                await self._reject(scope, receive, send, 408, ServingError(
+                    grpc.StatusCode.DEADLINE_EXCEEDED, f"the body did not arrive within {self.read_timeout_s:g} s",
+                    "body"))
+                return
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_bytes:
+                await self._reject(scope, receive, send, 413, ServingError(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED, f"over {self.max_bytes} bytes", "body"))
+                return
+            if not message.get("more_body", False):
+                break
+        pending = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+
+        async def replay():
+            return pending.pop() if pending else await receive()
+        await self.app(scope, replay, send)
+
+    async def _reject(self, scope, receive, send, status: int, error: ServingError) -> None:
+        self.metrics.errors.labels(code=error.code_name).inc()
+        self.metrics.http_requests.labels(handler="other", status=str(status)).inc()
+        await JSONResponse(status_code=status, content=error.to_json(), headers={"Connection": "close"})(
+            scope, receive, send)
+
+
 def create_app(gateway: "GatewayServer") -> FastAPI:
     """The FastAPI app of one gateway."""
     settings, metrics, service = gateway.settings, gateway.metrics, gateway.service
     app = FastAPI(title="RouterKT gateway", version="1",
                   description="JSON mirror of routerkt.v1.KnowledgeTracingService, plus health and metrics.")
 
+    app.add_middleware(BodyGuard, max_bytes=settings.max_message_bytes * JSON_SIZE_FACTOR,
+                       read_timeout_s=settings.http_body_timeout_s, metrics=metrics)
+
     @app.middleware("http")
-    async def guard_and_count(request: Request, call_next):
-        length = request.headers.get("content-length", "")
-        if length.isdigit() and int(length) > settings.max_message_bytes * JSON_SIZE_FACTOR:
-            error = ServingError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                 f"over {settings.max_message_bytes * JSON_SIZE_FACTOR} bytes", "body")
-            metrics.errors.labels(code=error.code_name).inc()
-            response = JSONResponse(status_code=413, content=error.to_json())
-        else:
-            response = await call_next(request)
+    async def count(request: Request, call_next):
+        response = await call_next(request)
         route = request.scope.get("route")
         metrics.http_requests.labels(handler=getattr(route, "path", "other"), status=str(response.status_code)).inc()
         return response
@@ -201,8 +260,8 @@ def _deadline(header: str | None, default_s: float) -> Deadline | ServingError:
     except ValueError:
         seconds = float("nan")
     if not seconds > 0 or seconds == float("inf"):
-        return invalid_argument("X-Request-Timeout", f"must be a positive number of seconds, got {header!r}")
-    return Deadline.after(seconds)
+        return invalid_argument("X-Request-Timeout", f"must be a positive number of seconds, got {header[:32]!r}")
+    return Deadline.after(min(seconds, MAX_REQUEST_TIMEOUT_S))
 
 
 def _error(exc: ServingError) -> JSONResponse:

@@ -46,6 +46,7 @@ METRIC_NAMES = (
     "routerkt_store_errors_total",
     "routerkt_store_up",
     "routerkt_events_total",
+    "routerkt_undecodable_requests_total",
 )
 
 # Metrics read from Triton's own /metrics port (Triton 2.51, serving-notes.md §1), plus the
@@ -130,6 +131,9 @@ class Metrics:
             ("result",), registry=r)
         for result in ("stored", "duplicate"):
             self.events.labels(result=result)
+        self.undecodable = Counter(
+            "routerkt_undecodable_requests", "gRPC request bodies that did not decode (answered INVALID_ARGUMENT).",
+            ("method",), registry=r)
         self.build_info = Gauge(
             "routerkt_build_info", "Always 1; the labels say which build of the gateway runs.",
             ("version", "git_sha"), registry=r)

@@ -37,11 +37,10 @@ from grpc_reflection.v1alpha import reflection
 
 from routerkt.errors import UserError
 from serving.api import knowledge_tracing_pb2 as pb
-from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
 from serving.backends.triton import TritonInferenceBackend
 from serving.catalog import ModelCatalog
 from serving.features import WindowEncoder
-from serving.grpc_api import KnowledgeTracingServicer
+from serving.grpc_api import KnowledgeTracingServicer, add_to_server
 from serving.history import RequestHistory
 from serving.http import create_app
 from serving.metrics import Metrics, MetricsSink
@@ -82,8 +81,7 @@ class GatewayServer:
             options=[("grpc.max_receive_message_length", settings.max_message_bytes),
                      ("grpc.max_send_message_length", settings.max_message_bytes),
                      ("grpc.so_reuseport", 0)])
-        pb_grpc.add_KnowledgeTracingServiceServicer_to_server(KnowledgeTracingServicer(self.service, sessions),
-                                                              self.grpc)
+        add_to_server(KnowledgeTracingServicer(self.service, sessions), self.grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
         reflection.enable_server_reflection(
             (pb.DESCRIPTOR.services_by_name["KnowledgeTracingService"].full_name,

@@ -30,6 +30,7 @@ class Settings:
     max_history: int = 10_000                     # interactions per learner accepted (only window-1 are used)
     max_batch_learners: int = 64                  # learners per PredictBatch call
     max_message_bytes: int = 4 * MIB              # gRPC max receive size; bigger messages get RESOURCE_EXHAUSTED
+    http_body_timeout_s: float = 10.0            # an HTTP request body must arrive within this (408 otherwise)
     max_rows_per_infer: int = 256                 # rows per Triton request when packing a batch (capped by the
                                                   # model's max_batch_size); must be >= max_candidates
 
@@ -78,7 +79,7 @@ class Settings:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise UserError(f"settings.{name} must be a positive integer, got {value!r}")
         positive_floats = ("default_deadline_s", "probe_interval_s", "probe_timeout_s", "reload_timeout_s",
-                           "repository_poll_s", "store_probe_s", "store_expiry_s")
+                           "repository_poll_s", "store_probe_s", "store_expiry_s", "http_body_timeout_s")
         for name in positive_floats:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:

@@ -151,3 +151,101 @@ def test_openapi_lists_the_paths(gateway) -> None:
     paths = gateway[2].get("/openapi.json").json()["paths"]
     assert {"/v1/predict", "/v1/predict_batch", "/metrics", "/livez", "/readyz"} <= set(paths)
     assert "400" in paths["/v1/predict"]["post"]["responses"]
+
+
+# -- request bodies the gateway decodes itself -------------------------------------------------------
+RPCS = ("Predict", "PredictBatch", "Observe", "ForgetLearner")
+
+
+def raw_call(gateway, method: str, body: bytes) -> grpc.RpcError | bytes:
+    call = gateway[1].unary_unary(f"/routerkt.v1.KnowledgeTracingService/{method}")   # bytes in, bytes out
+    try:
+        return call(body, timeout=5.0)
+    except grpc.RpcError as exc:
+        return exc
+
+
+@pytest.mark.parametrize("method", RPCS)
+@pytest.mark.parametrize("body", [b"\xff\xff\xff", b"\x0a\x05kt", b"\x0a\x02\xc3\x28",   # garbage, truncated, bad UTF-8
+                                  valid_request().SerializeToString()[:-3]])
+def test_undecodable_bodies_are_invalid_argument_with_a_plain_message(gateway, method: str, body: bytes) -> None:
+    error = raw_call(gateway, method, body)
+    assert isinstance(error, grpc.RpcError) and error.code() is grpc.StatusCode.INVALID_ARGUMENT, error
+    assert error.details().startswith("body: the request body is not a valid ")
+    assert "Error" not in error.details() and "<class" not in error.details() and ".py" not in error.details()
+    text = gateway[2].get("/metrics").text
+    assert f'routerkt_undecodable_requests_total{{method="{method}"}}' in text
+
+
+def test_fuzzed_bodies_never_answer_unknown_or_internal(gateway) -> None:
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    seeds = [valid_request().SerializeToString(), pb.ObserveRequest(learner_id="x", events=[
+        pb.Event(event_id="e", question_id=1, correct=1)]).SerializeToString()]
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(method=st.sampled_from(RPCS), seed=st.sampled_from(seeds), cut=st.integers(0, 64),
+           flips=st.lists(st.tuples(st.integers(0, 63), st.integers(0, 255)), max_size=4),
+           junk=st.binary(max_size=32))
+    def probe(method, seed, cut, flips, junk):
+        body = bytearray(seed[:cut] + junk)
+        for at, value in flips:
+            if body:
+                body[at % len(body)] = value
+        outcome = raw_call(gateway, method, bytes(body))
+        if isinstance(outcome, grpc.RpcError):
+            assert outcome.code() not in (grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL), outcome
+    probe()
+    health = health_pb2_grpc.HealthStub(gateway[1]).Check(health_pb2.HealthCheckRequest(), timeout=5.0)
+    assert health.status == health_pb2.HealthCheckResponse.NOT_SERVING          # alive, answering (no Triton here)
+
+
+# -- the HTTP mirror's input rules -------------------------------------------------------------------
+@pytest.mark.parametrize("body, field", [
+    ({"model": "kt", "candidates": [{"question_id": False}]}, "candidates[0].question_id"),
+    ({"model": "kt", "candidates": [{"question_id": "12"}]}, "candidates[0].question_id"),
+    ({"model": "kt", "candidates": [{"question_id": 1.0}]}, "candidates[0].question_id"),
+    ({"model": "kt", "candidates": [{"question_id": 1}], "history": [{"question_id": 1, "correct": True}]},
+     "history[0].correct"),
+])
+def test_http_integers_are_strict(gateway, body, field) -> None:
+    answer = gateway[2].post("/v1/predict", json=body)
+    assert answer.status_code == 400 and answer.json()["error"]["field"] == field
+
+
+def test_http_lone_surrogates_and_invalid_utf8_are_400(gateway) -> None:
+    answer = gateway[2].post("/v1/predict", content=b'{"model": "\\ud800", "candidates": [{"question_id": 1}]}',
+                             headers={"content-type": "application/json"})
+    assert answer.status_code == 400 and answer.json()["error"]["field"] == "model"
+    answer = gateway[2].post("/v1/predict", content=b'{"model": "\xff", "candidates": []}',
+                             headers={"content-type": "application/json"})
+    assert answer.status_code == 400
+
+
+def test_http_chunked_bodies_over_the_limit_are_413(gateway) -> None:
+    limit = MAX_MESSAGE * 4
+
+    def chunks():
+        yield b'{"model": "kt", "candidates": [' + b'{"question_id": 1},' * (limit // 18)
+        yield b'{"question_id": 1}]}'
+    answer = gateway[2].post("/v1/predict", content=chunks(), headers={"content-type": "application/json"})
+    assert answer.status_code == 413 and answer.json()["error"]["field"] == "body"
+
+
+def test_http_a_body_shorter_than_its_content_length_gets_408_not_a_hang(handmade_repository) -> None:
+    import socket
+    settings = Settings(repository=handmade_repository, triton_url=f"127.0.0.1:{free_port()}", grpc_port=0,
+                        http_port=0, http_body_timeout_s=0.5, grace_period_s=1.0)
+    with ThreadedGateway(settings, Metrics()) as gw:
+        with socket.create_connection(("127.0.0.1", gw.http_port), timeout=5.0) as sock:
+            sock.sendall(b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 500\r\n\r\n{\"model\": ")
+            reply = sock.recv(4096)
+    assert reply.startswith(b"HTTP/1.1 408")
+
+
+def test_http_huge_timeout_headers_are_capped_not_overflowing(gateway) -> None:
+    body = {"model": "kt", "candidates": [{"question_id": 101}]}
+    answer = gateway[2].post("/v1/predict", json=body, headers={"X-Request-Timeout": "9.2e18"})
+    assert answer.status_code == 503                     # no Triton here: UNAVAILABLE, not an instant 504

@@ -44,7 +44,7 @@ def test_labels_carry_no_learner_information() -> None:
     metrics.grpc_handled.labels(grpc_service="s", grpc_method="m", grpc_type="unary", grpc_code="OK").inc()
     metrics.reloads.labels(model="kt", reason="stub_crash").inc()
     allowed = {"grpc_service", "grpc_method", "grpc_type", "grpc_code", "model", "reason", "kind", "code",
-               "handler", "status", "le", "version", "git_sha", "operation", "result"}   # version: model or build
+               "handler", "status", "le", "version", "git_sha", "operation", "result", "method"}   # version: model or build
     for family in metrics.registry.collect():
         for sample in family.samples:
             assert set(sample.labels) <= allowed, (family.name, sample.labels)
