@@ -2,21 +2,25 @@
 
 Steps: rebuild the model from the chosen fold's meta.json alone -> refuse non-servable configs ->
 ONNX export with frozen biases -> parity check against PyTorch (random batches at several sizes
-and lengths, plus real batches when the run's data file is readable) -> (TensorRT plan on a GPU
-host) -> render config.pbtxt -> publish the version atomically. Any failure leaves the repository
-untouched.
+and lengths, plus real batches when the run's data file is readable) -> the same for the rank graph
+(rank.onnx, checked against one PyTorch window per candidate) -> (TensorRT plan of the score graph
+on a GPU host) -> render config.pbtxt -> publish the version atomically. Either parity failing
+refuses the export; any failure leaves the repository untouched. With --quantize int8 both graphs
+are quantized and each must stay within INT8_TOL.
 """
 from __future__ import annotations
 
 import json
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from export.onnx_export import PARITY_TOL, ExportError, check_parity, export_onnx
+from export.onnx_export import (PARITY_TOL, ExportError, check_parity, check_rank_parity, export_onnx,
+                                ParityReport, export_rank_onnx, rank_batches)
 from export.repository import publish_version
 from export.triton_python_model import MODEL_PY
 from export.triton_config import (PARAM_N_QUESTIONS, PARAM_N_SKILLS, Backend, TritonModelOptions,
@@ -36,6 +40,8 @@ class ExportResult:
     parity_max_abs_diff: float
     parity_cases: list = field(default_factory=list)
     files: list[str] = field(default_factory=list)
+    rank_parity_max_abs_diff: float = float("nan")
+    rank_parity_cases: list = field(default_factory=list)
 
 
 def _check_repository(repository: Path) -> None:
@@ -93,29 +99,32 @@ def export_run(run: Path, repository: Path, name: str | None = None, version: in
                             "(see README, 'TensorRT')")
 
     with tempfile.TemporaryDirectory(prefix="routerkt-export-") as tmp:
-        onnx_path = Path(tmp) / signature.ONNX_FILE
+        onnx_path, rank_path = Path(tmp) / signature.ONNX_FILE, Path(tmp) / signature.RANK_ONNX_FILE
+        real = real_batches(cfg, ckpt.vocab)
         started = time.perf_counter()
         export_onnx(ckpt.model, onnx_path)
-        report = check_parity(ckpt.model, onnx_path, batches=real_batches(cfg, ckpt.vocab))
+        report = check_parity(ckpt.model, onnx_path, batches=real)
         log(f"exported {fold_dir} to ONNX in {time.perf_counter() - started:.1f}s; parity max |ort - torch| = "
             f"{report.max_abs_diff:.2e} over {len(report.cases)} batches")
         if not report.ok:
             raise ExportError(f"parity check failed: max |onnxruntime - pytorch| = {report.max_abs_diff:.3e} "
                               f"> {PARITY_TOL:g}; nothing was published")
+        started = time.perf_counter()
+        export_rank_onnx(ckpt.model, rank_path)
+        rank_report = check_rank_parity(ckpt.model, rank_path, batches=rank_batches(real))
+        log(f"exported the rank graph in {time.perf_counter() - started:.1f}s; rank parity max |ort rank - "
+            f"torch windows| = {rank_report.max_abs_diff:.2e} over {len(rank_report.cases)} batches")
+        if not rank_report.ok:
+            raise ExportError(f"rank parity check failed: max |onnxruntime rank - pytorch windows| = "
+                              f"{rank_report.max_abs_diff:.3e} > {PARITY_TOL:g}; nothing was published")
         if quantize == "int8":                # weights of MatMul/Gemm as int8, activations quantized on the fly
-            from onnxruntime.quantization import QuantType, quantize_dynamic
-            quantized = Path(tmp) / "model.int8.onnx"
-            # 7-bit weights (reduce_range): x86 CPUs without VNNI saturate u8 x s8 products otherwise
-            quantize_dynamic(str(onnx_path), str(quantized), weight_type=QuantType.QInt8, reduce_range=True)
-            report = check_parity(ckpt.model, quantized, batches=real_batches(cfg, ckpt.vocab))
-            log(f"int8 (dynamic quantization): max |ort int8 - torch| = {report.max_abs_diff:.2e}")
-            if report.max_abs_diff > INT8_TOL:
-                raise ExportError(f"int8 parity check failed: max |int8 - pytorch| = {report.max_abs_diff:.3e} "
-                                  f"> {INT8_TOL:g}; export without --quantize")
-            onnx_path = quantized
+            onnx_path, report = _int8(onnx_path, lambda path: check_parity(ckpt.model, path, batches=real), log)
+            rank_path, rank_report = _int8(rank_path, lambda path: check_rank_parity(
+                ckpt.model, path, batches=rank_batches(real)), log)
         elif quantize != "none":
             raise UserError(f"--quantize {quantize!r}: choose none or int8")
-        files: dict[str, Path | bytes] = {signature.VOCAB_FILE: json.dumps(ckpt.vocab.to_json()).encode()}
+        files: dict[str, Path | bytes] = {signature.VOCAB_FILE: json.dumps(ckpt.vocab.to_json()).encode(),
+                                          signature.RANK_ONNX_FILE: rank_path}
         if options.backend is Backend.TENSORRT:
             from export.tensorrt import build_engine
             plan = Path(tmp) / signature.PLAN_FILE
@@ -134,4 +143,19 @@ def export_run(run: Path, repository: Path, name: str | None = None, version: in
         files[signature.INFO_FILE] = info.save_bytes()
         version = publish_version(repository, name, files, config_text, version=version, keep_versions=keep_versions)
     return ExportResult(name=name, version=version, repository=repository, parity_max_abs_diff=report.max_abs_diff,
-                        parity_cases=report.cases, files=sorted(files))
+                        parity_cases=report.cases, files=sorted(files),
+                        rank_parity_max_abs_diff=rank_report.max_abs_diff, rank_parity_cases=rank_report.cases)
+
+
+def _int8(onnx_path: Path, parity: Callable[[Path], ParityReport], log) -> tuple[Path, ParityReport]:
+    """Dynamic int8 quantization of one graph, checked by `parity` against INT8_TOL."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    quantized = onnx_path.with_suffix(".int8.onnx")
+    # 7-bit weights (reduce_range): x86 CPUs without VNNI saturate u8 x s8 products otherwise
+    quantize_dynamic(str(onnx_path), str(quantized), weight_type=QuantType.QInt8, reduce_range=True)
+    report = parity(quantized)
+    log(f"int8 (dynamic quantization) {onnx_path.name}: max |ort int8 - torch| = {report.max_abs_diff:.2e}")
+    if report.max_abs_diff > INT8_TOL:
+        raise ExportError(f"int8 parity check of {onnx_path.name} failed: max |int8 - pytorch| = "
+                          f"{report.max_abs_diff:.3e} > {INT8_TOL:g}; export without --quantize")
+    return quantized, report

@@ -6,8 +6,12 @@ relative recency kernel) and sliced to the actual length inside the graph; monot
 keeps its data-dependent decay. Routed heads are served with the causal `prefix` scope only: a
 model trained with the leaking whole-window `sequence` scope is refused.
 
-Exporter: torch.onnx.export(dynamo=True), opset 18, dynamic batch and sequence axes, named tensors
-from routerkt/contract/signature.py.
+Exporter: torch.onnx.export(dynamo=True), opset 18, named tensors from routerkt/contract/signature.py.
+Two graphs per model:
+- score (`export_onnx`): dynamic batch and sequence axes (2 .. max_len);
+- rank (`export_rank_onnx`, KTModel.rank): dynamic batch, history (1 .. max_len - 1; serving sends
+  window - 1) and candidates axes. Its parity check (`check_rank_parity`) compares onnxruntime's
+  candidate_probs with the reference, one PyTorch window [history, candidate] per candidate.
 """
 from __future__ import annotations
 
@@ -47,6 +51,19 @@ class InferenceModel(nn.Module):
         return torch.sigmoid(self.model(questions, skills, responses).logits)
 
 
+class RankInferenceModel(nn.Module):
+    """The rank graph: history [B, H] and candidates [B, N] -> candidate_probs [B, N]."""
+
+    def __init__(self, model: KTModel):
+        super().__init__()
+        self.model = model
+
+    def forward(self, history_questions: Tensor, history_skills: Tensor, history_responses: Tensor,
+                candidate_questions: Tensor, candidate_skills: Tensor) -> Tensor:
+        return torch.sigmoid(self.model.rank(history_questions, history_skills, history_responses,
+                                             candidate_questions, candidate_skills))
+
+
 def check_servable(model: KTModel) -> None:
     cfg = model.config
     if cfg.leaks_future:
@@ -69,18 +86,41 @@ def example_inputs(n_questions: int, n_skills: int, batch: int, length: int, see
     return q.astype(np.int64), s.astype(np.int64), r.astype(np.int64)
 
 
-def export_onnx(model: KTModel, path: Path, quiet: bool = True) -> None:
-    """Freeze biases and write `path` (single file, weights embedded)."""
-    check_servable(model)
-    model.eval()
-    model.freeze_biases()
-    wrapper = InferenceModel(model).eval()
-    cfg = model.config
-    L = min(cfg.max_len, 16)
-    inputs = tuple(torch.from_numpy(a) for a in example_inputs(cfg.n_questions, cfg.n_skills, 2, L))
-    batch = torch.export.Dim("batch", min=1, max=1 << 16)
-    seq = torch.export.Dim("seq", min=2, max=cfg.max_len)
-    dynamic = {name: {0: batch, 1: seq} for name in signature.SCORE.input_names}
+def rank_inputs(n_questions: int, n_skills: int, batch: int, history: int, candidates: int,
+                seed: int = 0) -> tuple[np.ndarray, ...]:
+    """Random rank-graph inputs: left-padded histories [B, H] of random length (row 0 full, row 1
+    empty) and real candidates [B, N], the last one of the last row a padding candidate."""
+    rng = np.random.default_rng(seed)
+    hq, hs, hr = example_inputs(n_questions, n_skills, batch, history, seed=seed, min_len=0)
+    if batch > 1:
+        hq[1], hs[1], hr[1] = signature.PAD_ID, signature.PAD_ID, signature.PAD_RESPONSE
+    cq = rng.integers(signature.FIRST_ID, max(n_questions, signature.FIRST_ID + 1), (batch, candidates))
+    cs = rng.integers(signature.FIRST_ID, max(n_skills, signature.FIRST_ID + 1), (batch, candidates))
+    if candidates > 1:
+        cq[-1, -1] = cs[-1, -1] = signature.PAD_ID
+    return hq, hs, hr, cq.astype(np.int64), cs.astype(np.int64)
+
+
+def candidate_windows(hq: np.ndarray, hs: np.ndarray, hr: np.ndarray, cq: np.ndarray,
+                      cs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Today's per-candidate rows: [B*N, H+1] windows [history_b, candidate_(b, j)], row b*N + j."""
+    N = cs.shape[1]
+    rows = [np.concatenate([np.repeat(h, N, axis=0), c.reshape(-1, 1)], axis=1)
+            for h, c in ((hq, cq), (hs, cs), (hr, np.full_like(cs, signature.CANDIDATE_RESPONSE)))]
+    return rows[0], rows[1], rows[2]
+
+
+def rank_reference(model: KTModel, hq: np.ndarray, hs: np.ndarray, hr: np.ndarray, cq: np.ndarray,
+                   cs: np.ndarray) -> np.ndarray:
+    """[B, N] P(correct) of each candidate from its own window through the PyTorch model."""
+    q, s, r = (torch.from_numpy(a) for a in candidate_windows(hq, hs, hr, cq, cs))
+    with torch.no_grad():
+        probs = torch.sigmoid(model(q, s, r).logits[:, -1])
+    return probs.numpy().reshape(cs.shape)
+
+
+def _trace(wrapper: nn.Module, inputs: tuple[Tensor, ...], graph: signature.Graph, dynamic: dict,
+           path: Path, quiet: bool) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     sink = io.StringIO()
@@ -93,18 +133,52 @@ def export_onnx(model: KTModel, path: Path, quiet: bool = True) -> None:
             with torch.no_grad():
                 program = torch.onnx.export(
                     wrapper, inputs, dynamo=True, opset_version=OPSET, external_data=False,
-                    input_names=list(signature.SCORE.input_names), output_names=list(signature.SCORE.output_names),
+                    input_names=list(graph.input_names), output_names=list(graph.output_names),
                     dynamic_shapes=dynamic, verbose=False)
         except Exception as exc:  # the exporter raises many types; report one line, keep the cause
-            raise ExportError(f"ONNX export failed: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}") from exc
+            raise ExportError(f"ONNX export of the {graph.name} graph failed: {type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0][:300]}") from exc
     with atomic_path(path) as tmp:
         program.save(str(tmp))
+
+
+def _prepare(model: KTModel) -> None:
+    check_servable(model)
+    model.eval()
+    model.freeze_biases()
+
+
+def export_onnx(model: KTModel, path: Path, quiet: bool = True) -> None:
+    """Freeze biases and write the score graph to `path` (single file, weights embedded)."""
+    _prepare(model)
+    cfg = model.config
+    L = min(cfg.max_len, 16)
+    inputs = tuple(torch.from_numpy(a) for a in example_inputs(cfg.n_questions, cfg.n_skills, 2, L))
+    batch = torch.export.Dim("batch", min=1, max=1 << 16)
+    seq = torch.export.Dim("seq", min=2, max=cfg.max_len)
+    dynamic = {name: {0: batch, 1: seq} for name in signature.SCORE.input_names}
+    _trace(InferenceModel(model).eval(), inputs, signature.SCORE, dynamic, path, quiet)
+
+
+def export_rank_onnx(model: KTModel, path: Path, quiet: bool = True) -> None:
+    """Freeze biases and write the rank graph to `path` (single file, weights embedded)."""
+    _prepare(model)
+    cfg = model.config
+    H = min(cfg.max_len - 1, 15)
+    arrays = rank_inputs(cfg.n_questions, cfg.n_skills, 2, H, 3)
+    batch = torch.export.Dim("batch", min=1, max=1 << 16)
+    history = torch.export.Dim("history", min=1, max=cfg.max_len - 1)
+    candidates = torch.export.Dim("candidates", min=1, max=1 << 16)
+    dynamic = {spec.name: {0: batch, 1: history if spec.axes[1] == "history" else candidates}
+               for spec in signature.RANK.inputs}
+    _trace(RankInferenceModel(model).eval(), tuple(torch.from_numpy(a) for a in arrays), signature.RANK,
+           dynamic, path, quiet)
 
 
 @dataclass
 class ParityReport:
     max_abs_diff: float
-    cases: list[tuple[int, int, float]]   # (batch, length, max abs diff)
+    cases: list[tuple]   # (batch, length, max abs diff); rank: (batch, history, candidates, max abs diff)
 
     @property
     def ok(self) -> bool:
@@ -129,4 +203,42 @@ def check_parity(model: KTModel, onnx_path: Path, batches: list[tuple[np.ndarray
         valid = s != signature.PAD_ID
         diff = float(np.abs(got - ref)[valid].max()) if valid.any() else 0.0
         cases.append((q.shape[0], q.shape[1], diff))
-    return ParityReport(max_abs_diff=max(c[2] for c in cases), cases=cases)
+    return ParityReport(max_abs_diff=max(c[-1] for c in cases), cases=cases)
+
+
+def rank_batches(windows: list[tuple[np.ndarray, np.ndarray, np.ndarray]], candidates: int = 16,
+                 seed: int = 0) -> list[tuple[np.ndarray, ...]]:
+    """Rank-graph inputs from real windows [B, L]: each row's last L-1 interactions as the history,
+    candidates drawn from the real (question, skill) pairs of the batch."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for q, s, r in windows:
+        pairs = np.flatnonzero(s != signature.PAD_ID)
+        if not len(pairs):
+            continue
+        pick = rng.choice(pairs, size=(q.shape[0], candidates))
+        history = (np.ascontiguousarray(a[:, 1:]) for a in (q, s, r))
+        out.append((*history, q.reshape(-1)[pick], s.reshape(-1)[pick]))
+    return out
+
+
+def check_rank_parity(model: KTModel, onnx_path: Path, batches: list[tuple[np.ndarray, ...]] | None = None,
+                      shapes: tuple[tuple[int, int, int], ...] | None = None, session=None) -> ParityReport:
+    """Max |onnxruntime rank graph - PyTorch per-candidate windows| over valid candidates, for
+    random inputs of `shapes` (batch, history, candidates; default: history window - 1 with 1, 16
+    and 64 candidates, and a short history) and any given rank inputs."""
+    cfg = model.config
+    model.eval()
+    sess = session or cpu_session(onnx_path)
+    H = cfg.max_len - 1
+    shapes = shapes or ((1, H, 1), (4, H, 16), (2, H, 64), (3, min(H, 5), 7))
+    cases_in = [rank_inputs(cfg.n_questions, cfg.n_skills, b, min(h, H), n, seed=i)
+                for i, (b, h, n) in enumerate(shapes)] + list(batches or [])
+    cases = []
+    for arrays in cases_in:
+        ref = rank_reference(model, *arrays)
+        got = sess.run([signature.CANDIDATE_PROBS], dict(zip(signature.RANK.input_names, arrays)))[0]
+        valid = arrays[4] != signature.PAD_ID
+        diff = float(np.abs(got - ref)[valid].max()) if valid.any() else 0.0
+        cases.append((*arrays[1].shape, arrays[4].shape[1], diff))
+    return ParityReport(max_abs_diff=max(c[-1] for c in cases), cases=cases)

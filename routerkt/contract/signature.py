@@ -14,6 +14,12 @@ Graphs (one ONNX file per graph in a model version folder):
 - `score`: questions, skills, responses int64 [batch, seq] -> probs float32 [batch, seq], where
   probs[b, t] = P(correct at t | questions <= t, responses < t). Whole-sequence scoring for
   evaluation; the gateway reads probs[:, -1].
+- `rank`: history_questions, history_skills, history_responses int64 [batch, history] and
+  candidate_questions, candidate_skills int64 [batch, candidates] -> candidate_probs float32
+  [batch, candidates]. The history is left-padded like a window without its last slot (history =
+  window - 1 in serving; any length up to window - 1 is accepted); candidate_probs[b, j] equals
+  probs[b, -1] of the score graph on the window [history_b, candidate_j] (tolerance 1e-5), from one
+  forward over history + candidates. Padding candidates (PAD_ID) get a meaningless value.
 """
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ CANDIDATE_RESPONSE = 0     # response value at a candidate's slot; never read by
 
 # Files inside a model version folder of the Triton repository.
 ONNX_FILE = "model.onnx"
+RANK_ONNX_FILE = "rank.onnx"     # the rank graph, next to model.onnx
 PLAN_FILE = "model.plan"
 VOCAB_FILE = "vocab.json"        # routerkt/contract/vocab.py
 INFO_FILE = "model_info.json"    # routerkt/contract/model_info.py
@@ -39,7 +46,7 @@ class TensorSpec:
     dtype: str                 # numpy dtype name
     triton_dtype: str          # Triton config data_type
     onnx_dtype: str            # ONNX / tritonclient datatype string
-    axes: tuple[str, ...]      # symbolic axes; "batch" and "seq" are dynamic in ONNX
+    axes: tuple[str, ...]      # symbolic axes, every one dynamic in ONNX
 
 
 @dataclass(frozen=True)
@@ -59,8 +66,8 @@ class Graph:
         return tuple(t.name for t in self.outputs)
 
 
-def _int64(name: str) -> TensorSpec:
-    return TensorSpec(name, "int64", "TYPE_INT64", "INT64", ("batch", "seq"))
+def _int64(name: str, length: str = "seq") -> TensorSpec:
+    return TensorSpec(name, "int64", "TYPE_INT64", "INT64", ("batch", length))
 
 
 SCORE = Graph(
@@ -70,4 +77,13 @@ SCORE = Graph(
 )
 PROBS = SCORE.outputs[0].name      # the probability output of the score graph
 
-GRAPHS: dict[str, Graph] = {SCORE.name: SCORE}
+RANK = Graph(
+    name="rank",
+    inputs=(_int64("history_questions", "history"), _int64("history_skills", "history"),
+            _int64("history_responses", "history"),
+            _int64("candidate_questions", "candidates"), _int64("candidate_skills", "candidates")),
+    outputs=(TensorSpec("candidate_probs", "float32", "TYPE_FP32", "FP32", ("batch", "candidates")),),
+)
+CANDIDATE_PROBS = RANK.outputs[0].name   # the probability output of the rank graph
+
+GRAPHS: dict[str, Graph] = {SCORE.name: SCORE, RANK.name: RANK}

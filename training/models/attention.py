@@ -19,7 +19,8 @@ Inference cost: biases that do not depend on the learner add no [B, H, L, L] wor
 - Relative: softmax(-|i - j| / tau + M) V = (K (V * valid)) / (K valid) with K[h, i, j] =
   exp(-(distance to j minus distance to the nearest visible key) / tau_h) on visible (i, j), a
   [H, L, L] constant at inference: two small matmuls, no softmax over [B, H, L, L].
-- Tables for max_len, sliced to L: the ALiBi ones (`alibi`, `alibi_keys`) are fixed buffers built
+- Tables for max_len, sliced to L (gathered at the window indices in the rank layout, see
+  `SequenceContext.table`): the ALiBi ones (`alibi`, `alibi_keys`) are fixed buffers built
   in `__init__`; the relative kernel depends on the learned tau_h, so training computes it in each
   forward pass and `freeze_biases()` (before export) turns it into [H, Lmax, Lmax] constants, one
   per mask kind.
@@ -96,14 +97,16 @@ class MultiHeadAttention(nn.Module):
                 dist = distance_table(self.max_len).to(tau.device)
                 self.frozen = {m: recency_weights(dist, tau, m) for m in MaskKind}
 
-    def _recency(self, L: int, mask: MaskKind, ctx: SequenceContext) -> Tensor:
+    def _recency(self, mask: MaskKind, ctx: SequenceContext) -> Tensor:
         if mask in self.frozen:
-            return self.frozen[mask][:, :L, :L]
-        return recency_weights(ctx.distance, F.softplus(self.tau_raw), mask)   # [H, L, L]
+            weights = ctx.table(self.frozen[mask])
+        else:
+            weights = recency_weights(ctx.distance, F.softplus(self.tau_raw), mask)
+        return ctx.restrict(weights)                                          # [H, L, L]
 
-    def _relative_mix(self, content: Tensor, v: Tensor, L: int, mask: MaskKind, ctx: SequenceContext) -> Tensor:
+    def _relative_mix(self, content: Tensor, v: Tensor, mask: MaskKind, ctx: SequenceContext) -> Tensor:
         """lam * content + (1 - lam) * recency attention applied to v; content/v: [B, H, L, dk]."""
-        weights = self._recency(L, mask, ctx).to(v.dtype)                    # [H, L, L]
+        weights = self._recency(mask, ctx).to(v.dtype)                       # [H, L, L]
         valid = ctx.valid.to(v.dtype)                                        # [B, L]
         values = v * valid[:, None, :, None]                                 # [B, H, L, dk]
         if torch.onnx.is_in_onnx_export():       # onnxruntime: broadcast MatMul is its fastest form
@@ -131,16 +134,15 @@ class MultiHeadAttention(nn.Module):
     def _explicit_probs(self, q: Tensor, k: Tensor, mask: MaskKind, ctx: SequenceContext) -> Tensor:
         """[B, H, L, L] attention probabilities (rows without keys zeroed) for the kinds that have
         one distribution; RELATIVE returns the mixture."""
-        L = q.shape[2]
         has_key = ctx.has_key(mask)
         if self.kind is AttentionKind.MONOTONIC:
             return self._monotonic_probs(q, k, mask, ctx) * has_key
         scores = q @ k.transpose(-1, -2) / math.sqrt(self.d_k) + ctx.additive_mask(mask, q.dtype)
         if self.kind is AttentionKind.ALIBI:
-            scores = scores + self.alibi[:, :L, :L].to(q.dtype)
+            scores = scores + ctx.table(self.alibi).to(q.dtype)
         probs = torch.softmax(scores, dim=-1) * has_key
         if self.kind is AttentionKind.RELATIVE:
-            weights = self._recency(L, mask, ctx)[None] * ctx.valid[:, None, None, :].to(q.dtype)   # [B, H, L, L]
+            weights = self._recency(mask, ctx)[None] * ctx.valid[:, None, None, :].to(q.dtype)   # [B, H, L, L]
             recency = weights / weights.sum(-1, keepdim=True).clamp(min=1.0)
             lam = torch.sigmoid(self.mix_logit).to(q.dtype)[None, :, None, None]
             probs = lam * probs + (1.0 - lam) * recency
@@ -159,7 +161,7 @@ class MultiHeadAttention(nn.Module):
                 probs = self._monotonic_probs(q, k, mask, ctx)
             return F.dropout(probs, drop, self.training) @ v
         if self.kind is AttentionKind.ALIBI:                                 # one extra channel
-            keys = self.alibi_keys[:, -L:][None, :, :, None].expand(B, H, L, 1)
+            keys = ctx.key_table(self.alibi_keys)[None, :, :, None].expand(B, H, L, 1)
             q = torch.cat([q, torch.ones_like(q[..., :1])], dim=-1)          # [B, H, L, dk+1]
             k = torch.cat([k, keys], dim=-1)
         widen = self.kind is AttentionKind.ALIBI and not torch.onnx.is_in_onnx_export()
@@ -169,7 +171,7 @@ class MultiHeadAttention(nn.Module):
         if widen:
             out, v = out[..., :dk], v[..., :dk]
         if self.kind is AttentionKind.RELATIVE:
-            out = self._relative_mix(out, v, L, mask, ctx)
+            out = self._relative_mix(out, v, mask, ctx)
         return out
 
     # -- forward -----------------------------------------------------------------------------------

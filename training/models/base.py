@@ -4,6 +4,11 @@ Every model takes re-indexed, left-padded `questions`, `skills`, `responses` [B,
 `ModelOutput` with logits [B, L] for P(correct at t | questions <= t, responses < t), an explicit
 weighted auxiliary loss, and on request attention maps and routing weights. Subclasses implement
 `compute`; the trainer, exporter and evaluator only ever call `forward` (never branch on a name).
+
+`rank` scores N candidate questions after one shared history in one forward: the candidates are N
+extra positions that each see the history and themselves (SequenceContext.build_rank), so
+rank(...)[:, j] equals forward([history, candidate_j]).logits[:, -1]. Backbones whose layers read
+positions only through the context get it for free; others (DKT) override `rank`.
 """
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
+from routerkt.contract.signature import CANDIDATE_RESPONSE
 from training.config import Backbone, ModelConfig
 from training.models.attention import MultiHeadAttention
 from training.models.context import SequenceContext
@@ -81,6 +87,24 @@ class KTModel(nn.Module):
             attention=collect.attention if return_attention else None,
             attention_names=collect.names if return_attention else None,
             routing=collect.routing if return_routing else None)
+
+    def rank(self, history_questions: Tensor, history_skills: Tensor, history_responses: Tensor,
+             candidate_questions: Tensor, candidate_skills: Tensor) -> Tensor:
+        """Logits [B, N] of each candidate after its learner's history, for inference (eval mode).
+
+        history_*: [B, H] left-padded like a window without its last slot; candidate_*: [B, N]
+        (padding candidates, skill PAD_ID, get a meaningless logit). Entry j equals the last logit
+        of the window [history, candidate_j] with response CANDIDATE_RESPONSE at the candidate."""
+        if self.config.leaks_future:
+            raise ValueError("the whole-window 'sequence' routing scope has no history-once ranking")
+        H = history_skills.shape[1]
+        ctx = SequenceContext.build_rank(history_skills, candidate_skills)
+        questions = torch.cat([history_questions, candidate_questions], dim=1)               # [B, H+N]
+        skills = torch.cat([history_skills, candidate_skills], dim=1)
+        responses = torch.cat([history_responses.clamp(0, 1),
+                               torch.full_like(candidate_skills, CANDIDATE_RESPONSE)], dim=1)
+        logits, _ = self.compute(questions, skills, responses, ctx, Collector())           # [B, H+N]
+        return logits[:, H:].float()                                                        # [B, N]
 
     def freeze_biases(self) -> None:
         """Precompute learner-independent attention biases as constants (before export)."""

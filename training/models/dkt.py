@@ -4,12 +4,15 @@ The hidden state at t summarises interactions < t (a learned start vector at the
 a linear layer scores every skill; the logit for position t is the score of skill s_t. Left-padded
 inputs are rotated so each learner starts at index 0 (the LSTM never sees padding before the real
 interactions), then rotated back: predictions do not depend on the amount of padding.
+`rank` runs the LSTM over the history once: every candidate's logit is read from the state after
+the last history interaction (the state at t never depends on the question at t).
 """
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
 
+from routerkt.contract.signature import PAD_ID
 from training.config import Backbone, ModelConfig
 from training.models.base import KTModel, register
 from training.models.context import SequenceContext
@@ -29,10 +32,8 @@ class DKT(KTModel):
 
     def compute(self, questions: Tensor, skills: Tensor, responses: Tensor, ctx: SequenceContext,
                 collect: Collector) -> tuple[Tensor, dict]:
-        B, L = skills.shape
-        steps = ctx.positions.new_ones(1, L).cumsum(1) - 1                   # [1, L] 0..L-1
-        length = steps.new_zeros(1, 1) + L                                   # [1, 1] (a tensor: exports cleanly)
-        pad = length - ctx.valid.long().sum(1, keepdim=True)                 # [B, 1]
+        B = skills.shape[0]
+        steps, length, pad = _rotation(ctx.valid)
         to_right = torch.remainder(steps + pad, length)                      # right[j] = left[j + pad]
         s, r = skills.gather(1, to_right), responses.gather(1, to_right)     # [B, L], learner starts at 0
         e = self.interaction(2 * s + r)                                      # [B, L, d]
@@ -41,3 +42,27 @@ class DKT(KTModel):
         scores = self.out(self.drop(h)).gather(-1, s.unsqueeze(-1)).squeeze(-1)   # [B, L]
         logits = scores.gather(1, torch.remainder(steps - pad, length))     # back to left padding
         return logits, {}
+
+    def rank(self, history_questions: Tensor, history_skills: Tensor, history_responses: Tensor,
+             candidate_questions: Tensor, candidate_skills: Tensor) -> Tensor:
+        B = history_skills.shape[0]
+        valid = history_skills != PAD_ID                                     # [B, H]
+        steps, length, pad = _rotation(valid)
+        to_right = torch.remainder(steps + pad, length)
+        s = history_skills.gather(1, to_right)                               # [B, H], learner starts at 0
+        r = history_responses.clamp(0, 1).gather(1, to_right)
+        inputs = torch.cat([self.start.expand(B, 1, -1), self.interaction(2 * s + r)], dim=1)  # [B, H+1, d]
+        h, _ = self.lstm(inputs)                                             # [B, H+1, hidden]
+        seen = (length - pad).unsqueeze(-1).expand(-1, 1, h.shape[-1])       # [B, 1, hidden]: index n
+        state = h.gather(1, seen)                                            # after start + n interactions
+        scores = self.out(self.drop(state)).squeeze(1)                       # [B, n_skills]
+        return scores.gather(1, candidate_skills).float()                    # [B, N]
+
+
+def _rotation(valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """steps [1, L] 0..L-1, length [1, 1] = L and pad [B, 1] = #padding positions, as tensors
+    (they export cleanly with a dynamic L)."""
+    L = valid.shape[1]
+    steps = valid.new_ones(1, L, dtype=torch.long).cumsum(1) - 1
+    length = steps.new_zeros(1, 1) + L
+    return steps, length, length - valid.long().sum(1, keepdim=True)

@@ -5,7 +5,8 @@ For E experts of which the first S are shared:
 - gate g_t = softmax(W_g h_t) over the D = E - S dynamic experts              [B, L, D]
 - top-K voting: s_t = g_t * onehot(topK(g_t)); selected gates keep their value (no renormalisation)
 - token weights w_t = [1]*S ++ s_t                                            [B, L, E]
-- aggregation by scope: TOKEN w_t; PREFIX mean of w over valid positions <= t (causal person-wise);
+- aggregation by scope: TOKEN w_t; PREFIX mean of w over valid positions <= t (causal person-wise;
+  in the rank layout a candidate's mean covers the history and itself, `SequenceContext.prefix_sum`);
   SEQUENCE mean over the whole window (the paper's; sees the future, for reproduction only).
 - balance loss (per layer; the model sums layers): sum_i f_i * P_i with P_i the mean gate of expert i
   and f_i its share of the selections, both over valid tokens. f carries no gradient. With uniform
@@ -53,7 +54,7 @@ class Router(nn.Module):
         if self.scope is RoutingScope.TOKEN:
             weights = token
         elif self.scope is RoutingScope.PREFIX:
-            weights = (token * valid).cumsum(1) / valid.cumsum(1).clamp(min=1.0)          # [B, L, E]
+            weights = ctx.prefix_sum(token * valid) / ctx.prefix_sum(valid).clamp(min=1.0)  # [B, L, E]
         else:  # SEQUENCE: whole-window mean, future positions included
             weights = (token * valid).sum(1, keepdim=True) / valid.sum(1, keepdim=True).clamp(min=1.0)  # [B, 1, E]
 

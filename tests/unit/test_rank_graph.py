@@ -1,0 +1,127 @@
+"""The rank forward (KTModel.rank, one pass over history + candidates) equals today's per-candidate
+windows [history, candidate] for every preset, on both attention paths, before and after freezing
+the biases; a candidate's probability does not depend on the other candidates; the signature
+names the rank graph."""
+import pytest
+import torch
+
+from routerkt.contract import signature
+from routerkt.contract.signature import CANDIDATE_RESPONSE, PAD_ID, PAD_RESPONSE
+from training.config import RoutingScope
+from training.models.registry import PRESETS, build_model, preset_config, with_vocab
+
+pytestmark = pytest.mark.unit
+TOL = 1e-5           # rank vs windows (export's PARITY_TOL)
+EXACT = 1e-6         # one candidate with and without the others
+NQ, NS, WINDOW = 40, 12, 12
+HISTORY_LENGTHS = (0, 1, 5, WINDOW - 2, WINDOW - 1, WINDOW, WINDOW + 9)   # shorter, equal to, longer
+
+
+def _model(name: str, fused: bool = True, seed: int = 0):
+    """A tiny model with random weights and a non-zero question-difficulty term."""
+    torch.manual_seed(seed)
+    cfg = with_vocab(preset_config(name), NQ, NS)
+    tiny = {"d_model": 16, "n_blocks": 1, "n_heads": 4, "d_ff": 32, "final_fc": 32, "final_fc2": 16,
+            "lstm_hidden": 16, "max_len": WINDOW, "fused_attention": fused}
+    for key, value in tiny.items():
+        setattr(cfg, key, value)
+    model = build_model(cfg).eval()
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if any(pname.startswith(z) for z in model.zero_init):
+                p.normal_(0.0, 0.7)
+    return model
+
+
+def _histories(seed: int = 1) -> list[list[tuple[int, int, int]]]:
+    g = torch.Generator().manual_seed(seed)
+    return [[(int(torch.randint(2, NQ, (1,), generator=g)), int(torch.randint(2, NS, (1,), generator=g)),
+              int(torch.randint(0, 2, (1,), generator=g))) for _ in range(n)] for n in HISTORY_LENGTHS]
+
+
+def _left_pad(rows: list[list[tuple[int, ...]]], length: int, pad: tuple[int, ...]) -> list[torch.Tensor]:
+    """Keep each row's last `length` entries, left-pad with `pad`; one [B, length] tensor per field."""
+    kept = [row[len(row) - min(len(row), length):] for row in rows]
+    padded = [[pad] * (length - len(row)) + row for row in kept]
+    return [torch.tensor([[entry[k] for entry in row] for row in padded]) for k in range(len(pad))]
+
+
+def _history_tensors(histories):
+    return _left_pad(histories, WINDOW - 1, (PAD_ID, PAD_ID, PAD_RESPONSE))
+
+
+def _candidates(B: int, N: int, seed: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(2, NQ, (B, N), generator=g), torch.randint(2, NS, (B, N), generator=g)
+
+
+def _windows_reference(model, histories, cq, cs) -> torch.Tensor:
+    """Today's serving: one left-padded window [last window-1 interactions, candidate] per candidate."""
+    rows = [history[max(0, len(history) - (WINDOW - 1)):] + [(int(q), int(s), CANDIDATE_RESPONSE)]
+            for history, qs, ss in zip(histories, cq, cs) for q, s in zip(qs, ss)]
+    q, s, r = _left_pad(rows, WINDOW, (PAD_ID, PAD_ID, PAD_RESPONSE))
+    with torch.no_grad():
+        return torch.sigmoid(model(q, s, r).logits[:, -1]).reshape(cq.shape)
+
+
+def _rank(model, history, cq, cs) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.sigmoid(model.rank(*history, cq, cs))
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_rank_equals_per_candidate_windows(name):
+    histories = _histories()
+    history = _history_tensors(histories)
+    for fused in (True, False):
+        model = _model(name, fused=fused)
+        for n in (1, 3, 64):
+            cq, cs = _candidates(len(histories), n, seed=n)
+            ref = _windows_reference(model, histories, cq, cs)
+            assert (_rank(model, history, cq, cs) - ref).abs().max().item() < TOL, (fused, n)
+        model.freeze_biases()                                        # the exported form
+        assert (_rank(model, history, cq, cs) - _windows_reference(model, histories, cq, cs)).abs().max() < TOL
+    flipped = [[(q, s, 1 - r) for q, s, r in h] for h in histories]  # the test can fail: history matters
+    moved = _rank(model, _history_tensors(flipped), cq, cs)
+    assert (moved - _rank(model, history, cq, cs)).abs().max().item() > 1e-4
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_candidates_do_not_see_each_other(name):
+    model = _model(name, seed=3)
+    history = _history_tensors(_histories(seed=4))
+    cq, cs = _candidates(len(HISTORY_LENGTHS), 8, seed=5)
+    cq[:, 2], cs[:, 2] = PAD_ID, PAD_ID                               # a padding candidate among them
+    keep = torch.tensor([0, 1, 3, 4, 5, 6, 7])
+    base = _rank(model, history, cq, cs)[:, keep]
+    extra_q, extra_s = _candidates(len(HISTORY_LENGTHS), 24, seed=6)
+    added = _rank(model, history, torch.cat([extra_q[:, :11], cq, extra_q[:, 11:]], 1),
+                  torch.cat([extra_s[:, :11], cs, extra_s[:, 11:]], 1))[:, 11:19][:, keep]
+    removed = _rank(model, history, cq[:, :2], cs[:, :2])
+    single = _rank(model, history, cq[:, 5:6], cs[:, 5:6])
+    perm = torch.tensor([7, 3, 0, 6, 2, 4, 1, 5])
+    reordered = _rank(model, history, cq[:, perm], cs[:, perm])
+    back = torch.empty_like(reordered)
+    back[:, perm] = reordered
+    assert (added - base).abs().max().item() < EXACT
+    assert (removed - base[:, :2]).abs().max().item() < EXACT
+    assert (single[:, 0] - base[:, 4]).abs().max().item() < EXACT
+    assert (back[:, keep] - base).abs().max().item() < EXACT
+
+
+def test_sequence_scope_has_no_rank():
+    cfg = with_vocab(preset_config("routerkt-akt"), NQ, NS)
+    cfg.routing_scope = RoutingScope.SEQUENCE
+    history = _history_tensors(_histories())
+    with pytest.raises(ValueError, match="sequence"):
+        build_model(cfg).eval().rank(*history, *_candidates(len(HISTORY_LENGTHS), 2))
+
+
+def test_signature_names_the_rank_graph():
+    rank = signature.GRAPHS["rank"]
+    assert rank is signature.RANK and "score" in signature.GRAPHS
+    assert rank.input_names == ("history_questions", "history_skills", "history_responses",
+                                "candidate_questions", "candidate_skills")
+    assert rank.output_names == (signature.CANDIDATE_PROBS,) == ("candidate_probs",)
+    assert [t.axes for t in rank.inputs][2:4] == [("batch", "history"), ("batch", "candidates")]
+    assert signature.RANK_ONNX_FILE == "rank.onnx" != signature.ONNX_FILE
