@@ -82,6 +82,8 @@ def export_run(run: Path, repository: Path, name: str | None = None, version: in
     options = options or TritonModelOptions()
     options.backend = Backend(backend)
     options.window = cfg.model.max_len
+    # the gateway's path: one rank inference per learner; a TensorRT plan is built from the score graph
+    options.graph = signature.SCORE.name if options.backend is Backend.TENSORRT else signature.RANK.name
     meta = ckpt.meta
     provenance = {"run_id": str(meta.get("run_id", run.name)), "git_sha": str(meta.get("git_sha", "unknown")),
                   "valid_auc": f"{float(meta.get('valid_auc', float('nan'))):.6f}", "preset": cfg.preset,
@@ -139,6 +141,7 @@ def export_run(run: Path, repository: Path, name: str | None = None, version: in
                          attention=cfg.model.attention.value, heads=cfg.model.heads.value,
                          routing_scope=cfg.model.routing_scope.value, backend=options.backend.value,
                          quantization=quantize, parity_max_abs_diff=report.max_abs_diff,
+                         served_graph=options.graph, rank_parity_max_abs_diff=rank_report.max_abs_diff,
                          provenance={**provenance, "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
         files[signature.INFO_FILE] = info.save_bytes()
         version = publish_version(repository, name, files, config_text, version=version, keep_versions=keep_versions)

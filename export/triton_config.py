@@ -35,6 +35,7 @@ PARAM_ORT_MEM_ARENA = "ORT_CPU_MEM_ARENA"
 PARAM_WINDOW = "WINDOW"
 PARAM_N_QUESTIONS = "N_QUESTIONS"
 PARAM_N_SKILLS = "N_SKILLS"
+PARAM_GRAPH = "GRAPH"            # which graph of the contract the python model serves: score | rank
 REQUIRED_PYTHON_PARAMETERS = (PARAM_N_QUESTIONS, PARAM_N_SKILLS)
 
 # Keys of Triton's native onnxruntime backend.
@@ -58,6 +59,7 @@ class TritonModelOptions:
     backend: Backend = Backend.PYTHON
     max_batch_size: int = 1024          # rows per execution; Triton rejects bigger requests
     window: int = 100                   # fixed sequence length (second dim) the gateway sends
+    graph: str = "score"                # the contract's graph this model serves (rank: the gateway's path)
     preferred_batch_sizes: list[int] = field(default_factory=lambda: [8, 32, 128])
     max_queue_delay_us: int = 2000      # dynamic batcher: how long a request may wait for company
     instance_count: int = 1             # model instances (2 cores here: 1 instance x 2 ORT threads)
@@ -87,6 +89,10 @@ class TritonModelOptions:
         for key, value in positive.items():
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise UserError(f"Triton option {key} must be a positive integer, got {value!r}")
+        if self.graph not in signature.GRAPHS:
+            raise UserError(f"Triton option graph must be one of {sorted(signature.GRAPHS)}, got {self.graph!r}")
+        if self.graph != signature.SCORE.name and self.backend is Backend.TENSORRT:
+            raise UserError("the tensorrt backend serves the score graph only (the plan is built from model.onnx)")
         if not isinstance(self.max_queue_delay_us, int) or self.max_queue_delay_us < 0:
             raise UserError(f"Triton option max_queue_delay_us must be >= 0, got {self.max_queue_delay_us!r}")
         for size in self.preferred_batch_sizes:
@@ -119,10 +125,12 @@ def build_config(name: str, options: TritonModelOptions) -> mc.ModelConfig:
     options.validate()
     config = mc.ModelConfig(name=name, max_batch_size=options.max_batch_size)
     config.version_policy.latest.num_versions = options.version_policy_latest
-    for spec in signature.SCORE.inputs:
-        config.input.add(name=spec.name, data_type=mc.DataType.Value(spec.triton_dtype), dims=[options.window])
-    for spec in signature.SCORE.outputs:
-        config.output.add(name=spec.name, data_type=mc.DataType.Value(spec.triton_dtype), dims=[options.window])
+    graph = signature.GRAPHS[options.graph]
+    dims = signature.served_dims(graph, options.window)
+    for spec in graph.inputs:
+        config.input.add(name=spec.name, data_type=mc.DataType.Value(spec.triton_dtype), dims=dims[spec.name])
+    for spec in graph.outputs:
+        config.output.add(name=spec.name, data_type=mc.DataType.Value(spec.triton_dtype), dims=dims[spec.name])
 
     # Dynamic batching only: see HEADER for why there is no queue policy / priority levels.
     batching = config.dynamic_batching
@@ -142,7 +150,7 @@ def build_config(name: str, options: TritonModelOptions) -> mc.ModelConfig:
                             f"{config.parameters[key].string_value!r}; set it through the option instead")
         config.parameters[key].string_value = value
     if options.warmup:
-        _add_warmup(config, options.window)
+        _add_warmup(config, graph, options.window)
     return config
 
 
@@ -152,12 +160,14 @@ def _python_backend(config: mc.ModelConfig, options: TritonModelOptions) -> None
     config.parameters[PARAM_ORT_INTRA_OP_THREADS].string_value = str(options.ort_intra_op_threads)
     config.parameters[PARAM_ORT_MEM_ARENA].string_value = "1" if options.ort_mem_arena else "0"
     config.parameters[PARAM_WINDOW].string_value = str(options.window)
+    config.parameters[PARAM_GRAPH].string_value = options.graph
 
 
 def _onnxruntime_backend(config: mc.ModelConfig, options: TritonModelOptions) -> None:
     config.platform = "onnxruntime_onnx"
     config.backend = Backend.ONNXRUNTIME.value
-    config.default_model_filename = signature.ONNX_FILE
+    config.default_model_filename = (signature.RANK_ONNX_FILE if options.graph == signature.RANK.name
+                                     else signature.ONNX_FILE)
     config.instance_group.add(count=options.instance_count, kind=mc.ModelInstanceGroup.KIND_GPU)
     config.parameters[ORT_BACKEND_INTRA_OP].string_value = str(options.ort_intra_op_threads)
     config.parameters[ORT_BACKEND_INTER_OP].string_value = "1"
@@ -173,11 +183,11 @@ def _tensorrt_backend(config: mc.ModelConfig, options: TritonModelOptions) -> No
     config.instance_group.add(count=options.instance_count, kind=mc.ModelInstanceGroup.KIND_GPU)
 
 
-def _add_warmup(config: mc.ModelConfig, window: int) -> None:
+def _add_warmup(config: mc.ModelConfig, graph: signature.Graph, window: int) -> None:
     """One batch-1 request of zeros per input: id 0 is padding, response 0 is valid."""
     warmup = config.model_warmup.add(name=WARMUP_NAME, batch_size=1, count=1)
-    for spec in signature.SCORE.inputs:
-        entry = warmup.inputs[spec.name]
-        entry.data_type = mc.DataType.Value(spec.triton_dtype)
-        entry.dims.append(window)
+    for name, zeros in signature.zero_inputs(graph, window).items():
+        entry = warmup.inputs[name]
+        entry.data_type = mc.DataType.Value(graph.inputs[graph.input_names.index(name)].triton_dtype)
+        entry.dims.extend(zeros.shape[1:])
         entry.zero_data = True

@@ -103,7 +103,7 @@ def _configure(environment, **_kwargs) -> None:
     try:
         _config = build_config(environment.parsed_options, environment.host)
         for user_class, weight in parse_user_mix(environment.parsed_options.weights, flag="--weights").items():
-            {"LearnerUser": LearnerUser, "BatchUser": BatchUser}[user_class].weight = weight
+            {"LearnerUser": LearnerUser, "BatchUser": BatchUser, "SessionUser": SessionUser}[user_class].weight = weight
     except UserError as exc:
         log.error("routerkt locustfile: %s", exc)
         sys.exit(2)                          # before any user starts; SystemExit passes locust's handlers

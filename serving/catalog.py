@@ -18,7 +18,7 @@ from pathlib import Path
 from routerkt.contract import signature
 from routerkt.contract.repository import (list_models, list_versions, read_model_info, read_served_shape,
                                           read_vocab)
-from routerkt.contract.signature import CONFIG_FILE
+from routerkt.contract.signature import CONFIG_FILE, SCORE, Graph, graph_with_inputs, served_dims
 from routerkt.contract.vocab import Vocab
 from routerkt.errors import UserError
 from serving.errors import not_found, shown
@@ -32,9 +32,10 @@ class ModelVersion:
 
     name: str
     version: int
-    window: int              # sequence length the Triton config expects (dims [window])
+    window: int              # sequence length of the model (score rows [window], rank history [window - 1])
     max_batch_size: int      # rows per Triton request (config.pbtxt)
     vocab: Vocab = field(repr=False, compare=False)
+    graph: Graph = SCORE     # the contract graph the backend serves for it (from config.pbtxt's inputs)
 
 
 @dataclass(frozen=True)
@@ -126,20 +127,23 @@ class ModelCatalog:
             shape = read_served_shape(self.repository, name)
             if shape.max_batch_size < 1:
                 raise UserError(f"{config_path}: max_batch_size must be >= 1 (the gateway sends [rows, window])")
-            dims = [list(d) for d in shape.input_dims]
-            if any(d != [window] for d in dims):
-                raise UserError(f"{config_path}: input dims {dims} do not match the window {window} of "
-                                f"{signature.INFO_FILE}")
+            graph = graph_with_inputs(shape.input_names)
+            if graph is None:
+                raise UserError(f"{config_path}: inputs {list(shape.input_names)} are none of the contract's graphs")
+            expected = served_dims(graph, window)
+            if any(expected[n] != d for n, d in zip(shape.input_names, shape.input_dims)):
+                raise UserError(f"{config_path}: input dims {[list(d) for d in shape.input_dims]} do not match the "
+                                f"window {window} of {signature.INFO_FILE}")
             vocab = read_vocab(self.repository, name, version)
         except (UserError, OSError, UnicodeDecodeError) as exc:
             self._broken[(name, version)] = stamp
             log.error("skipping model %s version %s: %s", name, version, str(exc).splitlines()[0])
             return None
         self._broken.pop((name, version), None)
-        log.info("model %s version %s: window %d, %d questions, %d skills", name, version, window,
-                 len(vocab.questions), len(vocab.skills))
+        log.info("model %s version %s: %s graph, window %d, %d questions, %d skills", name, version, graph.name,
+                 window, len(vocab.questions), len(vocab.skills))
         return ModelVersion(name=name, version=version, window=window,
-                            max_batch_size=shape.max_batch_size, vocab=vocab)
+                            max_batch_size=shape.max_batch_size, vocab=vocab, graph=graph)
 
     def _stamp(self, config_path: Path, name: str, version: int) -> _Stamp | None:
         folder = self.repository / name / str(version)

@@ -1,12 +1,15 @@
-"""`routerkt predict`: call the gateway's Predict from the command line.
+"""`routerkt predict`: call the gateway's Predict (or Recommend) from the command line.
 
     routerkt predict --target localhost:50051 --model NAME [--version N]
-                     --history "q:s:c,q:s:c,..." --candidates "q[:s],q[:s]" [--timeout 2.0] [--json]
+                     --history "q:s:c,q:s:c,..." | --learner-id ID  --candidates "q[:s],q[:s]"
+                     [--recommend [--target-probability 0.7] [--top-k K] [--exclude-seen]]
+                     [--timeout 2.0] [--json]
 
 History items are question:skill:correct (skill may be left empty, "q::c", to use the question's
 skill from the vocabulary, or -1 for an unknown skill); an empty --history is a cold start.
 Candidates are question ids, optionally with :skill. Prints one line per candidate (or one JSON
-object with --json). Bad flags: one-line error, exit 2. gRPC errors: one line with the status code
+object with --json); with --recommend, the candidates in the Recommend policy's order (closest to
+the target probability first). Bad flags: one-line error, exit 2. gRPC errors: one line with the status code
 and message, exit 1.
 """
 from __future__ import annotations
@@ -24,6 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--version", type=int, default=0, help="model version (0 = latest served)")
     parser.add_argument("--history", default="", help='past interactions, oldest first: "q:s:c,q:s:c" (may be empty)')
     parser.add_argument("--candidates", required=True, help='candidate questions: "q[:s],q[:s]"')
+    parser.add_argument("--learner-id", default="", help="take the history from the gateway's session store")
+    parser.add_argument("--recommend", action="store_true", help="call Recommend instead of Predict")
+    parser.add_argument("--target-probability", type=float, default=None, help="Recommend: target P(correct), default 0.7")
+    parser.add_argument("--top-k", type=int, default=None, help="Recommend: how many to return (default: all)")
+    parser.add_argument("--exclude-seen", action="store_true", help="Recommend: drop questions already in the history")
     parser.add_argument("--timeout", type=float, default=2.0, help="deadline of the call in seconds")
     parser.add_argument("--json", action="store_true", help="print the response as one JSON object")
 
@@ -74,7 +82,14 @@ def build_request(args: argparse.Namespace):
     candidates = [pb.Candidate(question_id=q, **({} if s is None else {"skill_id": s}))
                   for q, s in parse_candidates(args.candidates)]
     try:
-        return pb.PredictRequest(model=args.model, version=args.version, history=history, candidates=candidates)
+        if args.recommend:
+            extra = {k: v for k, v in (("target_probability", args.target_probability), ("top_k", args.top_k))
+                     if v is not None}
+            return pb.RecommendRequest(model=args.model, version=args.version, history=history,
+                                       learner_id=args.learner_id, candidates=candidates,
+                                       exclude_seen=args.exclude_seen, **extra)
+        return pb.PredictRequest(model=args.model, version=args.version, history=history, candidates=candidates,
+                                 learner_id=args.learner_id)
     except ValueError as exc:                     # an id beyond int64
         raise UserError(f"bad id: {exc}") from None
 
@@ -86,12 +101,24 @@ def run(args: argparse.Namespace) -> int:
 
     request = build_request(args)
     with grpc.insecure_channel(args.target) as channel:
+        stub = pb_grpc.KnowledgeTracingServiceStub(channel)
         try:
-            response = pb_grpc.KnowledgeTracingServiceStub(channel).Predict(request, timeout=args.timeout)
+            response = (stub.Recommend if args.recommend else stub.Predict)(request, timeout=args.timeout)
         except grpc.RpcError as exc:
             details = (exc.details() or "").splitlines()[0] if exc.details() else ""
             print(f"routerkt predict: {exc.code().name}: {details}", file=sys.stderr)
             return 1
+    if args.recommend:
+        pairs = [(r.question_id, r.probability) for r in response.recommendations]
+        if args.json:
+            print(json.dumps({"model": response.model, "version": response.version, "excluded": response.excluded,
+                              "recommendations": [{"question_id": q, "probability": p} for q, p in pairs]}))
+        else:
+            print(f"model {response.model} version {response.version} (history used: {response.history_used}, "
+                  f"excluded as seen: {response.excluded})")
+            for rank, (q, p) in enumerate(pairs, 1):
+                print(f"{rank}. question {q}\tP(correct) = {p:.6f}")
+        return 0
     if args.json:
         print(json.dumps({"model": response.model, "version": response.version,
                           "history_used": response.history_used,

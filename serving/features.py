@@ -18,6 +18,9 @@ Windows: only the most recent `window - 1` interactions are used (the candidate 
 Each candidate becomes one row of length `window`: padding (question = skill = PAD_ID 0,
 response -1) on the left, then the used history oldest first, and the candidate at index window-1
 with response 0 (ignored by the causal model). All rows of one learner share the history part.
+That is the score graph's input. The rank graph (what the exporter serves) gets that history part
+once per learner, [window - 1], and the candidates beside it, padded to 1/4/16/64 (candidate_width)
+so requests of different learners share a few shapes; both give the same probabilities (<= 1e-5).
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from routerkt.contract.signature import CANDIDATE_RESPONSE, PAD_ID, PAD_RESPONSE, UNK_ID
+from routerkt.contract.signature import CANDIDATE_RESPONSE, PAD_ID, PAD_RESPONSE, RANK, SCORE, UNK_ID
 from serving.errors import invalid_argument
 from routerkt.contract.vocab import Vocab
 from serving.requests import ABSENT_SKILL
@@ -38,6 +41,7 @@ if TYPE_CHECKING:
 
 
 CountUnknown = Callable[[str, int], None]   # (kind "question" | "skill", how many)
+CANDIDATE_WIDTHS = (1, 4, 16, 64)
 
 
 @dataclass
@@ -98,9 +102,47 @@ def build_windows(learner: EncodedLearner, window: int) -> tuple[np.ndarray, np.
     return questions, skills, responses
 
 
+def history_row(learner: EncodedLearner, window: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(questions, skills, responses) of the rank graph's history, each int64 [window - 1], left-padded:
+    exactly the history part of build_windows' rows."""
+    length, n = window - 1, learner.history_used
+    questions = np.full(length, PAD_ID, dtype=np.int64)
+    skills = np.full(length, PAD_ID, dtype=np.int64)
+    responses = np.full(length, PAD_RESPONSE, dtype=np.int64)
+    questions[length - n:], skills[length - n:], responses[length - n:] = learner.questions, learner.skills, \
+        learner.responses
+    return questions, skills, responses
+
+
+def candidate_width(n: int) -> int:
+    """Candidates are padded to 1, 4, 16 or 64 (then multiples of 64), so that rank requests of
+    learners with different numbers of candidates share a few shapes Triton can batch together."""
+    for width in CANDIDATE_WIDTHS:
+        if n <= width:
+            return width
+    return -(-n // CANDIDATE_WIDTHS[-1]) * CANDIDATE_WIDTHS[-1]
+
+
+@dataclass
+class Inference:
+    """One backend call: the graph's inputs for some of a call's learners, and how to read them back."""
+
+    learners: list[int]                  # indices into the call's learners
+    feeds: dict[str, np.ndarray]         # the graph's inputs, int64
+    reads: list[tuple[int, int]]         # per learner: (row, candidates) for rank, (first row, rows) for score
+    rank: bool
+
+    def split(self, output: np.ndarray) -> list[np.ndarray]:
+        """P(correct) per candidate, float32 [C_i], for each of `learners`."""
+        if self.rank:                                        # output [b, width]
+            return [np.asarray(output[row, :n], dtype=np.float32) for row, n in self.reads]
+        return [np.asarray(output[first:first + n, -1], dtype=np.float32) for first, n in self.reads]  # [rows, L]
+
+
 class WindowEncoder:
-    """The pipeline's Encoder (serving/parts.py): vocabulary mapping + one left-padded window per
-    candidate; unknown ids are reported to `count_unknown` (the gateway counts them in a metric)."""
+    """The pipeline's Encoder (serving/parts.py): vocabulary mapping, then the served graph's
+    inputs: rank (one history row + the padded candidates per learner) or score (one left-padded
+    window per candidate). Unknown ids are reported to `count_unknown` (a metric)."""
 
     def __init__(self, count_unknown: CountUnknown = lambda kind, n: None) -> None:
         self.count_unknown = count_unknown
@@ -108,8 +150,41 @@ class WindowEncoder:
     def encode(self, learner: LearnerInput, model: ModelVersion) -> EncodedLearner:
         return encode_learner(learner, model.vocab, model.window, self.count_unknown)
 
-    def rows(self, learner: EncodedLearner, model: ModelVersion) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return build_windows(learner, model.window)
+    def inferences(self, learners: list[EncodedLearner], model: ModelVersion, rows_limit: int) -> list[Inference]:
+        """Whole learners per inference, at most `rows_limit` rows each (learners: rank; candidates: score)."""
+        rank = model.graph.name == RANK.name
+        chunks: list[list[int]] = [[]]
+        rows = 0
+        for i, learner in enumerate(learners):
+            need = 1 if rank else learner.n_candidates
+            if chunks[-1] and rows + need > rows_limit:
+                chunks.append([])
+                rows = 0
+            chunks[-1].append(i)
+            rows += need
+        build = self._rank if rank else self._score
+        return [build([learners[i] for i in chunk], chunk, model) for chunk in chunks]
+
+    def _rank(self, learners: list[EncodedLearner], indices: list[int], model: ModelVersion) -> Inference:
+        width = candidate_width(max(learner.n_candidates for learner in learners))
+        history = [history_row(learner, model.window) for learner in learners]
+        cq = np.full((len(learners), width), PAD_ID, dtype=np.int64)
+        cs = np.full((len(learners), width), PAD_ID, dtype=np.int64)
+        for k, learner in enumerate(learners):
+            cq[k, :learner.n_candidates] = learner.candidate_questions
+            cs[k, :learner.n_candidates] = learner.candidate_skills
+        arrays = [np.stack([h[j] for h in history]) for j in range(3)] + [cq, cs]
+        return Inference(indices, dict(zip(RANK.input_names, arrays)),
+                         [(k, learner.n_candidates) for k, learner in enumerate(learners)], rank=True)
+
+    def _score(self, learners: list[EncodedLearner], indices: list[int], model: ModelVersion) -> Inference:
+        windows = [build_windows(learner, model.window) for learner in learners]
+        arrays = [np.concatenate([w[j] for w in windows]) for j in range(3)]
+        reads, first = [], 0
+        for learner in learners:
+            reads.append((first, learner.n_candidates))
+            first += learner.n_candidates
+        return Inference(indices, dict(zip(SCORE.input_names, arrays)), reads, rank=False)
 
 
 def _map(raw_questions: np.ndarray, raw_skills: np.ndarray, vocab: Vocab) -> tuple[np.ndarray, np.ndarray, int, int]:

@@ -22,6 +22,7 @@ from serving import errors
 from serving.api import knowledge_tracing_pb2 as pb
 from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
 from serving.errors import ServingError
+from serving.recommend import Recommender, RecommendQuery
 from serving.requests import Deadline, LearnerQuery, PredictQuery, PredictResult, skill_array
 from serving.service import PredictionService
 from serving.sessions.events import ObserveQuery, timestamp_array
@@ -88,6 +89,14 @@ def batch_query(request: pb.PredictBatchRequest) -> PredictQuery:
                         learners=[learner_query(l.history, l.candidates, l.learner_id) for l in request.learners])
 
 
+def recommend_query(request: pb.RecommendRequest) -> RecommendQuery:
+    return RecommendQuery(
+        model=request.model, version=request.version,
+        learner=learner_query(request.history, request.candidates, request.learner_id),
+        target_probability=request.target_probability if request.HasField("target_probability") else None,
+        top_k=request.top_k if request.HasField("top_k") else None, exclude_seen=request.exclude_seen)
+
+
 def observe_query(request: pb.ObserveRequest) -> ObserveQuery:
     events = request.events
     n = len(events)
@@ -119,6 +128,7 @@ class KnowledgeTracingServicer(pb_grpc.KnowledgeTracingServiceServicer):
     def __init__(self, service: PredictionService, sessions: SessionService | None = None) -> None:
         self.service = service
         self.sessions = sessions
+        self.recommender = Recommender(service, sessions)
         self._last_log = -LOG_EVERY_S
 
     def undecodable(self, method: str):
@@ -149,6 +159,17 @@ class KnowledgeTracingServicer(pb_grpc.KnowledgeTracingServiceServicer):
             await _abort(context, exc)
             raise AssertionError("unreachable") from None
         return batch_response(result)
+
+    async def Recommend(self, request: pb.RecommendRequest, context: grpc.aio.ServicerContext) -> pb.RecommendResponse:
+        try:
+            result = await self.recommender.recommend(recommend_query(_decoded(request)), self._deadline(context))
+        except ServingError as exc:
+            await _abort(context, exc)
+            raise AssertionError("unreachable") from None
+        return pb.RecommendResponse(
+            recommendations=[pb.Recommendation(question_id=q, probability=p)
+                             for q, p in zip(result.question_ids, result.probabilities)],
+            model=result.model, version=result.version, history_used=result.history_used, excluded=result.excluded)
 
     async def Observe(self, request: pb.ObserveRequest, context: grpc.aio.ServicerContext) -> pb.ObserveResponse:
         try:

@@ -7,6 +7,7 @@
                             and from the start of shutdown on)
 - POST /v1/predict         JSON mirror of Predict
 - POST /v1/predict_batch   JSON mirror of PredictBatch
+- POST /v1/recommend       JSON mirror of Recommend
 - GET  /openapi.json, /docs
 
 The JSON calls run the same PredictionService as gRPC (same validation, limits, in-flight slots):
@@ -32,6 +33,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import AfterValidator, BaseModel, Field, StrictInt
 
 from serving.errors import ServingError, invalid_argument
+from serving.recommend import RecommendQuery
 from serving.requests import Deadline, LearnerQuery, PredictQuery
 
 if TYPE_CHECKING:
@@ -104,6 +106,30 @@ class PredictBatchOut(BaseModel):
     results: list[LearnerOut]
     model: str
     version: int
+
+
+class RecommendIn(BaseModel):
+    model: Text
+    version: Int64 = 0
+    history: list[InteractionIn] = Field(default_factory=list)
+    learner_id: Text = ""
+    candidates: list[CandidateIn]
+    target_probability: float | None = Field(None, description="in (0, 1); default 0.7")
+    top_k: Int32 | None = Field(None, description=">= 1; default: every candidate")
+    exclude_seen: bool = False
+
+
+class RecommendationOut(BaseModel):
+    question_id: int
+    probability: float
+
+
+class RecommendOut(BaseModel):
+    recommendations: list[RecommendationOut]
+    model: str
+    version: int
+    history_used: int
+    excluded: int
 
 
 class ErrorDetail(BaseModel):
@@ -242,6 +268,24 @@ def create_app(gateway: "GatewayServer") -> FastAPI:
             return _error(exc)
         return PredictBatchOut(results=[LearnerOut(probabilities=r.probabilities.tolist(), history_used=r.history_used)
                                         for r in result.learners], model=result.model, version=result.version)
+
+    @app.post("/v1/recommend", response_model=RecommendOut, responses=ERROR_RESPONSES,
+              summary="candidates ordered by |P(correct) - target_probability| (default 0.7), closest first")
+    async def recommend(body: RecommendIn, x_request_timeout: str | None = Header(None)) -> Any:
+        deadline = _deadline(x_request_timeout, settings.default_deadline_s)
+        if isinstance(deadline, ServingError):
+            metrics.errors.labels(code=deadline.code_name).inc()
+            return _error(deadline)
+        try:
+            query = RecommendQuery(body.model, body.version, _learner(body.history, body.candidates, body.learner_id),
+                                   body.target_probability, body.top_k, body.exclude_seen)
+            result = await gateway.recommender.recommend(query, deadline)
+        except ServingError as exc:
+            return _error(exc)
+        return RecommendOut(recommendations=[RecommendationOut(question_id=q, probability=p) for q, p in
+                                             zip(result.question_ids, result.probabilities)],
+                            model=result.model, version=result.version, history_used=result.history_used,
+                            excluded=result.excluded)
 
     return app
 

@@ -21,11 +21,9 @@ import numpy as np
 
 if TYPE_CHECKING:
     from serving.catalog import ModelCatalog, ModelVersion
-    from serving.features import EncodedLearner
+    from serving.features import EncodedLearner, Inference
     from serving.requests import Deadline, PredictQuery, PredictResult
     from serving.validation import LearnerInput
-
-Rows = tuple[np.ndarray, np.ndarray, np.ndarray]   # questions, skills, responses: int64 [rows, window]
 
 
 class FailureKind(str, Enum):
@@ -65,11 +63,12 @@ class VersionPolicy(Protocol):
 
 
 class Encoder(Protocol):
-    """Raw platform ids -> the model's input rows."""
+    """Raw platform ids -> the served graph's inputs, packed into backend calls."""
 
     def encode(self, learner: LearnerInput, model: ModelVersion) -> EncodedLearner: ...
 
-    def rows(self, learner: EncodedLearner, model: ModelVersion) -> Rows: ...
+    def inferences(self, learners: list[EncodedLearner], model: ModelVersion, rows_limit: int) -> list[Inference]:
+        """Backend calls of at most `rows_limit` rows that together answer every learner."""
 
 
 class InferenceBackend(Protocol):
@@ -100,8 +99,9 @@ class InferenceBackend(Protocol):
     def describe(self) -> dict[str, object]:
         """Readiness details for /readyz and the health log line."""
 
-    async def infer(self, model: ModelVersion, rows: Rows, timeout_s: float) -> np.ndarray:
-        """probs float32 [rows, window]; raises BackendError."""
+    async def infer(self, model: ModelVersion, feeds: dict[str, np.ndarray], timeout_s: float) -> np.ndarray:
+        """The served graph's output for `feeds` (score: probs [rows, window]; rank: candidate_probs
+        [rows, candidates]), float32; raises BackendError."""
 
 
 @dataclass(frozen=True)

@@ -81,7 +81,9 @@ class GatewayServer:
             options=[("grpc.max_receive_message_length", settings.max_message_bytes),
                      ("grpc.max_send_message_length", settings.max_message_bytes),
                      ("grpc.so_reuseport", 0)])
-        add_to_server(KnowledgeTracingServicer(self.service, sessions), self.grpc)
+        servicer = KnowledgeTracingServicer(self.service, sessions)
+        self.recommender = servicer.recommender
+        add_to_server(servicer, self.grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
         reflection.enable_server_reflection(
             (pb.DESCRIPTOR.services_by_name["KnowledgeTracingService"].full_name,

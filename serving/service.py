@@ -5,10 +5,10 @@ and HTTP (serving/http.py) hand it a PredictQuery and render its PredictResult o
 One call: take an in-flight slot (RESOURCE_EXHAUSTED when none is free) -> validate
 (INVALID_ARGUMENT + field) -> model from the catalog (NOT_FOUND) -> version policy over what the
 backend serves (UNAVAILABLE) -> history source (the request's, or the session store's) -> encoder (ids -> left-padded windows) ->
-backend, with the caller's remaining deadline as timeout (DEADLINE_EXCEEDED) -> probabilities at
-the last position -> prediction sink. All candidates of one learner go in one inference; a batch
-packs whole learners into inferences of at most min(max_rows_per_infer, the model's
-max_batch_size) rows, sent concurrently. Every failure a client sees is a ServingError with a safe
+backend, with the caller's remaining deadline as timeout (DEADLINE_EXCEEDED) -> probabilities ->
+prediction sink. All candidates of one learner go in one inference (the rank graph: one row per
+learner); a batch packs whole learners into inferences of at most min(max_rows_per_infer, the
+model's max_batch_size) rows, sent concurrently. Every failure a client sees is a ServingError with a safe
 message: tracebacks and backend texts go to the log only, and nothing about a learner is logged.
 """
 from __future__ import annotations
@@ -149,36 +149,23 @@ class PredictionService:
         return [self.encoder.encode(learner, model) for learner in learners]
 
     async def _infer(self, model: ModelVersion, learners: list[EncodedLearner], deadline: Deadline) -> list[np.ndarray]:
-        """P(correct) per candidate for each learner: float32 [C_i] each."""
+        """P(correct) per candidate for each learner: float32 [C_i] each; the encoder packs whole
+        learners into backend calls of at most min(max_rows_per_infer, max_batch_size) rows."""
         rows_limit = max(1, min(self.settings.max_rows_per_infer, model.max_batch_size))
-        chunks: list[list[int]] = [[]]
-        rows = 0
-        for i, learner in enumerate(learners):                   # whole learners per request
-            if chunks[-1] and rows + learner.n_candidates > rows_limit:
-                chunks.append([])
-                rows = 0
-            chunks[-1].append(i)
-            rows += learner.n_candidates
-        windows = [self.encoder.rows(learner, model) for learner in learners]
-        results = await asyncio.gather(*(self._infer_chunk(model, [windows[i] for i in chunk], deadline)
-                                         for chunk in chunks))
-        out: list[np.ndarray] = []
-        for chunk, probs in zip(chunks, results):
-            offset = 0
-            for i in chunk:
-                n = learners[i].n_candidates
-                out.append(np.asarray(probs[offset:offset + n, -1], dtype=np.float32))
-                offset += n
-        return out
+        calls = self.encoder.inferences(learners, model, rows_limit)
+        outputs = await asyncio.gather(*(self._infer_one(model, call.feeds, deadline) for call in calls))
+        out: list[np.ndarray | None] = [None] * len(learners)
+        for call, output in zip(calls, outputs):
+            for i, probs in zip(call.learners, call.split(output)):
+                out[i] = probs
+        return out  # type: ignore[return-value]
 
-    async def _infer_chunk(self, model: ModelVersion, windows: list[tuple[np.ndarray, ...]],
-                           deadline: Deadline) -> np.ndarray:
-        rows = tuple(np.concatenate([w[k] for w in windows]) for k in range(3))
+    async def _infer_one(self, model: ModelVersion, feeds: dict[str, np.ndarray], deadline: Deadline) -> np.ndarray:
         timeout = deadline.remaining() - self.settings.deadline_margin_s
         if timeout <= 0:
             raise errors.deadline_exceeded("the deadline passed before the model was called")
         try:
-            return await self.backend.infer(model, rows, timeout)
+            return await self.backend.infer(model, feeds, timeout)
         except BackendError as exc:
             raise _client_error(exc, model) from None
 

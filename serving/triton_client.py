@@ -4,7 +4,7 @@ does) and turns every Triton failure into a BackendError whose `detail` (Triton'
 paths and tracebacks) is for the log only.
 
 One channel, reconnect backoff capped at 1 s, so a restarted Triton on the same address is found
-again quickly. Tensor names and dtypes come from the contract's score graph.
+again quickly. Tensor names and dtypes come from the contract's graph the model serves.
 """
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
-from routerkt.contract.signature import PROBS, SCORE
+from routerkt.contract.signature import Graph
 from serving.metrics import Metrics
-from serving.parts import BackendError, FailureKind, Rows
+from serving.parts import BackendError, FailureKind
 
 STUB_UNHEALTHY = "is not healthy"          # "Stub process '<model>_0_0' is not healthy."
 MAX_GRPC_MESSAGE = 2**31 - 1
@@ -72,30 +72,32 @@ class TritonClient:
             raise RuntimeError("TritonClient.connect() was not awaited")
         return self._client
 
-    async def infer(self, model: str, version: int, rows: Rows, timeout_s: float, observe: bool = True) -> np.ndarray:
-        """probs float32 [rows, window] for int64 [rows, window] inputs; BackendError on failure.
+    async def infer(self, model: str, version: int, graph: Graph, feeds: dict[str, np.ndarray], timeout_s: float,
+                    observe: bool = True) -> np.ndarray:
+        """`graph`'s output, float32 [rows, ...], for its int64 inputs `feeds`; BackendError on failure.
         `observe`: record the round trip in routerkt_triton_request_seconds (not for probes)."""
         inputs = []
-        for spec, array in zip(SCORE.inputs, rows):
+        for spec in graph.inputs:
+            array = feeds[spec.name]
             tensor = grpcclient.InferInput(spec.name, list(array.shape), spec.onnx_dtype)
             tensor.set_data_from_numpy(np.ascontiguousarray(array, dtype=spec.dtype))
             inputs.append(tensor)
-        outputs = [grpcclient.InferRequestedOutput(PROBS)]
+        output = graph.outputs[0].name
         started = time.perf_counter()
         try:
-            result = await self.raw.infer(model, inputs, model_version=str(version), outputs=outputs,
-                                          client_timeout=timeout_s)
+            result = await self.raw.infer(model, inputs, model_version=str(version),
+                                          outputs=[grpcclient.InferRequestedOutput(output)], client_timeout=timeout_s)
         except InferenceServerException as exc:
             raise BackendError(classify(exc), exc.message() or str(exc)) from None
         finally:
             if observe:
                 self.metrics.triton_seconds.labels(model=model, version=str(version)).observe(
                     time.perf_counter() - started)
-        probs = result.as_numpy(PROBS)
-        expected = rows[0].shape
-        if probs is None or probs.shape != expected:
+        probs = result.as_numpy(output)
+        rows = feeds[graph.inputs[0].name].shape[0]
+        if probs is None or probs.ndim != 2 or probs.shape[0] != rows:
             shape = None if probs is None else probs.shape
-            raise BackendError(FailureKind.FAILED, f"output {PROBS} has shape {shape}, expected {expected}")
+            raise BackendError(FailureKind.FAILED, f"output {output} has shape {shape}, expected {rows} rows")
         return probs
 
     async def model_states(self, timeout_s: float) -> dict[str, dict[int, str]] | None:

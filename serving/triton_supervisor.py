@@ -23,9 +23,9 @@ import math
 import time
 from typing import Mapping
 
-import numpy as np
 from tritonclient.utils import InferenceServerException
 
+from routerkt.contract.signature import zero_inputs
 from serving.catalog import ModelVersion
 from serving.metrics import Metrics
 from serving.parts import BackendError, FailureKind
@@ -140,10 +140,10 @@ class TritonSupervisor:
         previous = self._ready.get(name, frozenset())
         good: set[int] = set()
         for version in loaded:
-            zeros = np.zeros((1, versions[version].window), dtype=np.int64)   # one padding row, like warmup
-            try:
-                await self.client.infer(name, version, (zeros, zeros, zeros), self.settings.probe_timeout_s,
-                                        observe=False)
+            served = versions[version]
+            try:                                                 # one padding row, like the warm-up
+                await self.client.infer(name, version, served.graph, zero_inputs(served.graph, served.window),
+                                        self.settings.probe_timeout_s, observe=False)
             except BackendError as exc:
                 self.on_failure(name, version, exc)
                 if exc.kind is FailureKind.DEADLINE and version in previous:

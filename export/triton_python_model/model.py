@@ -1,4 +1,5 @@
-"""Triton Python-backend model: runs one exported KT model (model.onnx) with onnxruntime on CPU.
+"""Triton Python-backend model: runs one exported graph (model.onnx: score, or rank.onnx: rank; the
+config parameter GRAPH says which) with onnxruntime on CPU.
 
 Copied verbatim into every version folder of a python-backend model by `routerkt export`. It runs
 inside Triton's `triton_python_backend_stub` with the project venv's interpreter, so it imports only
@@ -21,13 +22,23 @@ import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 
-# Mirrors routerkt/contract/signature.py (INPUT_NAMES, PROBS, ONNX_FILE).
+# Mirrors routerkt/contract/signature.py: the score graph (SCORE, ONNX_FILE) ...
 QUESTIONS = "questions"
 SKILLS = "skills"
 RESPONSES = "responses"
 INPUT_NAMES = (QUESTIONS, SKILLS, RESPONSES)
 PROBS = "probs"
 ONNX_FILE = "model.onnx"
+# ... and the rank graph (RANK, RANK_ONNX_FILE): one history row and N candidates per request row.
+HISTORY_QUESTIONS = "history_questions"
+HISTORY_SKILLS = "history_skills"
+HISTORY_RESPONSES = "history_responses"
+CANDIDATE_QUESTIONS = "candidate_questions"
+CANDIDATE_SKILLS = "candidate_skills"
+RANK_INPUT_NAMES = (HISTORY_QUESTIONS, HISTORY_SKILLS, HISTORY_RESPONSES, CANDIDATE_QUESTIONS, CANDIDATE_SKILLS)
+CANDIDATE_PROBS = "candidate_probs"
+RANK_ONNX_FILE = "rank.onnx"
+GRAPHS = {"score": (INPUT_NAMES, PROBS, ONNX_FILE), "rank": (RANK_INPUT_NAMES, CANDIDATE_PROBS, RANK_ONNX_FILE)}
 
 # Parameter keys of config.pbtxt (mirrors export/triton_config.py).
 PARAM_ORT_INTRA_OP_THREADS = "ORT_INTRA_OP_THREADS"
@@ -35,6 +46,7 @@ PARAM_ORT_MEM_ARENA = "ORT_CPU_MEM_ARENA"
 PARAM_WINDOW = "WINDOW"
 PARAM_N_QUESTIONS = "N_QUESTIONS"
 PARAM_N_SKILLS = "N_SKILLS"
+PARAM_GRAPH = "GRAPH"
 
 EXEC_METRIC = "routerkt_triton_model_exec_seconds"
 EXEC_BUCKETS = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0]
@@ -50,19 +62,24 @@ class TritonPythonModel:
         self.n_questions = _positive_int(params, PARAM_N_QUESTIONS)
         self.n_skills = _positive_int(params, PARAM_N_SKILLS)
         self.window = int(params[PARAM_WINDOW]) if params.get(PARAM_WINDOW, "").isdigit() else None
+        self.graph = params.get(PARAM_GRAPH, "") or "score"
+        if self.graph not in GRAPHS:
+            raise pb_utils.TritonModelException(f"config.pbtxt parameter {PARAM_GRAPH} must be one of "
+                                                f"{sorted(GRAPHS)}, got {self.graph!r}")
+        self.input_names, self.output_name, onnx_file = GRAPHS[self.graph]
 
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.intra_op_num_threads = int(params.get(PARAM_ORT_INTRA_OP_THREADS, "1") or "1")
         options.enable_cpu_mem_arena = params.get(PARAM_ORT_MEM_ARENA, "0") == "1"
         options.inter_op_num_threads = 1
-        path = os.path.join(args["model_repository"], args["model_version"], ONNX_FILE)
+        path = os.path.join(args["model_repository"], args["model_version"], onnx_file)
         self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
         names = {i.name for i in self.session.get_inputs()}
-        if names != set(INPUT_NAMES) or PROBS not in {o.name for o in self.session.get_outputs()}:
+        if names != set(self.input_names) or self.output_name not in {o.name for o in self.session.get_outputs()}:
             raise pb_utils.TritonModelException(
-                f"{ONNX_FILE} does not match the signature: inputs {sorted(names)}, "
-                f"expected {sorted(INPUT_NAMES)} and output {PROBS!r}")
+                f"{onnx_file} does not match the signature: inputs {sorted(names)}, "
+                f"expected {sorted(self.input_names)} and output {self.output_name!r}")
         # The family must stay referenced as long as its metric: dropping it unregisters the metric.
         self.exec_family, self.exec_seconds = _exec_histogram(self.model_name, args["model_version"])
 
@@ -81,12 +98,18 @@ class TritonPythonModel:
             feeds.append(arrays)
         if not good:
             return responses
+        widths = [f[CANDIDATE_QUESTIONS].shape[1] if self.graph == "rank" else None for f in feeds]
 
+        if self.graph == "rank":                   # pad every request's candidates to the widest one
+            width = max(f[CANDIDATE_QUESTIONS].shape[1] for f in feeds)
+            for f in feeds:
+                for name in (CANDIDATE_QUESTIONS, CANDIDATE_SKILLS):
+                    f[name] = np.pad(f[name], ((0, 0), (0, width - f[name].shape[1])))   # PAD_ID 0
         batch = {name: np.concatenate([f[name] for f in feeds]) if len(feeds) > 1 else feeds[0][name]
-                 for name in INPUT_NAMES}          # int64 [B, L]
+                 for name in self.input_names}     # int64 [B, L] (rank: [B, H] and [B, N])
         started = time.perf_counter()
         try:
-            probs = self.session.run([PROBS], batch)[0]   # float32 [B, L]
+            probs = self.session.run([self.output_name], batch)[0]   # float32 [B, L] (rank: [B, N])
         except Exception:                          # ORT errors carry paths: answer generically
             for i in good:
                 responses[i] = _error("model execution failed", pb_utils.TritonError.INTERNAL)
@@ -96,14 +119,48 @@ class TritonPythonModel:
 
         probs = np.asarray(probs, dtype=np.float32)
         offset = 0
-        for i, arrays in zip(good, feeds):
-            rows = arrays[QUESTIONS].shape[0]
-            out = np.ascontiguousarray(probs[offset:offset + rows])
+        for i, arrays, width in zip(good, feeds, widths):
+            rows = arrays[self.input_names[0]].shape[0]
+            out = np.ascontiguousarray(probs[offset:offset + rows, :width])
             offset += rows
-            responses[i] = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(PROBS, out)])
+            responses[i] = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(self.output_name, out)])
         return responses
 
     def _read(self, request):
+        return self._read_rank(request) if self.graph == "rank" else self._read_score(request)
+
+    def _read_rank(self, request):
+        """The five int64 inputs of one rank request ([b, H] history, [b, N] candidates), or
+        (None, message) when invalid."""
+        arrays = {}
+        for name in RANK_INPUT_NAMES:
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            if tensor is None:
+                return None, f"missing input '{name}'"
+            arrays[name] = tensor.as_numpy()
+            if arrays[name].ndim != 2 or arrays[name].dtype != np.int64:
+                return None, f"input '{name}' must be INT64 [batch, length], got {arrays[name].dtype} {list(arrays[name].shape)}"
+        history, candidates = arrays[HISTORY_QUESTIONS].shape, arrays[CANDIDATE_QUESTIONS].shape
+        for name in RANK_INPUT_NAMES:
+            expected = history if name.startswith("history") else candidates
+            if arrays[name].shape != expected or expected[0] != history[0]:
+                return None, f"input '{name}' has shape {list(arrays[name].shape)}, expected {list(expected)}"
+        if self.window is not None and history[1] != self.window - 1:
+            return None, f"input '{HISTORY_QUESTIONS}' has length {history[1]}, expected {self.window - 1}"
+        if candidates[1] < 1:
+            return None, f"input '{CANDIDATE_QUESTIONS}' needs at least one candidate"
+        for names, size in (((HISTORY_QUESTIONS, CANDIDATE_QUESTIONS), self.n_questions),
+                            ((HISTORY_SKILLS, CANDIDATE_SKILLS), self.n_skills)):
+            for name in names:
+                a = arrays[name]
+                if a.size and (a.min() < 0 or a.max() >= size):
+                    return None, f"input '{name}' has ids outside [0, {size})"
+        r = arrays[HISTORY_RESPONSES]
+        if r.size and (r.min() < -1 or r.max() > 1):
+            return None, f"input '{HISTORY_RESPONSES}' must hold only -1, 0 or 1"
+        return arrays, None
+
+    def _read_score(self, request):
         """The three int64 [b, L] inputs of one request, or (None, message) when invalid."""
         arrays = {}
         for name in INPUT_NAMES:

@@ -4,8 +4,9 @@
      "n_questions": 1234, "n_skills": 56, "preset": "routerkt-akt", "backbone": "akt",
      "attention": "standard", "heads": "router", "routing_scope": "prefix",
      "backend": "python", "quantization": "none", "padding": "left",
-     "graphs": {"score": {"inputs": ["questions", "skills", "responses"], "outputs": ["probs"]}},
-     "parity_max_abs_diff": 3.6e-07, "provenance": {"run_id": ..., "git_sha": ..., ...}}
+     "graphs": {"score": {...}, "rank": {...}}, "served_graph": "rank",
+     "parity_max_abs_diff": 3.6e-07, "rank_parity_max_abs_diff": 2.4e-07,
+     "provenance": {"run_id": ..., "git_sha": ..., ...}}
 
 This dataclass owns the schema: `to_json` writes it, `from_json` checks it and raises
 ModelInfoError naming the file and the field. Format 1 (before the contract existed) had flat
@@ -52,7 +53,9 @@ class ModelInfo:
     quantization: str = "none"
     padding: str = "left"
     graphs: dict[str, dict[str, list[str]]] = field(default_factory=_graph_names)
+    served_graph: str = "score"     # the graph Triton serves for this version (config.pbtxt inputs)
     parity_max_abs_diff: float = math.nan
+    rank_parity_max_abs_diff: float = math.nan
     provenance: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -87,15 +90,18 @@ class ModelInfo:
                 raise ModelInfoError(f"{where}: '{key}' must be an integer >= 0, got {value!r}")
             kwargs[key] = value
         for key in ("preset", "backbone", "attention", "heads", "routing_scope", "backend", "quantization",
-                    "padding"):
+                    "padding", "served_graph"):
             if key in d:
                 if not isinstance(d[key], str):
                     raise ModelInfoError(f"{where}: '{key}' must be a string, got {d[key]!r}")
                 kwargs[key] = d[key]
+        if kwargs.get("served_graph", "score") not in GRAPHS:
+            raise ModelInfoError(f"{where}: served_graph must be one of {sorted(GRAPHS)}")
         if kwargs.get("padding", "left") != "left":
             raise ModelInfoError(f"{where}: padding is {kwargs['padding']!r}; this code serves left padding only")
-        parity = d.get("parity_max_abs_diff", math.nan)
-        kwargs["parity_max_abs_diff"] = float(parity) if isinstance(parity, (int, float)) else math.nan
+        for key in ("parity_max_abs_diff", "rank_parity_max_abs_diff"):
+            value = d.get(key, math.nan)
+            kwargs[key] = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
         provenance = d.get("provenance", {})
         if not isinstance(provenance, dict):
             raise ModelInfoError(f"{where}: 'provenance' must be an object")

@@ -66,6 +66,7 @@ class ServedShape:
     """What the gateway needs from a model's config.pbtxt."""
 
     max_batch_size: int                      # rows per Triton request
+    input_names: tuple[str, ...]
     input_dims: tuple[tuple[int, ...], ...]  # dims of each input, without the batch axis
 
 
@@ -90,5 +91,5 @@ def read_served_shape(repository: Path, name: str) -> ServedShape:
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"{path}: cannot read ({exc})") from None
     config = parse_triton_config(text)
-    return ServedShape(max_batch_size=int(config.max_batch_size),
+    return ServedShape(max_batch_size=int(config.max_batch_size), input_names=tuple(t.name for t in config.input),
                        input_dims=tuple(tuple(int(d) for d in t.dims) for t in config.input))

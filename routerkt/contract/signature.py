@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 PAD_ID = 0                 # question / skill id of a padding position
 UNK_ID = 1                 # id of every question or skill the vocabulary does not know (and raw -1)
 FIRST_ID = 2               # the first id of a real question or skill
@@ -87,3 +89,22 @@ RANK = Graph(
 CANDIDATE_PROBS = RANK.outputs[0].name   # the probability output of the rank graph
 
 GRAPHS: dict[str, Graph] = {SCORE.name: SCORE, RANK.name: RANK}
+
+
+def served_dims(graph: Graph, window: int) -> dict[str, tuple[int, ...]]:
+    """Non-batch dims of each tensor of `graph` as Triton serves it for a model of `window`:
+    score [window]; rank history [window - 1], candidates [-1] (variable)."""
+    axis = {"seq": window, "history": window - 1, "candidates": -1}
+    return {t.name: tuple(axis[a] for a in t.axes[1:]) for t in graph.inputs + graph.outputs}
+
+
+def zero_inputs(graph: Graph, window: int) -> dict[str, np.ndarray]:
+    """One request of padding only (batch 1, a variable axis of length 1): warm-up and probes."""
+    dims = served_dims(graph, window)
+    return {t.name: np.zeros((1, *(d if d > 0 else 1 for d in dims[t.name])), dtype=np.int64) for t in graph.inputs}
+
+
+def graph_with_inputs(names) -> Graph | None:
+    """The graph whose input names are exactly `names` (in any order), or None."""
+    wanted = set(names)
+    return next((g for g in GRAPHS.values() if set(g.input_names) == wanted), None)

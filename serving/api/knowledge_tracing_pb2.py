@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#serving/api/knowledge_tracing.proto\x12\x0brouterkt.v1\"W\n\x0bInteraction\x12\x13\n\x0bquestion_id\x18\x01 \x01(\x03\x12\x15\n\x08skill_id\x18\x02 \x01(\x03H\x00\x88\x01\x01\x12\x0f\n\x07\x63orrect\x18\x03 \x01(\x05\x42\x0b\n\t_skill_id\"D\n\tCandidate\x12\x13\n\x0bquestion_id\x18\x01 \x01(\x03\x12\x15\n\x08skill_id\x18\x02 \x01(\x03H\x00\x88\x01\x01\x42\x0b\n\t_skill_id\"\x9b\x01\n\x0ePredictRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12)\n\x07history\x18\x03 \x03(\x0b\x32\x18.routerkt.v1.Interaction\x12*\n\ncandidates\x18\x04 \x03(\x0b\x32\x16.routerkt.v1.Candidate\x12\x12\n\nlearner_id\x18\x05 \x01(\t\"^\n\x0fPredictResponse\x12\x15\n\rprobabilities\x18\x01 \x03(\x02\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\x14\n\x0chistory_used\x18\x04 \x01(\x05\"{\n\x0eLearnerRequest\x12)\n\x07history\x18\x01 \x03(\x0b\x32\x18.routerkt.v1.Interaction\x12*\n\ncandidates\x18\x02 \x03(\x0b\x32\x16.routerkt.v1.Candidate\x12\x12\n\nlearner_id\x18\x03 \x01(\t\"<\n\rLearnerResult\x12\x15\n\rprobabilities\x18\x01 \x03(\x02\x12\x14\n\x0chistory_used\x18\x02 \x01(\x05\"d\n\x13PredictBatchRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12-\n\x08learners\x18\x03 \x03(\x0b\x32\x1b.routerkt.v1.LearnerRequest\"c\n\x14PredictBatchResponse\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.routerkt.v1.LearnerResult\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x03\"\x8f\x01\n\x05\x45vent\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x13\n\x0bquestion_id\x18\x02 \x01(\x03\x12\x15\n\x08skill_id\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\x0f\n\x07\x63orrect\x18\x04 \x01(\x05\x12\x19\n\x0ctimestamp_ms\x18\x05 \x01(\x03H\x01\x88\x01\x01\x42\x0b\n\t_skill_idB\x0f\n\r_timestamp_ms\"H\n\x0eObserveRequest\x12\x12\n\nlearner_id\x18\x01 \x01(\t\x12\"\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x12.routerkt.v1.Event\"M\n\x0fObserveResponse\x12\x0e\n\x06stored\x18\x01 \x01(\x05\x12\x12\n\nduplicates\x18\x02 \x01(\x05\x12\x16\n\x0ehistory_length\x18\x03 \x01(\x03\"*\n\x14\x46orgetLearnerRequest\x12\x12\n\nlearner_id\x18\x01 \x01(\t\"9\n\x15\x46orgetLearnerResponse\x12\x0f\n\x07\x65xisted\x18\x01 \x01(\x08\x12\x0f\n\x07\x64\x65leted\x18\x02 \x01(\x03\x32\xd2\x02\n\x17KnowledgeTracingService\x12\x44\n\x07Predict\x12\x1b.routerkt.v1.PredictRequest\x1a\x1c.routerkt.v1.PredictResponse\x12S\n\x0cPredictBatch\x12 .routerkt.v1.PredictBatchRequest\x1a!.routerkt.v1.PredictBatchResponse\x12\x44\n\x07Observe\x12\x1b.routerkt.v1.ObserveRequest\x1a\x1c.routerkt.v1.ObserveResponse\x12V\n\rForgetLearner\x12!.routerkt.v1.ForgetLearnerRequest\x1a\".routerkt.v1.ForgetLearnerResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#serving/api/knowledge_tracing.proto\x12\x0brouterkt.v1\"W\n\x0bInteraction\x12\x13\n\x0bquestion_id\x18\x01 \x01(\x03\x12\x15\n\x08skill_id\x18\x02 \x01(\x03H\x00\x88\x01\x01\x12\x0f\n\x07\x63orrect\x18\x03 \x01(\x05\x42\x0b\n\t_skill_id\"D\n\tCandidate\x12\x13\n\x0bquestion_id\x18\x01 \x01(\x03\x12\x15\n\x08skill_id\x18\x02 \x01(\x03H\x00\x88\x01\x01\x42\x0b\n\t_skill_id\"\x9b\x01\n\x0ePredictRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12)\n\x07history\x18\x03 \x03(\x0b\x32\x18.routerkt.v1.Interaction\x12*\n\ncandidates\x18\x04 \x03(\x0b\x32\x16.routerkt.v1.Candidate\x12\x12\n\nlearner_id\x18\x05 \x01(\t\"^\n\x0fPredictResponse\x12\x15\n\rprobabilities\x18\x01 \x03(\x02\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\x14\n\x0chistory_used\x18\x04 \x01(\x05\"{\n\x0eLearnerRequest\x12)\n\x07history\x18\x01 \x03(\x0b\x32\x18.routerkt.v1.Interaction\x12*\n\ncandidates\x18\x02 \x03(\x0b\x32\x16.routerkt.v1.Candidate\x12\x12\n\nlearner_id\x18\x03 \x01(\t\"<\n\rLearnerResult\x12\x15\n\rprobabilities\x18\x01 \x03(\x02\x12\x14\n\x0chistory_used\x18\x02 \x01(\x05\"d\n\x13PredictBatchRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12-\n\x08learners\x18\x03 \x03(\x0b\x32\x1b.routerkt.v1.LearnerRequest\"c\n\x14PredictBatchResponse\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.routerkt.v1.LearnerResult\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x03\"\x89\x02\n\x10RecommendRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12)\n\x07history\x18\x03 \x03(\x0b\x32\x18.routerkt.v1.Interaction\x12\x12\n\nlearner_id\x18\x04 \x01(\t\x12*\n\ncandidates\x18\x05 \x03(\x0b\x32\x16.routerkt.v1.Candidate\x12\x1f\n\x12target_probability\x18\x06 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_k\x18\x07 \x01(\x05H\x01\x88\x01\x01\x12\x14\n\x0c\x65xclude_seen\x18\x08 \x01(\x08\x42\x15\n\x13_target_probabilityB\x08\n\x06_top_k\":\n\x0eRecommendation\x12\x13\n\x0bquestion_id\x18\x01 \x01(\x03\x12\x13\n\x0bprobability\x18\x02 \x01(\x02\"\x91\x01\n\x11RecommendResponse\x12\x34\n\x0frecommendations\x18\x01 \x03(\x0b\x32\x1b.routerkt.v1.Recommendation\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\x14\n\x0chistory_used\x18\x04 \x01(\x05\x12\x10\n\x08\x65xcluded\x18\x05 \x01(\x05\"\x8f\x01\n\x05\x45vent\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x13\n\x0bquestion_id\x18\x02 \x01(\x03\x12\x15\n\x08skill_id\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\x0f\n\x07\x63orrect\x18\x04 \x01(\x05\x12\x19\n\x0ctimestamp_ms\x18\x05 \x01(\x03H\x01\x88\x01\x01\x42\x0b\n\t_skill_idB\x0f\n\r_timestamp_ms\"H\n\x0eObserveRequest\x12\x12\n\nlearner_id\x18\x01 \x01(\t\x12\"\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x12.routerkt.v1.Event\"M\n\x0fObserveResponse\x12\x0e\n\x06stored\x18\x01 \x01(\x05\x12\x12\n\nduplicates\x18\x02 \x01(\x05\x12\x16\n\x0ehistory_length\x18\x03 \x01(\x03\"*\n\x14\x46orgetLearnerRequest\x12\x12\n\nlearner_id\x18\x01 \x01(\t\"9\n\x15\x46orgetLearnerResponse\x12\x0f\n\x07\x65xisted\x18\x01 \x01(\x08\x12\x0f\n\x07\x64\x65leted\x18\x02 \x01(\x03\x32\x9e\x03\n\x17KnowledgeTracingService\x12\x44\n\x07Predict\x12\x1b.routerkt.v1.PredictRequest\x1a\x1c.routerkt.v1.PredictResponse\x12S\n\x0cPredictBatch\x12 .routerkt.v1.PredictBatchRequest\x1a!.routerkt.v1.PredictBatchResponse\x12J\n\tRecommend\x12\x1d.routerkt.v1.RecommendRequest\x1a\x1e.routerkt.v1.RecommendResponse\x12\x44\n\x07Observe\x12\x1b.routerkt.v1.ObserveRequest\x1a\x1c.routerkt.v1.ObserveResponse\x12V\n\rForgetLearner\x12!.routerkt.v1.ForgetLearnerRequest\x1a\".routerkt.v1.ForgetLearnerResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -47,16 +47,22 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PREDICTBATCHREQUEST']._serialized_end=752
   _globals['_PREDICTBATCHRESPONSE']._serialized_start=754
   _globals['_PREDICTBATCHRESPONSE']._serialized_end=853
-  _globals['_EVENT']._serialized_start=856
-  _globals['_EVENT']._serialized_end=999
-  _globals['_OBSERVEREQUEST']._serialized_start=1001
-  _globals['_OBSERVEREQUEST']._serialized_end=1073
-  _globals['_OBSERVERESPONSE']._serialized_start=1075
-  _globals['_OBSERVERESPONSE']._serialized_end=1152
-  _globals['_FORGETLEARNERREQUEST']._serialized_start=1154
-  _globals['_FORGETLEARNERREQUEST']._serialized_end=1196
-  _globals['_FORGETLEARNERRESPONSE']._serialized_start=1198
-  _globals['_FORGETLEARNERRESPONSE']._serialized_end=1255
-  _globals['_KNOWLEDGETRACINGSERVICE']._serialized_start=1258
-  _globals['_KNOWLEDGETRACINGSERVICE']._serialized_end=1596
+  _globals['_RECOMMENDREQUEST']._serialized_start=856
+  _globals['_RECOMMENDREQUEST']._serialized_end=1121
+  _globals['_RECOMMENDATION']._serialized_start=1123
+  _globals['_RECOMMENDATION']._serialized_end=1181
+  _globals['_RECOMMENDRESPONSE']._serialized_start=1184
+  _globals['_RECOMMENDRESPONSE']._serialized_end=1329
+  _globals['_EVENT']._serialized_start=1332
+  _globals['_EVENT']._serialized_end=1475
+  _globals['_OBSERVEREQUEST']._serialized_start=1477
+  _globals['_OBSERVEREQUEST']._serialized_end=1549
+  _globals['_OBSERVERESPONSE']._serialized_start=1551
+  _globals['_OBSERVERESPONSE']._serialized_end=1628
+  _globals['_FORGETLEARNERREQUEST']._serialized_start=1630
+  _globals['_FORGETLEARNERREQUEST']._serialized_end=1672
+  _globals['_FORGETLEARNERRESPONSE']._serialized_start=1674
+  _globals['_FORGETLEARNERRESPONSE']._serialized_end=1731
+  _globals['_KNOWLEDGETRACINGSERVICE']._serialized_start=1734
+  _globals['_KNOWLEDGETRACINGSERVICE']._serialized_end=2148
 # @@protoc_insertion_point(module_scope)

@@ -88,6 +88,48 @@ class PredictBatchResponse(_message.Message):
     version: int
     def __init__(self, results: _Optional[_Iterable[_Union[LearnerResult, _Mapping]]] = ..., model: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
 
+class RecommendRequest(_message.Message):
+    __slots__ = ("model", "version", "history", "learner_id", "candidates", "target_probability", "top_k", "exclude_seen")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
+    LEARNER_ID_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    TARGET_PROBABILITY_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDE_SEEN_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    version: int
+    history: _containers.RepeatedCompositeFieldContainer[Interaction]
+    learner_id: str
+    candidates: _containers.RepeatedCompositeFieldContainer[Candidate]
+    target_probability: float
+    top_k: int
+    exclude_seen: bool
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., history: _Optional[_Iterable[_Union[Interaction, _Mapping]]] = ..., learner_id: _Optional[str] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., target_probability: _Optional[float] = ..., top_k: _Optional[int] = ..., exclude_seen: _Optional[bool] = ...) -> None: ...
+
+class Recommendation(_message.Message):
+    __slots__ = ("question_id", "probability")
+    QUESTION_ID_FIELD_NUMBER: _ClassVar[int]
+    PROBABILITY_FIELD_NUMBER: _ClassVar[int]
+    question_id: int
+    probability: float
+    def __init__(self, question_id: _Optional[int] = ..., probability: _Optional[float] = ...) -> None: ...
+
+class RecommendResponse(_message.Message):
+    __slots__ = ("recommendations", "model", "version", "history_used", "excluded")
+    RECOMMENDATIONS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_USED_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDED_FIELD_NUMBER: _ClassVar[int]
+    recommendations: _containers.RepeatedCompositeFieldContainer[Recommendation]
+    model: str
+    version: int
+    history_used: int
+    excluded: int
+    def __init__(self, recommendations: _Optional[_Iterable[_Union[Recommendation, _Mapping]]] = ..., model: _Optional[str] = ..., version: _Optional[int] = ..., history_used: _Optional[int] = ..., excluded: _Optional[int] = ...) -> None: ...
+
 class Event(_message.Message):
     __slots__ = ("event_id", "question_id", "skill_id", "correct", "timestamp_ms")
     EVENT_ID_FIELD_NUMBER: _ClassVar[int]

@@ -49,6 +49,11 @@ class KnowledgeTracingServiceStub:
                 request_serializer=serving_dot_api_dot_knowledge__tracing__pb2.PredictBatchRequest.SerializeToString,
                 response_deserializer=serving_dot_api_dot_knowledge__tracing__pb2.PredictBatchResponse.FromString,
                 _registered_method=True)
+        self.Recommend = channel.unary_unary(
+                '/routerkt.v1.KnowledgeTracingService/Recommend',
+                request_serializer=serving_dot_api_dot_knowledge__tracing__pb2.RecommendRequest.SerializeToString,
+                response_deserializer=serving_dot_api_dot_knowledge__tracing__pb2.RecommendResponse.FromString,
+                _registered_method=True)
         self.Observe = channel.unary_unary(
                 '/routerkt.v1.KnowledgeTracingService/Observe',
                 request_serializer=serving_dot_api_dot_knowledge__tracing__pb2.ObserveRequest.SerializeToString,
@@ -81,6 +86,13 @@ class KnowledgeTracingServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Recommend(self, request, context):
+        """Candidates ordered by a documented policy (RecommendRequest), each with its probability.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Observe(self, request, context):
         """Append a learner's answers to the session store; returns once they are durably stored.
         All or nothing: a bad event rejects the whole call and stores nothing.
@@ -108,6 +120,11 @@ def add_KnowledgeTracingServiceServicer_to_server(servicer, server):
                     servicer.PredictBatch,
                     request_deserializer=serving_dot_api_dot_knowledge__tracing__pb2.PredictBatchRequest.FromString,
                     response_serializer=serving_dot_api_dot_knowledge__tracing__pb2.PredictBatchResponse.SerializeToString,
+            ),
+            'Recommend': grpc.unary_unary_rpc_method_handler(
+                    servicer.Recommend,
+                    request_deserializer=serving_dot_api_dot_knowledge__tracing__pb2.RecommendRequest.FromString,
+                    response_serializer=serving_dot_api_dot_knowledge__tracing__pb2.RecommendResponse.SerializeToString,
             ),
             'Observe': grpc.unary_unary_rpc_method_handler(
                     servicer.Observe,
@@ -179,6 +196,33 @@ class KnowledgeTracingService:
             '/routerkt.v1.KnowledgeTracingService/PredictBatch',
             serving_dot_api_dot_knowledge__tracing__pb2.PredictBatchRequest.SerializeToString,
             serving_dot_api_dot_knowledge__tracing__pb2.PredictBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Recommend(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/routerkt.v1.KnowledgeTracingService/Recommend',
+            serving_dot_api_dot_knowledge__tracing__pb2.RecommendRequest.SerializeToString,
+            serving_dot_api_dot_knowledge__tracing__pb2.RecommendResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -3,7 +3,8 @@ gateway's CPU, with the session settings of the Triton python-backend model
 (routerkt/contract/onnx_session.py). For development without Triton and for tests of the
 code around the backend; the production path and the e2e tests use a real Triton.
 
-Versions whose folder has no model.onnx (TensorRT plans) are not served here. Sessions are built
+Each version's served graph (model.onnx: score, rank.onnx: rank) is run; a version without that
+file is not served here. Sessions are built
 in a worker thread when a version first appears in the catalog and run in worker threads, so the
 event loop never blocks on a forward pass.
 """
@@ -16,9 +17,9 @@ import numpy as np
 
 from routerkt.contract.onnx_session import cpu_session
 from routerkt.contract.repository import version_dir
-from routerkt.contract.signature import ONNX_FILE, PROBS, SCORE
+from routerkt.contract.signature import ONNX_FILE, RANK, RANK_ONNX_FILE
 from serving.catalog import ModelCatalog, ModelVersion
-from serving.parts import BackendError, FailureKind, Rows
+from serving.parts import BackendError, FailureKind
 from serving.settings import Settings
 
 log = logging.getLogger("routerkt.gateway.onnxruntime")
@@ -58,7 +59,8 @@ class OnnxRuntimeBackend:
         for key in set(self._sessions) - wanted:            # removed from the repository
             del self._sessions[key]
         for name, version in sorted(wanted - set(self._sessions) - self._broken):
-            path = version_dir(catalog.repository, name, version) / ONNX_FILE
+            graph = table[name][version].graph
+            path = version_dir(catalog.repository, name, version) / (RANK_ONNX_FILE if graph is RANK else ONNX_FILE)
             try:
                 self._sessions[(name, version)] = await asyncio.to_thread(cpu_session, path, self.threads)
                 log.info("onnxruntime: loaded model %s version %d", name, version)
@@ -86,13 +88,14 @@ class OnnxRuntimeBackend:
     def describe(self) -> dict[str, object]:
         return {"backend": "onnxruntime"}
 
-    async def infer(self, model: ModelVersion, rows: Rows, timeout_s: float) -> np.ndarray:
+    async def infer(self, model: ModelVersion, feeds: dict[str, np.ndarray], timeout_s: float) -> np.ndarray:
         session = self._sessions.get((model.name, model.version))
         if session is None:
             raise BackendError(FailureKind.NOT_LOADED, f"{model.name} version {model.version} is not loaded")
-        feeds = {name: np.ascontiguousarray(array, dtype=np.int64) for name, array in zip(SCORE.input_names, rows)}
+        feeds = {name: np.ascontiguousarray(feeds[name], dtype=np.int64) for name in model.graph.input_names}
+        output = model.graph.output_names[0]
         try:
-            outputs = await asyncio.wait_for(asyncio.to_thread(session.run, [PROBS], feeds), timeout_s)
+            outputs = await asyncio.wait_for(asyncio.to_thread(session.run, [output], feeds), timeout_s)
         except asyncio.TimeoutError:
             raise BackendError(FailureKind.DEADLINE, "onnxruntime did not finish in time") from None
         except Exception as exc:

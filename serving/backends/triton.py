@@ -11,7 +11,7 @@ import numpy as np
 from serving.catalog import ModelCatalog, ModelVersion
 from serving.errors import shown
 from serving.metrics import Metrics
-from serving.parts import BackendError, Rows
+from serving.parts import BackendError
 from serving.settings import Settings
 from serving.triton_client import TritonClient
 from serving.triton_supervisor import TritonSupervisor
@@ -66,9 +66,9 @@ class TritonInferenceBackend:
     def describe(self) -> dict[str, object]:
         return {"triton": self.supervisor.triton_ready}
 
-    async def infer(self, model: ModelVersion, rows: Rows, timeout_s: float) -> np.ndarray:
+    async def infer(self, model: ModelVersion, feeds: dict[str, np.ndarray], timeout_s: float) -> np.ndarray:
         try:
-            return await self.client.infer(model.name, model.version, rows, timeout_s)
+            return await self.client.infer(model.name, model.version, model.graph, feeds, timeout_s)
         except BackendError as exc:
             self.supervisor.on_failure(model.name, model.version, exc)
             raise

@@ -65,8 +65,8 @@ class FakeBackend:
             return "reloading"
         return None if self.triton_ready else "down"
 
-    async def infer(self, model, rows, timeout_s):
-        questions = rows[0]
+    async def infer(self, model, feeds, timeout_s):
+        questions = feeds["questions"]                          # the handmade versions serve the score graph
         self.calls.append((model.name, model.version, questions.copy(), timeout_s))
         if self.delay:
             await asyncio.sleep(self.delay)

@@ -123,7 +123,7 @@ def test_stub_crash_on_the_request_path_triggers_exactly_one_reload() -> None:
         await backend.supervisor.probe(TABLE)
         client.infer_error = error("INTERNAL", STUB_ERROR)
         rows = np.zeros((2, 4), dtype=np.int64)
-        results = await asyncio.gather(*(backend.infer(TABLE["kt"][1], (rows, rows, rows), 1.0) for _ in range(5)),
+        results = await asyncio.gather(*(backend.infer(TABLE["kt"][1], {"questions": rows, "skills": rows, "responses": rows}, 1.0) for _ in range(5)),
                                        return_exceptions=True)
         assert all(isinstance(r, BackendError) and r.kind is FailureKind.STUB_CRASHED for r in results)
         assert backend.ready_versions("kt") == frozenset()
@@ -176,7 +176,7 @@ def test_unreachable_triton_on_the_request_path_marks_everything_down() -> None:
         client.infer_error = error("UNAVAILABLE", "failed to connect to all addresses")
         rows = np.zeros((1, 4), dtype=np.int64)
         with pytest.raises(BackendError) as info:
-            await backend.infer(TABLE["kt"][1], (rows, rows, rows), 1.0)
+            await backend.infer(TABLE["kt"][1], {"questions": rows, "skills": rows, "responses": rows}, 1.0)
         assert info.value.kind is FailureKind.UNAVAILABLE and not backend.supervisor.triton_ready
     asyncio.run(scenario())
 

@@ -1,0 +1,88 @@
+"""Next-question recommendation over the prediction pipeline.
+
+Policy ("desirable difficulty"): every candidate gets P(correct) from one rank inference with the
+learner's history; candidates are ordered by |P(correct) - target|, closest first, ties kept in
+request order; the first `top_k` are returned. target defaults to DEFAULT_TARGET (0.7). With
+`exclude_seen`, candidates whose question is already in the learner's history are dropped first:
+the request's history, or for a learner_id the events the session store keeps (the newest
+store_keep). Bad input: target outside (0, 1) or top_k < 1 is INVALID_ARGUMENT naming the field.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from serving import errors
+from serving.requests import Deadline, LearnerQuery, PredictQuery
+from serving.service import PredictionService
+from serving.sessions.service import SessionService
+
+DEFAULT_TARGET = 0.7
+
+
+@dataclass
+class RecommendQuery:
+    model: str
+    version: int
+    learner: LearnerQuery
+    target_probability: float | None = None     # None: DEFAULT_TARGET
+    top_k: int | None = None                    # None: every candidate
+    exclude_seen: bool = False
+
+
+@dataclass
+class Recommendations:
+    question_ids: list[int]
+    probabilities: list[float]
+    model: str
+    version: int
+    history_used: int
+    excluded: int
+
+
+def order(probabilities: np.ndarray, target: float) -> list[int]:
+    """Indices of `probabilities` by |p - target|, closest first, ties in index order."""
+    return sorted(range(len(probabilities)), key=lambda i: (abs(float(probabilities[i]) - target), i))
+
+
+class Recommender:
+    def __init__(self, service: PredictionService, sessions: SessionService | None) -> None:
+        self.service = service
+        self.sessions = sessions
+
+    async def recommend(self, query: RecommendQuery, deadline: Deadline) -> Recommendations:
+        target = DEFAULT_TARGET if query.target_probability is None else query.target_probability
+        if not (0.0 < target < 1.0) or math.isnan(target):
+            raise self._count(errors.invalid_argument("target_probability", f"must be in (0, 1), got {target:g}"))
+        if query.top_k is not None and query.top_k < 1:
+            raise self._count(errors.invalid_argument("top_k", f"must be >= 1 when set, got {query.top_k}"))
+        learner = query.learner
+        excluded = 0
+        if query.exclude_seen and learner.candidate_questions.size:
+            keep = ~np.isin(learner.candidate_questions, await self._seen(learner, deadline))
+            excluded = int((~keep).sum())
+            if excluded == len(keep):
+                return Recommendations([], [], query.model, query.version, 0, excluded)
+            learner = LearnerQuery(learner.history_questions, learner.history_skills, learner.history_correct,
+                                   learner.candidate_questions[keep], learner.candidate_skills[keep],
+                                   learner.learner_id)
+        result = await self.service.predict(PredictQuery(query.model, query.version, [learner]), deadline)
+        probs = result.learners[0].probabilities
+        ranked = order(probs, target)[:query.top_k]
+        return Recommendations([int(learner.candidate_questions[i]) for i in ranked],
+                               [float(probs[i]) for i in ranked], result.model, result.version,
+                               result.learners[0].history_used, excluded)
+
+    async def _seen(self, learner: LearnerQuery, deadline: Deadline) -> np.ndarray:
+        if not learner.learner_id:
+            return learner.history_questions
+        if self.sessions is None:
+            raise self._count(errors.invalid_argument("learner_id", "this gateway runs without a session store"))
+        stored = await self.sessions.history(learner.learner_id, self.sessions.settings.store_keep, deadline)
+        return stored.questions
+
+    def _count(self, error: errors.ServingError) -> errors.ServingError:
+        self.service.metrics.errors.labels(code=error.code_name).inc()
+        return error
