@@ -38,6 +38,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "train": ("training.bench", "training throughput per preset"),
     "throughput": ("loadtest.throughput", "inference throughput: PyTorch vs onnxruntime vs Triton"),
     "load": ("loadtest.load", "locust load test against the gateway"),
+    "ranking": ("loadtest.ranking", "history-once ranking vs one window per candidate, N candidates"),
 }
 SESSIONS: dict[str, tuple[str, str]] = {
     "import": ("serving.sessions.importer", "bulk-load a canonical CSV into a session store"),

@@ -73,6 +73,7 @@ class TritonPythonModel:
         options.intra_op_num_threads = int(params.get(PARAM_ORT_INTRA_OP_THREADS, "1") or "1")
         options.enable_cpu_mem_arena = params.get(PARAM_ORT_MEM_ARENA, "0") == "1"
         options.inter_op_num_threads = 1
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")   # routerkt/contract/onnx_session.py
         path = os.path.join(args["model_repository"], args["model_version"], onnx_file)
         self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
         names = {i.name for i in self.session.get_inputs()}

@@ -1,0 +1,190 @@
+"""`routerkt bench ranking`: history-once ranking (the rank graph) vs one window per candidate (the
+score graph), for N candidates, side by side in one interleaved run.
+
+    routerkt bench ranking [--repository model_repository] [--model NAME] [--n 1,4,16,20,64]
+                           [--repeats 30] [--threads 2] [--out bench/ranking]
+
+Two levels, on the latest version of the model (its real weights and vocabulary):
+  onnxruntime  rank.onnx on [1, window-1] + [1, N] vs model.onnx on N windows [N, window], in process;
+  gateway      Predict with N candidates through the gateway and a real Triton, against two Triton
+               models built from the same version folder: `<name>` serving the rank graph and
+               `<name>-windows` serving the score graph (the gateway's old path).
+Every repetition visits every (N, method, level) once, in turn, so machine drift hits all alike.
+Prints p50 / p99 latency and candidates/s per cell with the ratios, writes OUT/ranking.json and
+OUT/ranking.png.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import numpy as np
+
+from routerkt.atomic import atomic_write_json
+from routerkt.contract.onnx_session import cpu_session
+from routerkt.contract.repository import latest_version, list_models, read_model_info, read_vocab, version_dir
+from routerkt.contract.signature import (CANDIDATE_PROBS, FIRST_ID, INFO_FILE, ONNX_FILE, PROBS, RANK,
+                                         RANK_ONNX_FILE, SCORE, VOCAB_FILE)
+from routerkt.errors import UserError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--repository", type=Path, default=Path("model_repository"))
+    p.add_argument("--model", default=None, help="model name (default: the repository's only model)")
+    p.add_argument("--n", default="1,4,16,20,64", help="candidate counts")
+    p.add_argument("--repeats", type=int, default=30, help="interleaved repetitions per cell")
+    p.add_argument("--threads", type=int, default=2, help="onnxruntime intra-op threads (in process)")
+    p.add_argument("--out", type=Path, default=Path("bench/ranking"))
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q))
+
+
+def ort_inputs(window: int, n: int, n_questions: int, n_skills: int, rng: np.random.Generator):
+    """(rank feeds, score feeds) for one learner with a full history and n candidates."""
+    h = window - 1
+    hq, hs = rng.integers(FIRST_ID, n_questions, (1, h)), rng.integers(FIRST_ID, n_skills, (1, h))
+    hr = rng.integers(0, 2, (1, h))
+    cq, cs = rng.integers(FIRST_ID, n_questions, (1, n)), rng.integers(FIRST_ID, n_skills, (1, n))
+    rank = dict(zip(RANK.input_names, (hq, hs, hr, cq, cs)))
+    score = dict(zip(SCORE.input_names, (np.concatenate([np.repeat(hq, n, 0), cq.T], 1),
+                                         np.concatenate([np.repeat(hs, n, 0), cs.T], 1),
+                                         np.concatenate([np.repeat(hr, n, 0), np.zeros((n, 1), np.int64)], 1))))
+    return {k: v.astype(np.int64) for k, v in rank.items()}, {k: v.astype(np.int64) for k, v in score.items()}
+
+
+def two_model_repository(source: Path, name: str, version: int, out: Path) -> None:
+    """`name` (rank graph) and `name`-windows (score graph), both from one version folder."""
+    from export.repository import publish_version
+    from export.triton_config import PARAM_N_QUESTIONS, PARAM_N_SKILLS, TritonModelOptions, render_config
+    from export.triton_python_model import MODEL_PY
+
+    info = read_model_info(source, name, version)
+    folder = version_dir(source, name, version)
+    files = {f: folder / f for f in (ONNX_FILE, RANK_ONNX_FILE, VOCAB_FILE, INFO_FILE)}
+    files["model.py"] = MODEL_PY
+    for served, graph in ((name, RANK.name), (f"{name}-windows", SCORE.name)):
+        options = TritonModelOptions(window=info.window, graph=graph, parameters={
+            PARAM_N_QUESTIONS: str(info.n_questions), PARAM_N_SKILLS: str(info.n_skills)})
+        publish_version(out, served, files, render_config(served, options), version=1)
+
+
+def run(args: argparse.Namespace) -> int:
+    counts = sorted({int(x) for x in args.n.split(",") if x.strip()})
+    if not counts or counts[0] < 1 or counts[-1] > 64 or args.repeats < 3:
+        raise UserError("--n must be candidate counts in 1..64 and --repeats >= 3")
+    models = list_models(args.repository)
+    name = args.model or (models[0] if len(models) == 1 else "")
+    if name not in models:
+        raise UserError(f"choose --model among {models} in {args.repository}")
+    version = latest_version(args.repository, name)
+    info = read_model_info(args.repository, name, version)
+    folder = version_dir(args.repository, name, version)
+    if not (folder / RANK_ONNX_FILE).is_file():
+        raise UserError(f"{folder} has no {RANK_ONNX_FILE}: re-export the model")
+    rng = np.random.default_rng(0)
+    sessions = {"rank": cpu_session(folder / RANK_ONNX_FILE, args.threads),
+                "windows": cpu_session(folder / ONNX_FILE, args.threads)}
+    feeds = {n: ort_inputs(info.window, n, info.n_questions, info.n_skills, rng) for n in counts}
+    outputs = {"rank": CANDIDATE_PROBS, "windows": PROBS}
+    times: dict[tuple[str, str, int], list[float]] = {}
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    with ExitStack() as stack:
+        import grpc
+
+        from loadtest.load import start_gateway, start_triton
+        from serving.api import knowledge_tracing_pb2 as pb
+        from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
+
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="routerkt-ranking-")))
+        two_model_repository(args.repository, name, version, tmp / "repo")
+        triton = start_triton(stack, tmp / "repo", args.out)
+        target = start_gateway(stack, tmp / "repo", name, triton.grpc_url)
+        deadline = time.monotonic() + 120
+        channel = stack.enter_context(grpc.insecure_channel(target))
+        stub = pb_grpc.KnowledgeTracingServiceStub(channel)
+        questions = sorted(read_vocab(args.repository, name, version).questions)
+        history = [pb.Interaction(question_id=questions[(7 * i) % len(questions)], correct=i % 2)
+                   for i in range(info.window - 1)]
+        requests = {(m, n): pb.PredictRequest(model=m, history=history, candidates=[
+            pb.Candidate(question_id=questions[(11 * j) % len(questions)]) for j in range(n)])
+            for m in (name, f"{name}-windows") for n in counts}
+        while True:                                              # both Triton models answering
+            try:
+                for request in requests.values():
+                    stub.Predict(request, timeout=30.0)
+                break
+            except grpc.RpcError:
+                if time.monotonic() > deadline:
+                    raise UserError("the gateway did not serve both models within 120 s") from None
+                time.sleep(0.5)
+        print(f"ranking bench: {name} v{version}, window {info.window}, N {counts}, {args.repeats} repetitions",
+              file=sys.stderr)
+        for _ in range(args.repeats):
+            for n in counts:
+                for method in ("rank", "windows"):
+                    started = time.perf_counter()
+                    sessions[method].run([outputs[method]], feeds[n][0 if method == "rank" else 1])
+                    times.setdefault(("onnxruntime", method, n), []).append(time.perf_counter() - started)
+                    model = name if method == "rank" else f"{name}-windows"
+                    started = time.perf_counter()
+                    stub.Predict(requests[(model, n)], timeout=30.0)
+                    times.setdefault(("gateway", method, n), []).append(time.perf_counter() - started)
+
+    rows = []
+    for level in ("onnxruntime", "gateway"):
+        for n in counts:
+            cells = {m: times[(level, m, n)] for m in ("rank", "windows")}
+            p50 = {m: percentile(v, 50) * 1000 for m, v in cells.items()}
+            p99 = {m: percentile(v, 99) * 1000 for m, v in cells.items()}
+            cps = {m: n / statistics.mean(v) for m, v in cells.items()}
+            rows.append({"level": level, "n": n, "p50_ms": p50, "p99_ms": p99, "candidates_per_s": cps,
+                         "speedup": cps["rank"] / cps["windows"]})
+    print("| level | N | rank p50 / p99 ms | windows p50 / p99 ms | rank cand/s | windows cand/s | rank / windows |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['level']} | {r['n']} | {r['p50_ms']['rank']:.2f} / {r['p99_ms']['rank']:.2f} | "
+              f"{r['p50_ms']['windows']:.2f} / {r['p99_ms']['windows']:.2f} | {r['candidates_per_s']['rank']:,.0f} | "
+              f"{r['candidates_per_s']['windows']:,.0f} | {r['speedup']:.1f}x |")
+    for level in ("onnxruntime", "gateway"):
+        base = next(r for r in rows if r["level"] == level and r["n"] == counts[0])["p50_ms"]["rank"]
+        for r in rows:
+            if r["level"] == level and r["n"] != counts[0]:
+                print(f"{level}: rank p50 at N={r['n']} is {r['p50_ms']['rank'] / base:.2f}x that at N={counts[0]}")
+    atomic_write_json(args.out / "ranking.json", {"model": name, "version": version, "window": info.window,
+                                                  "repeats": args.repeats, "threads": args.threads, "rows": rows,
+                                                  "date": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    _plot(rows, counts, args.out / "ranking.png")
+    print(f"wrote {args.out / 'ranking.json'} and {args.out / 'ranking.png'}")
+    return 0
+
+
+def _plot(rows: list[dict], counts: list[int], path: Path) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, level in zip(axes, ("onnxruntime", "gateway")):
+        for method, style in (("rank", "o-"), ("windows", "s--")):
+            ax.plot(counts, [r["p50_ms"][method] for r in rows if r["level"] == level], style, label=method)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("candidates N")
+        ax.set_ylabel("p50 latency (ms)")
+        ax.set_title(level)
+        ax.legend()
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    shutil.move(tmp, path)
