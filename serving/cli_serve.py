@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
             log.info("Triton: using %s", settings.triton_url)
         else:
             triton = _start_triton(settings, args.triton_log)
-        code = asyncio.run(_serve(settings, args))
+        code = asyncio.run(_serve(settings, args, triton))
     finally:
         if triton is not None:                                  # a second signal must not orphan Triton
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -163,7 +163,7 @@ def _session_parts(settings: Settings, args: argparse.Namespace):
     return open_store(url, ttl_s=settings.store_ttl_s), keys
 
 
-async def _serve(settings: Settings, args: argparse.Namespace) -> int:
+async def _serve(settings: Settings, args: argparse.Namespace, triton=None) -> int:
     from serving.catalog import ModelCatalog
     from serving.metrics import Metrics
     from serving.server import GatewayServer, serve
@@ -186,8 +186,18 @@ async def _serve(settings: Settings, args: argparse.Namespace) -> int:
             base = f"http://{settings.host}:{server.http_port}"
             log.info("gateway HTTP: %s (/v1/predict, /v1/predict_batch, /docs)", base)
             log.info("gateway metrics: %s/metrics, health %s/livez %s/readyz", base, base, base)
-        if args.sample_model:
-            await sample_prediction(server, args.sample_model)
+        restarter = None
+        if triton is not None:
+            from serving.triton_restarts import TritonRestarter
+            restarter = asyncio.create_task(TritonRestarter(triton, metrics).run())
+        try:
+            if args.sample_model:
+                await sample_prediction(server, args.sample_model)
+            if restarter is not None:
+                await restarter
+        finally:
+            if restarter is not None:
+                restarter.cancel()
 
     return await serve(settings, on_started=started, **parts)
 

@@ -47,6 +47,7 @@ METRIC_NAMES = (
     "routerkt_store_up",
     "routerkt_events_total",
     "routerkt_undecodable_requests_total",
+    "routerkt_triton_restarts_total",
 )
 
 # Metrics read from Triton's own /metrics port (Triton 2.51, serving-notes.md §1), plus the
@@ -134,6 +135,9 @@ class Metrics:
         self.undecodable = Counter(
             "routerkt_undecodable_requests", "gRPC request bodies that did not decode (answered INVALID_ARGUMENT).",
             ("method",), registry=r)
+        self.triton_restarts = Counter(
+            "routerkt_triton_restarts", "Restarts of the tritonserver `routerkt serve` started, after it died.",
+            registry=r)
         self.build_info = Gauge(
             "routerkt_build_info", "Always 1; the labels say which build of the gateway runs.",
             ("version", "git_sha"), registry=r)

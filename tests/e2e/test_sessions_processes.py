@@ -36,7 +36,8 @@ class Gateway:
         self.port = free_port()
         backend = ["--triton-url", triton_url] if triton_url else ["--backend", "onnxruntime"]
         command = [str(ROUTERKT), "serve", "--repository", str(repository), "--grpc-port", str(self.port),
-                   "--http-port", "-1", "--store", store_url, "--log-format", "json", *backend]
+                   "--http-port", "-1", "--store", store_url, "--log-format", "json",
+                   "--store-keep", "1000000", *backend]        # keep everything: the tests count every event
         self.log = log
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=open(log, "ab"),
                                         env={**os.environ, SECRET_ENV: SECRET})
