@@ -99,8 +99,10 @@ def run(args: argparse.Namespace) -> int:
 
     from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
 
+    from serving.client import connect
+
     request = build_request(args)
-    with grpc.insecure_channel(args.target) as channel:
+    with connect(args.target) as channel:
         stub = pb_grpc.KnowledgeTracingServiceStub(channel)
         try:
             response = (stub.Recommend if args.recommend else stub.Predict)(request, timeout=args.timeout)

@@ -58,7 +58,8 @@ class Settings:
     probe_failures_before_reload: int = 2         # consecutive failed probes of a READY model before a reload
     reload_timeout_s: float = 60.0                # unload + load of one model through Triton's model-control API
     reload_cooldown_s: float = 5.0                # at least this long between two reloads (or loads) of one model
-    repository_poll_s: float = 5.0                # how often the model catalog rescans the repository
+    repository_poll_s: float = 0.5                # how often the model catalog rescans the repository (a stat
+                                                  # of 3 files per version: cheap; a new version is found fast)
     manage_models: bool = True                    # ask Triton (explicit mode) to load repository models/versions
                                                   # it does not serve yet
 

@@ -249,3 +249,23 @@ def test_http_huge_timeout_headers_are_capped_not_overflowing(gateway) -> None:
     body = {"model": "kt", "candidates": [{"question_id": 101}]}
     answer = gateway[2].post("/v1/predict", json=body, headers={"X-Request-Timeout": "9.2e18"})
     assert answer.status_code == 503                     # no Triton here: UNAVAILABLE, not an instant 504
+
+
+def test_the_shipped_client_retries_unavailable_with_backoff(gateway) -> None:
+    """No Triton here: every Predict is UNAVAILABLE; the client's policy makes RETRY_ATTEMPTS attempts."""
+    from serving.client import RETRY_ATTEMPTS, connect
+
+    def started() -> float:
+        text = gateway[2].get("/metrics").text
+        line = next((l for l in text.splitlines() if l.startswith("grpc_server_started_total{")
+                     and 'grpc_method="Predict"' in l), None)
+        return float(line.rsplit(" ", 1)[1]) if line else 0.0
+    before = started()
+    with connect(f"127.0.0.1:{gateway[0].grpc_port}") as channel:
+        with pytest.raises(grpc.RpcError) as info:
+            pb_grpc.KnowledgeTracingServiceStub(channel).Predict(valid_request(), timeout=10.0)
+    assert info.value.code() is grpc.StatusCode.UNAVAILABLE
+    assert started() - before == RETRY_ATTEMPTS
+    with pytest.raises(grpc.RpcError):
+        stub(gateway).Predict(valid_request(), timeout=10.0)            # a plain channel: one attempt
+    assert started() - before == RETRY_ATTEMPTS + 1
