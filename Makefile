@@ -1,7 +1,9 @@
 # Two commands on a fresh machine:
 #   make serve   install, make synthetic data, train a small default model (if none), export it,
-#                start Triton + the gateway and print one sample prediction (Ctrl-C stops both)
-#   make test    install, then run every test (unit, integration, e2e with a real tritonserver)
+#                start Triton, the session store (SQLite under .routerkt/) and the gateway, print one sample
+#                prediction and one Observe + Predict by learner id (Ctrl-C stops both)
+#   make test    install, then run every test (unit, integration, e2e with a real tritonserver and
+#                redis-server; the Makefile installs Debian's redis-server when it is missing)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv

@@ -78,7 +78,8 @@ class SessionService:
 
     def _set_up(self, up: bool) -> None:
         if up != self.up:
-            log.warning("session store (%s) is %s", self.store.kind, "available" if up else "NOT available")
+            level = logging.INFO if up else logging.WARNING
+            log.log(level, "session store (%s) is %s", self.store.kind, "available" if up else "NOT available")
         self.up = up
         self.metrics.store_up.set(1 if up else 0)
 
