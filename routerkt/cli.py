@@ -39,6 +39,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "throughput": ("loadtest.throughput", "inference throughput: PyTorch vs onnxruntime vs Triton"),
     "load": ("loadtest.load", "locust load test against the gateway"),
     "ranking": ("loadtest.ranking", "history-once ranking vs one window per candidate, N candidates"),
+    "fairness": ("loadtest.fairness", "small calls alone and beside maximal PredictBatch calls"),
 }
 SESSIONS: dict[str, tuple[str, str]] = {
     "import": ("serving.sessions.importer", "bulk-load a canonical CSV into a session store"),

@@ -149,11 +149,18 @@ class PredictionService:
         return [self.encoder.encode(learner, model) for learner in learners]
 
     async def _infer(self, model: ModelVersion, learners: list[EncodedLearner], deadline: Deadline) -> list[np.ndarray]:
-        """P(correct) per candidate for each learner: float32 [C_i] each; the encoder packs whole
-        learners into backend calls of at most min(max_rows_per_infer, max_batch_size) rows."""
-        rows_limit = max(1, min(self.settings.max_rows_per_infer, model.max_batch_size))
-        calls = self.encoder.inferences(learners, model, rows_limit)
-        outputs = await asyncio.gather(*(self._infer_one(model, call.feeds, deadline) for call in calls))
+        """P(correct) per candidate for each learner: float32 [C_i] each. Score graph: whole
+        learners in calls of at most min(max_rows_per_infer, max_batch_size) rows, concurrently.
+        Rank graph: at most rank_rows_per_infer learners per call, ONE call in flight at a time, so
+        a large PredictBatch queues one small inference at a time in Triton and the inferences of
+        other callers get in between (fair sharing; its own latency is about the sum of its parts)."""
+        rank = model.graph.name == "rank"
+        limit = self.settings.rank_rows_per_infer if rank else self.settings.max_rows_per_infer
+        calls = self.encoder.inferences(learners, model, max(1, min(limit, model.max_batch_size)))
+        if rank:
+            outputs = [await self._infer_one(model, call.feeds, deadline) for call in calls]
+        else:
+            outputs = await asyncio.gather(*(self._infer_one(model, call.feeds, deadline) for call in calls))
         out: list[np.ndarray | None] = [None] * len(learners)
         for call, output in zip(calls, outputs):
             for i, probs in zip(call.learners, call.split(output)):

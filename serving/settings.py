@@ -30,6 +30,8 @@ class Settings:
     max_history: int = 10_000                     # interactions per learner accepted (only window-1 are used)
     max_batch_learners: int = 64                  # learners per PredictBatch call
     max_message_bytes: int = 4 * MIB              # gRPC max receive size; bigger messages get RESOURCE_EXHAUSTED
+    rank_rows_per_infer: int = 4                  # learners per rank inference; a call sends its inferences one
+                                                  # at a time, so large batches do not stall other callers
     http_body_timeout_s: float = 10.0            # an HTTP request body must arrive within this (408 otherwise)
     max_rows_per_infer: int = 256                 # rows per Triton request when packing a batch (capped by the
                                                   # model's max_batch_size); must be >= max_candidates
@@ -74,7 +76,7 @@ class Settings:
                 raise UserError(f"settings.{name} must be a port number in [0, 65535], got {value!r}")
         positive_ints = ("max_candidates", "max_history", "max_batch_learners", "max_message_bytes",
                          "max_rows_per_infer", "max_inflight", "probe_failures_before_reload", "max_learner_id_chars",
-                         "max_event_id_chars", "max_observe_events", "store_keep")
+                         "max_event_id_chars", "max_observe_events", "store_keep", "rank_rows_per_infer")
         for name in positive_ints:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

@@ -1,0 +1,82 @@
+"""`routerkt bench fairness`: small Predict calls alone, then beside back-to-back maximal legal
+PredictBatch calls (64 learners x 64 candidates x 1,000-interaction histories), in one run.
+
+    routerkt bench fairness [--repository model_repository] [--model NAME] [--seconds 8] [--callers 4]
+
+Starts Triton and a gateway (loopback), runs `--callers` threads of small Predicts (30-interaction
+history, 1 candidate, 2 s deadline) for `--seconds` alone, then again while one thread sends
+maximal batches; prints the small calls' p50 / p99, their failures and each batch's seconds.
+"""
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import numpy as np
+
+from loadtest.learners import load_vocabulary
+from routerkt.errors import UserError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--repository", type=Path, default=Path("model_repository"))
+    p.add_argument("--model", default=None)
+    p.add_argument("--seconds", type=float, default=8.0, help="length of each phase")
+    p.add_argument("--callers", type=int, default=4, help="threads of small calls")
+    p.add_argument("--out", type=Path, default=Path("bench/fairness"), help="Triton's log goes here")
+
+
+def run(args: argparse.Namespace) -> int:
+    import grpc
+
+    from loadtest.load import start_gateway, start_triton
+    from serving.api import knowledge_tracing_pb2 as pb
+    from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
+
+    if args.seconds <= 0 or args.callers < 1:
+        raise UserError("--seconds must be > 0 and --callers >= 1")
+    vocabulary = load_vocabulary(args.repository, args.model)
+    q = vocabulary.questions
+    history = [pb.Interaction(question_id=q[i % len(q)], correct=i % 2) for i in range(1000)]
+    big = pb.PredictBatchRequest(model=vocabulary.model, learners=[pb.LearnerRequest(history=history, candidates=[
+        pb.Candidate(question_id=q[(3 * j) % len(q)]) for j in range(64)]) for _ in range(64)])
+    small = pb.PredictRequest(model=vocabulary.model, history=history[:30], candidates=[pb.Candidate(question_id=q[0])])
+    args.out.mkdir(parents=True, exist_ok=True)
+    with ExitStack() as stack:
+        triton = start_triton(stack, args.repository.resolve(), args.out)
+        target = start_gateway(stack, args.repository.resolve(), vocabulary.model, triton.grpc_url)
+        stub = pb_grpc.KnowledgeTracingServiceStub(stack.enter_context(grpc.insecure_channel(target)))
+
+        def smalls(out: list, failures: list) -> None:
+            end = time.monotonic() + args.seconds
+            while time.monotonic() < end:
+                started = time.perf_counter()
+                try:
+                    stub.Predict(small, timeout=2.0)
+                    out.append(time.perf_counter() - started)
+                except grpc.RpcError as exc:
+                    failures.append(exc.code().name)
+        stub.PredictBatch(big, timeout=60.0)                       # warm-up
+        print(f"max batch: {big.ByteSize():,} bytes; {args.callers} small callers, {args.seconds:g} s per phase")
+        for phase in ("alone", "beside maximal batches"):
+            out, failures, batches = [], [], []
+            threads = [threading.Thread(target=smalls, args=(out, failures)) for _ in range(args.callers)]
+            for t in threads:
+                t.start()
+            if phase != "alone":
+                end = time.monotonic() + args.seconds
+                while time.monotonic() < end:
+                    started = time.perf_counter()
+                    stub.PredictBatch(big, timeout=60.0)
+                    batches.append(time.perf_counter() - started)
+            for t in threads:
+                t.join()
+            line = (f"{phase}: {len(out)} small calls, p50 {np.percentile(out, 50) * 1e3:.1f} ms, "
+                    f"p99 {np.percentile(out, 99) * 1e3:.1f} ms, {len(failures)} failed")
+            if batches:
+                line += f"; {len(batches)} maximal batches, median {np.median(batches):.2f} s each"
+            print(line)
+    return 0
