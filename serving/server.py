@@ -55,6 +55,7 @@ log = logging.getLogger("routerkt.gateway")
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 HEALTH_POLL_S = 0.1          # how often the health status follows the backend's readiness
+STOP_STEP_S = 10.0           # every shutdown step beyond the grace period is bounded by this
 
 
 class _EmbeddedUvicorn(uvicorn.Server):
@@ -148,7 +149,11 @@ class GatewayServer:
         await self.health.enter_graceful_shutdown()
         if self._http is not None:
             self._http.should_exit = True
-        await self.grpc.stop(grace)
+        try:                                       # bounded even if a cancelled handler never finishes
+            await asyncio.wait_for(self.grpc.stop(grace), grace + STOP_STEP_S)
+        except asyncio.TimeoutError:
+            log.warning("the gRPC server did not stop within %.1fs of its grace period", STOP_STEP_S)
+        log.info("gateway: gRPC stopped")
         if self._http_task is not None:
             try:
                 await asyncio.wait_for(self._http_task, grace + 5)
@@ -158,10 +163,14 @@ class GatewayServer:
             self._http_socket.close()
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.backend.close()
+        closing = [asyncio.gather(*self._tasks, return_exceptions=True), self.backend.close()]
         if self.sessions is not None:
-            await self.sessions.close()
+            closing.append(self.sessions.close())
+        for step in closing:
+            try:
+                await asyncio.wait_for(step, STOP_STEP_S)
+            except Exception as exc:               # a part that does not close in time must not hang the exit
+                log.warning("gateway shutdown step did not finish cleanly: %s", type(exc).__name__)
         log.info("gateway stopped")
         self._stopped.set()
 

@@ -51,7 +51,7 @@ class SqliteStore:
     async def close(self) -> None:
         for pool in (self._writer, self._reader):
             await asyncio.get_running_loop().run_in_executor(pool, self._close_local)
-            pool.shutdown(wait=True)
+            pool.shutdown(wait=False)              # its queue is empty: never block the event loop
 
     def _connection(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
