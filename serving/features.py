@@ -89,13 +89,10 @@ def build_windows(learner: EncodedLearner, window: int) -> tuple[np.ndarray, np.
     n, c = learner.history_used, learner.n_candidates
     if n > window - 1:
         raise ValueError(f"history of {n} interactions does not fit a window of {window}")
-    questions = np.full((c, window), PAD_ID, dtype=np.int64)
-    skills = np.full((c, window), PAD_ID, dtype=np.int64)
-    responses = np.full((c, window), PAD_RESPONSE, dtype=np.int64)
-    first = window - 1 - n                         # index of the oldest used interaction
-    questions[:, first:window - 1] = learner.questions
-    skills[:, first:window - 1] = learner.skills
-    responses[:, first:window - 1] = learner.responses
+    history = history_row(learner, window)                   # the left-padded history part, [window - 1]
+    questions, skills, responses = (np.empty((c, window), dtype=np.int64) for _ in range(3))
+    for rows, part in zip((questions, skills, responses), history):
+        rows[:, :window - 1] = part
     questions[:, window - 1] = learner.candidate_questions
     skills[:, window - 1] = learner.candidate_skills
     responses[:, window - 1] = CANDIDATE_RESPONSE

@@ -12,6 +12,7 @@ metrics port; `TRITON_METRICS` lists the ones our Grafana dashboard reads from t
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from typing import Any, Awaitable, Callable
 
@@ -141,12 +142,18 @@ class Metrics:
         self.build_info = Gauge(
             "routerkt_build_info", "Always 1; the labels say which build of the gateway runs.",
             ("version", "git_sha"), registry=r)
-        self.build_info.labels(version=build.version(), git_sha=build.git_sha()).set(1)
+        self.build_info.labels(version=build.version(), git_sha=_git_sha()).set(1)
         for kind in ("question", "skill"):          # expose zeros before the first unknown id
             self.unknown_ids.labels(kind=kind)
 
     def interceptor(self) -> "MetricsInterceptor":
         return MetricsInterceptor(self)
+
+
+@functools.lru_cache(maxsize=1)
+def _git_sha() -> str:
+    """The checkout's commit, read once per process (two git calls; every Metrics() would repeat them)."""
+    return build.git_sha()
 
 
 class MetricsSink:
