@@ -228,8 +228,10 @@ def start_triton(stack: ExitStack, repository: Path, out: Path):
     return triton
 
 
-def start_gateway(stack: ExitStack, repository: Path, model: str, triton_url: str, store_url: str | None = None) -> str:
-    """An in-process gateway (stopped when `stack` closes), with a session store when `store_url`."""
+def start_gateway(stack: ExitStack, repository: Path, model: str, triton_url: str, store_url: str | None = None,
+                  track_outcomes: bool = True) -> str:
+    """An in-process gateway (stopped when `stack` closes), with a session store when `store_url`
+    (and then outcome tracking, unless `track_outcomes` is False)."""
     from serving.catalog import ModelCatalog
     from serving.metrics import Metrics
     from serving.server import ThreadedGateway
@@ -239,7 +241,7 @@ def start_gateway(stack: ExitStack, repository: Path, model: str, triton_url: st
     from serving.settings import Settings
 
     settings = Settings(repository=repository, triton_url=triton_url, grpc_port=0, http_port=None,
-                        grace_period_s=2.0)
+                        grace_period_s=2.0, track_outcomes=track_outcomes)
     metrics, catalog = Metrics(), ModelCatalog(repository)
     parts: dict = {"catalog": catalog}
     if store_url:

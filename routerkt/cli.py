@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("export.cli", "export a run to ONNX and the Triton model repository"),
     "serve": ("serving.cli_serve", "start tritonserver and the gRPC/HTTP gateway"),
     "predict": ("serving.cli_predict", "call the gateway's Predict from the command line"),
+    "rollout": ("serving.rollout.cli", "show and change the rollout policy (status, set, promote, rollback)"),
 }
 BENCHES: dict[str, tuple[str, str]] = {
     "train": ("training.bench", "training throughput per preset"),
@@ -40,6 +41,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "load": ("loadtest.load", "locust load test against the gateway"),
     "ranking": ("loadtest.ranking", "history-once ranking vs one window per candidate, N candidates"),
     "fairness": ("loadtest.fairness", "small calls alone and beside maximal PredictBatch calls"),
+    "outcomes": ("loadtest.outcomes", "Predict / Observe latency with outcome tracking on and off"),
 }
 SESSIONS: dict[str, tuple[str, str]] = {
     "import": ("serving.sessions.importer", "bulk-load a canonical CSV into a session store"),

@@ -1,9 +1,15 @@
 """`routerkt serve`: start tritonserver (or use a running one) and the gRPC/HTTP gateway in front of it.
 
     routerkt serve --repository model_repository [--grpc-port 50051] [--http-port 8080]
-                   [--triton-url HOST:PORT] [--sample-model NAME]
+                   [--triton-url HOST:PORT[,HOST:PORT...]] [--sample-model NAME]
                    [--store sqlite:///PATH | redis://HOST:PORT/DB] [--store-keep N] [--store-ttl S]
+                   [--rollout-policy FILE] [--no-track-outcomes] [--outcome-ttl S]
 
+With --triton-url A,B,... (several Triton replicas, started elsewhere), inference is spread
+round-robin over the ready ones, a replica failing its probe gets no traffic until it is back, and
+an inference that failed as UNAVAILABLE on one is retried once on another (serving/backends/
+triton_replicas.py). Several gateways can share one --store redis://...: they are interchangeable
+behind a client balancing over them (serving/client.py connect_balanced).
 Without --triton-url, the tritonserver bundled in nvidia-pytriton is started on free 127.0.0.1
 ports (never the gateway's) with --model-control-mode=explicit, and the gateway waits until it is
 ready. One log line per endpoint. Ctrl-C / SIGTERM: the gateway drains first, then Triton is
@@ -12,7 +18,10 @@ ready, with a small made-up history (ids from that model's vocabulary), prints t
 probabilities, then Observes the same history for a sample learner and Predicts by its learner id
 (the store's answer equals the explicit one), and keeps serving. The session store defaults to the
 SQLite file <state dir>/sessions.sqlite3; learner ids are keyed by HMAC with the secret in
-ROUTERKT_STORE_SECRET or --store-secret-file (created when missing). Logs are JSON lines when stderr is not a terminal.
+ROUTERKT_STORE_SECRET or --store-secret-file (created when missing). With a store, outcome tracking
+is on (what was served waits --outcome-ttl seconds for its answer). The rollout policy file
+(default <state dir>/rollout.json, watched; absent = latest version everywhere) is what
+`routerkt rollout` edits. Logs are JSON lines when stderr is not a terminal.
 """
 from __future__ import annotations
 
@@ -63,8 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--http-port", type=int, default=defaults.http_port,
                         help="gateway HTTP port: /metrics, /livez, /readyz, /v1/predict (0 = any free, -1 = off)")
     parser.add_argument("--host", default=defaults.host, help="address the gateway binds")
-    parser.add_argument("--triton-url", default=None,
-                        help="use the Triton server at HOST:PORT (gRPC) instead of starting one")
+    parser.add_argument("--triton-url", default=None, metavar="HOST:PORT[,HOST:PORT...]",
+                        help="use the running Triton server(s) at HOST:PORT (gRPC) instead of starting one; "
+                             "several, comma-separated: replicas, inference spread over the ready ones")
     parser.add_argument("--sample-model", default=None, metavar="NAME",
                         help="once ready, make one sample Predict with this model and print it")
     parser.add_argument("--max-inflight", type=int, default=defaults.max_inflight,
@@ -85,6 +95,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds after which an inactive learner is deleted (0 = never)")
     parser.add_argument("--store-secret-file", type=Path, default=None,
                         help="file with the HMAC secret for learner keys (default: <state dir>/store.secret)")
+    parser.add_argument("--rollout-policy", type=Path, default=None, metavar="FILE",
+                        help="rollout policy file, watched (default: <state dir>/rollout.json; see `routerkt rollout`)")
+    parser.add_argument("--no-track-outcomes", action="store_true",
+                        help="do not remember served predictions nor join observed answers with them")
+    parser.add_argument("--outcome-ttl", type=float, default=defaults.outcome_ttl_s,
+                        help="seconds a served prediction waits for the learner's answer")
     parser.add_argument("--backend", choices=("triton", "onnxruntime"), default="triton",
                         help="inference backend: Triton (default), or onnxruntime in-process (development)")
 
@@ -96,7 +112,9 @@ def run(args: argparse.Namespace) -> int:
     settings = Settings(repository=repository, host=args.host, grpc_port=args.grpc_port,
                         http_port=None if args.http_port is not None and args.http_port < 0 else args.http_port,
                         max_inflight=args.max_inflight, grace_period_s=args.grace_period,
-                        store_keep=args.store_keep, store_ttl_s=args.store_ttl)
+                        store_keep=args.store_keep, store_ttl_s=args.store_ttl,
+                        track_outcomes=not args.no_track_outcomes, outcome_ttl_s=args.outcome_ttl,
+                        rollout_policy=args.rollout_policy or args.state_dir / "rollout.json")
     settings.validate()
     if args.triton_url:
         settings.triton_url = args.triton_url
@@ -109,7 +127,9 @@ def run(args: argparse.Namespace) -> int:
         if args.backend == "onnxruntime":
             log.info("inference: onnxruntime in this process (development backend, no Triton)")
         elif args.triton_url:
-            log.info("Triton: using %s", settings.triton_url)
+            urls = settings.triton_urls
+            log.info("Triton: using %s", urls[0] if len(urls) == 1 else
+                     f"{len(urls)} replicas: " + ", ".join(f"{i}={url}" for i, url in enumerate(urls)))
         else:
             triton = _start_triton(settings, args.triton_log)
         code = asyncio.run(_serve(settings, args, triton))
@@ -169,12 +189,13 @@ async def _serve(settings: Settings, args: argparse.Namespace, triton=None) -> i
     from serving.server import GatewayServer, serve
     from serving.sessions.service import SessionService
 
-    metrics, catalog = Metrics(), ModelCatalog(settings.repository)
+    metrics, catalog = Metrics(outcome_window_s=settings.outcome_window_s), ModelCatalog(settings.repository)
     parts: dict[str, object] = {"metrics": metrics, "catalog": catalog}
     store, keys = _session_parts(settings, args)
     if store is not None:
         parts["sessions"] = SessionService(settings, store, keys, catalog, metrics)
-        log.info("session store: %s", store.kind)
+        log.info("session store: %s; outcome tracking %s", store.kind, "on" if settings.track_outcomes else "off")
+    log.info("rollout policy file: %s (watched)", settings.rollout_policy)
     if args.backend == "onnxruntime":
         from serving.backends.onnxruntime import OnnxRuntimeBackend
         parts["backend"] = OnnxRuntimeBackend(settings)

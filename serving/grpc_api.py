@@ -113,12 +113,14 @@ def observe_query(request: pb.ObserveRequest) -> ObserveQuery:
 def predict_response(result: PredictResult) -> pb.PredictResponse:
     learner = result.learners[0]
     return pb.PredictResponse(probabilities=learner.probabilities.tolist(), model=result.model,
-                              version=result.version, history_used=learner.history_used)
+                              version=learner.version, history_used=learner.history_used,
+                              prediction_id=learner.prediction_id)
 
 
 def batch_response(result: PredictResult) -> pb.PredictBatchResponse:
     return pb.PredictBatchResponse(
-        results=[pb.LearnerResult(probabilities=l.probabilities.tolist(), history_used=l.history_used)
+        results=[pb.LearnerResult(probabilities=l.probabilities.tolist(), history_used=l.history_used,
+                                  version=l.version, prediction_id=l.prediction_id)
                  for l in result.learners], model=result.model, version=result.version)
 
 
@@ -169,7 +171,8 @@ class KnowledgeTracingServicer(pb_grpc.KnowledgeTracingServiceServicer):
         return pb.RecommendResponse(
             recommendations=[pb.Recommendation(question_id=q, probability=p)
                              for q, p in zip(result.question_ids, result.probabilities)],
-            model=result.model, version=result.version, history_used=result.history_used, excluded=result.excluded)
+            model=result.model, version=result.version, history_used=result.history_used, excluded=result.excluded,
+            prediction_id=result.prediction_id)
 
     async def Observe(self, request: pb.ObserveRequest, context: grpc.aio.ServicerContext) -> pb.ObserveResponse:
         try:
@@ -191,9 +194,20 @@ class KnowledgeTracingServicer(pb_grpc.KnowledgeTracingServiceServicer):
             raise AssertionError("unreachable") from None
         return pb.ForgetLearnerResponse(existed=existed, deleted=deleted)
 
-    def _sessions(self) -> SessionService:
+    async def ReportOutcome(self, request: pb.ReportOutcomeRequest,
+                            context: grpc.aio.ServicerContext) -> pb.ReportOutcomeResponse:
+        try:
+            request = _decoded(request)
+            recorded = await self._sessions("does not track outcomes (it runs without a session store)").report_outcome(
+                request.prediction_id, request.question_id, request.correct, self._deadline(context))
+        except ServingError as exc:
+            await _abort(context, exc)
+            raise AssertionError("unreachable") from None
+        return pb.ReportOutcomeResponse(recorded=recorded)
+
+    def _sessions(self, missing: str = "runs without a session store") -> SessionService:
         if self.sessions is None:
-            raise errors.failed_precondition("this gateway runs without a session store")
+            raise errors.failed_precondition(f"this gateway {missing}")
         return self.sessions
 
     def _deadline(self, context: grpc.aio.ServicerContext) -> Deadline:

@@ -8,6 +8,8 @@
 - POST /v1/predict         JSON mirror of Predict
 - POST /v1/predict_batch   JSON mirror of PredictBatch
 - POST /v1/recommend       JSON mirror of Recommend
+- POST /v1/report_outcome  JSON mirror of ReportOutcome
+- GET  /v1/rollout         the rollout policy in force, a refused file's error, outcome counts
 - GET  /openapi.json, /docs
 
 The JSON calls run the same PredictionService as gRPC (same validation, limits, in-flight slots):
@@ -23,7 +25,7 @@ chunked (413), arriving within settings.http_body_timeout_s (408).
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Awaitable, Callable
 
 import grpc
 from fastapi import FastAPI, Header, Request
@@ -32,7 +34,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import AfterValidator, BaseModel, Field, StrictInt
 
-from serving.errors import ServingError, invalid_argument
+from serving.errors import ServingError, failed_precondition, invalid_argument
 from serving.recommend import RecommendQuery
 from serving.requests import Deadline, LearnerQuery, PredictQuery
 
@@ -83,6 +85,7 @@ class PredictOut(BaseModel):
     model: str
     version: int
     history_used: int
+    prediction_id: str = ""
 
 
 class LearnerIn(BaseModel):
@@ -94,6 +97,8 @@ class LearnerIn(BaseModel):
 class LearnerOut(BaseModel):
     probabilities: list[float]
     history_used: int
+    version: int
+    prediction_id: str = ""
 
 
 class PredictBatchIn(BaseModel):
@@ -130,6 +135,17 @@ class RecommendOut(BaseModel):
     version: int
     history_used: int
     excluded: int
+    prediction_id: str = ""
+
+
+class ReportOutcomeIn(BaseModel):
+    prediction_id: Text
+    question_id: Int64
+    correct: Int32 = Field(description="0 or 1")
+
+
+class ReportOutcomeOut(BaseModel):
+    recorded: int
 
 
 class ErrorDetail(BaseModel):
@@ -236,56 +252,71 @@ def create_app(gateway: "GatewayServer") -> FastAPI:
     async def prometheus() -> PlainTextResponse:
         return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/v1/predict", response_model=PredictOut, responses=ERROR_RESPONSES,
-              summary="P(correct) for each candidate question of one learner")
-    async def predict(body: PredictIn, x_request_timeout: str | None = Header(None)) -> Any:
-        deadline = _deadline(x_request_timeout, settings.default_deadline_s)
+    async def answer(timeout_header: str | None, call: Callable[[Deadline], Awaitable[Any]]) -> Any:
+        """The JSON calls' shared frame: the deadline from the header, ServingError -> JSON error."""
+        deadline = _deadline(timeout_header, settings.default_deadline_s)
         if isinstance(deadline, ServingError):
             metrics.errors.labels(code=deadline.code_name).inc()
             return _error(deadline)
         try:
-            query = PredictQuery(model=body.model, version=body.version,
-                                 learners=[_learner(body.history, body.candidates, body.learner_id)])
-            result = await service.predict(query, deadline)
+            return await call(deadline)
         except ServingError as exc:
             return _error(exc)
-        learner = result.learners[0]
-        return PredictOut(probabilities=learner.probabilities.tolist(), model=result.model,
-                          version=result.version, history_used=learner.history_used)
+
+    @app.post("/v1/predict", response_model=PredictOut, responses=ERROR_RESPONSES,
+              summary="P(correct) for each candidate question of one learner")
+    async def predict(body: PredictIn, x_request_timeout: str | None = Header(None)) -> Any:
+        async def call(deadline: Deadline) -> PredictOut:
+            query = PredictQuery(model=body.model, version=body.version,
+                                 learners=[_learner(body.history, body.candidates, body.learner_id)])
+            learner = (result := await service.predict(query, deadline)).learners[0]
+            return PredictOut(probabilities=learner.probabilities.tolist(), model=result.model,
+                              version=learner.version, history_used=learner.history_used,
+                              prediction_id=learner.prediction_id)
+        return await answer(x_request_timeout, call)
 
     @app.post("/v1/predict_batch", response_model=PredictBatchOut, responses=ERROR_RESPONSES,
               summary="P(correct) for the candidates of several learners")
     async def predict_batch(body: PredictBatchIn, x_request_timeout: str | None = Header(None)) -> Any:
-        deadline = _deadline(x_request_timeout, settings.default_deadline_s)
-        if isinstance(deadline, ServingError):
-            metrics.errors.labels(code=deadline.code_name).inc()
-            return _error(deadline)
-        try:
+        async def call(deadline: Deadline) -> PredictBatchOut:
             query = PredictQuery(model=body.model, version=body.version, batch=True,
                                  learners=[_learner(l.history, l.candidates, l.learner_id) for l in body.learners])
             result = await service.predict(query, deadline)
-        except ServingError as exc:
-            return _error(exc)
-        return PredictBatchOut(results=[LearnerOut(probabilities=r.probabilities.tolist(), history_used=r.history_used)
-                                        for r in result.learners], model=result.model, version=result.version)
+            return PredictBatchOut(results=[LearnerOut(probabilities=r.probabilities.tolist(),
+                                                       history_used=r.history_used, version=r.version,
+                                                       prediction_id=r.prediction_id) for r in result.learners],
+                                   model=result.model, version=result.version)
+        return await answer(x_request_timeout, call)
 
     @app.post("/v1/recommend", response_model=RecommendOut, responses=ERROR_RESPONSES,
               summary="candidates ordered by |P(correct) - target_probability| (default 0.7), closest first")
     async def recommend(body: RecommendIn, x_request_timeout: str | None = Header(None)) -> Any:
-        deadline = _deadline(x_request_timeout, settings.default_deadline_s)
-        if isinstance(deadline, ServingError):
-            metrics.errors.labels(code=deadline.code_name).inc()
-            return _error(deadline)
-        try:
+        async def call(deadline: Deadline) -> RecommendOut:
             query = RecommendQuery(body.model, body.version, _learner(body.history, body.candidates, body.learner_id),
                                    body.target_probability, body.top_k, body.exclude_seen)
             result = await gateway.recommender.recommend(query, deadline)
-        except ServingError as exc:
-            return _error(exc)
-        return RecommendOut(recommendations=[RecommendationOut(question_id=q, probability=p) for q, p in
-                                             zip(result.question_ids, result.probabilities)],
-                            model=result.model, version=result.version, history_used=result.history_used,
-                            excluded=result.excluded)
+            return RecommendOut(recommendations=[RecommendationOut(question_id=q, probability=p) for q, p in
+                                                 zip(result.question_ids, result.probabilities)],
+                                model=result.model, version=result.version, history_used=result.history_used,
+                                excluded=result.excluded, prediction_id=result.prediction_id)
+        return await answer(x_request_timeout, call)
+
+    @app.post("/v1/report_outcome", response_model=ReportOutcomeOut, responses=ERROR_RESPONSES,
+              summary="record the answer to a question a stateless predict scored")
+    async def report_outcome(body: ReportOutcomeIn, x_request_timeout: str | None = Header(None)) -> Any:
+        async def call(deadline: Deadline) -> ReportOutcomeOut:
+            if gateway.sessions is None:
+                raise failed_precondition("this gateway does not track outcomes (it runs without a session store)")
+            return ReportOutcomeOut(recorded=await gateway.sessions.report_outcome(
+                body.prediction_id, body.question_id, body.correct, deadline))
+        return await answer(x_request_timeout, call)
+
+    @app.get("/v1/rollout", summary="the rollout policy in force and the outcomes per version")
+    async def rollout() -> dict[str, Any]:
+        status = getattr(gateway.policy, "status", None)
+        if status is not None:
+            return status()
+        return {"file": None, "error": None, "models": {}, "quality": metrics.quality.summary()}
 
     return app
 

@@ -20,6 +20,7 @@ import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from routerkt import build
+from serving.outcomes.quality import OutcomeQuality
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5,
                    1.0, 2.5, 5.0, 10.0)
@@ -49,6 +50,27 @@ METRIC_NAMES = (
     "routerkt_events_total",
     "routerkt_undecodable_requests_total",
     "routerkt_triton_restarts_total",
+    "routerkt_outcomes_total",
+    "routerkt_outcome_log_loss",          # a summary: _sum and _count
+    "routerkt_outcome_brier",             # a summary: _sum and _count
+    "routerkt_outcome_probability",
+    "routerkt_outcome_correct_total",
+    "routerkt_online_auc",
+    "routerkt_online_ece",
+    "routerkt_online_reliability",
+    "routerkt_online_outcomes",
+    "routerkt_served_dropped_total",
+    "routerkt_outcome_join_errors_total",
+    "routerkt_shadow_predictions_total",
+    "routerkt_shadow_skipped_total",
+    "routerkt_shadow_failures_total",
+    "routerkt_rollout_policy_ok",
+    "routerkt_rollout_policy_errors_total",
+    "routerkt_rollout_weight",
+    "routerkt_rollout_rollbacks_total",
+    "routerkt_triton_replica_up",
+    "routerkt_triton_replica_inferences_total",
+    "routerkt_triton_replica_retries_total",
 )
 
 # Metrics read from Triton's own /metrics port (Triton 2.51, serving-notes.md §1), plus the
@@ -77,7 +99,7 @@ TRITON_METRICS = (
 class Metrics:
     """The metric objects, registered on `registry` (a fresh one when None)."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, outcome_window_s: float = 600.0) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
         grpc_labels = ("grpc_service", "grpc_method", "grpc_type")
@@ -139,6 +161,42 @@ class Metrics:
         self.triton_restarts = Counter(
             "routerkt_triton_restarts", "Restarts of the tritonserver `routerkt serve` started, after it died.",
             registry=r)
+        self.quality = OutcomeQuality(r, outcome_window_s)
+        self.served_dropped = Counter(
+            "routerkt_served_dropped", "Served predictions not remembered for outcome tracking (the write "
+            "queue was full, or the store failed).", registry=r)
+        self.outcome_join_errors = Counter(
+            "routerkt_outcome_join_errors", "Observe / ReportOutcome calls whose join with served predictions "
+            "failed (the store did not answer); the events themselves were stored.", registry=r)
+        self.shadow_predictions = Counter(
+            "routerkt_shadow_predictions", "Candidate probabilities computed by a shadow version (never returned).",
+            ("model", "version"), registry=r)
+        self.shadow_skipped = Counter(
+            "routerkt_shadow_skipped", "Learners not shadow-scored because max_shadow_inflight were running.",
+            ("model",), registry=r)
+        self.shadow_failures = Counter(
+            "routerkt_shadow_failures", "Shadow scorings that failed (the caller's answer was not affected).",
+            ("model",), registry=r)
+        self.rollout_policy_ok = Gauge(
+            "routerkt_rollout_policy_ok", "1 when the rollout policy file in force is the file's current "
+            "content; 0 when the file is malformed (the last good policy stays in force).", registry=r)
+        self.rollout_policy_errors = Counter(
+            "routerkt_rollout_policy_errors", "Rollout policy file changes rejected as malformed.", registry=r)
+        self.rollout_weight = Gauge(
+            "routerkt_rollout_weight", "Share of learners a canary sends to the candidate version (0: none).",
+            ("model",), registry=r)
+        self.rollout_rollbacks = Counter(
+            "routerkt_rollout_rollbacks", "Canaries rolled back by the guardrail.", ("model",), registry=r)
+        self.rollout_policy_ok.set(1)
+        self.triton_replica_up = Gauge(
+            "routerkt_triton_replica_up", "1 while the Triton replica (its index in --triton-url) serves at least "
+            "one model, else 0 (only with several replicas).", ("replica",), registry=r)
+        self.triton_replica_inferences = Counter(
+            "routerkt_triton_replica_inferences", "Inference requests sent to each Triton replica on the request "
+            "path (readiness probes excluded; only with several replicas).", ("replica",), registry=r)
+        self.triton_replica_retries = Counter(
+            "routerkt_triton_replica_retries", "Inferences retried once on another Triton replica, by the kind "
+            "of the first failure (unavailable, stub_crashed, not_loaded).", ("reason",), registry=r)
         self.build_info = Gauge(
             "routerkt_build_info", "Always 1; the labels say which build of the gateway runs.",
             ("version", "git_sha"), registry=r)
@@ -158,15 +216,16 @@ def _git_sha() -> str:
 
 class MetricsSink:
     """The pipeline's PredictionSink (serving/parts.py): counts the probabilities served per model
-    and version (routerkt_predictions_total)."""
+    and version (routerkt_predictions_total; shadow scorings: routerkt_shadow_predictions_total)."""
 
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
 
     def record(self, prediction) -> None:
         result = prediction.result
-        n = sum(int(learner.probabilities.shape[0]) for learner in result.learners)
-        self.metrics.predictions.labels(model=result.model, version=str(result.version)).inc(n)
+        counter = self.metrics.shadow_predictions if prediction.shadow else self.metrics.predictions
+        for learner in result.learners:
+            counter.labels(model=result.model, version=str(learner.version)).inc(int(learner.probabilities.shape[0]))
 
 
 def split_method(full_method: str) -> tuple[str, str]:

@@ -6,10 +6,11 @@
 
 Today's parts: RequestHistory (the request carries the history) or SessionHistory (the session
 store's, when the request names the learner: serving/sessions/service.py), LatestReadyVersion (the newest
-version the backend serves, or the one the request pins), WindowEncoder (serving/features.py),
-TritonInferenceBackend or OnnxRuntimeBackend (serving/backends/), MetricsSink (serving/metrics.py).
-`create_server(...)` (serving/server.py) takes any of them, so tests and later features (a
-session store, canary policies, outcome tracking) plug in here without touching the pipeline.
+version the backend serves, or the one the request pins) or RolloutPolicy (a policy file's latest /
+pinned / canary / shadow per model: serving/rollout/), WindowEncoder (serving/features.py),
+TritonInferenceBackend or OnnxRuntimeBackend (serving/backends/), MetricsSink (serving/metrics.py)
+and OutcomeTracker (remembers what was served, for outcome tracking: serving/outcomes/).
+`create_server(...)` (serving/server.py) takes any of them.
 """
 from __future__ import annotations
 
@@ -53,13 +54,22 @@ class HistorySource(Protocol):
         """The learner with its history filled in for `model` (may return `learner` itself)."""
 
 
-class VersionPolicy(Protocol):
-    """Which version of a model answers a call."""
+@dataclass(frozen=True)
+class Route:
+    """The version that answers a learner, and the one that also scores it in the background."""
 
-    def choose(self, name: str, requested: int, versions: Mapping[int, ModelVersion],
-               ready: frozenset[int]) -> ModelVersion:
-        """One of `versions` (all in the catalog) given the ones the backend serves now; raises a
-        ServingError (UNAVAILABLE) when none can answer."""
+    primary: ModelVersion
+    shadow: ModelVersion | None = None
+
+
+class VersionPolicy(Protocol):
+    """Which version of a model answers a learner."""
+
+    def route(self, name: str, requested: int, versions: Mapping[int, ModelVersion], ready: frozenset[int],
+              learner_id: str) -> Route:
+        """A Route over `versions` (all in the catalog) given the ones the backend serves now
+        (`requested` != 0: the caller pinned that version; `learner_id` may be "", never logged);
+        raises a ServingError (UNAVAILABLE) when none can answer."""
 
 
 class Encoder(Protocol):
@@ -106,14 +116,26 @@ class InferenceBackend(Protocol):
 
 @dataclass(frozen=True)
 class PredictionRecord:
-    """One answered call, as a sink sees it: no learner ids, only what was served."""
+    """One answered call (or its shadow scoring), as a sink sees it. The query holds the learner
+    ids; a sink must not log them or use them as labels."""
 
     query: PredictQuery
     result: PredictResult
-    encoded: list[EncodedLearner]
+    shadow: bool = False             # True: scored by a shadow version, never returned
 
 
 class PredictionSink(Protocol):
-    """Sees every prediction the gateway returns."""
+    """Sees every prediction the gateway returns (and every shadow scoring)."""
 
     def record(self, prediction: PredictionRecord) -> None: ...
+
+
+class SinkChain:
+    """Several sinks as one, called in order."""
+
+    def __init__(self, *sinks: PredictionSink) -> None:
+        self.sinks = sinks
+
+    def record(self, prediction: PredictionRecord) -> None:
+        for sink in self.sinks:
+            sink.record(prediction)

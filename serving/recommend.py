@@ -40,6 +40,7 @@ class Recommendations:
     version: int
     history_used: int
     excluded: int
+    prediction_id: str = ""
 
 
 def order(probabilities: np.ndarray, target: float) -> list[int]:
@@ -72,8 +73,8 @@ class Recommender:
         probs = result.learners[0].probabilities
         ranked = order(probs, target)[:query.top_k]
         return Recommendations([int(learner.candidate_questions[i]) for i in ranked],
-                               [float(probs[i]) for i in ranked], result.model, result.version,
-                               result.learners[0].history_used, excluded)
+                               [float(probs[i]) for i in ranked], result.model, result.learners[0].version,
+                               result.learners[0].history_used, excluded, result.learners[0].prediction_id)
 
     async def _seen(self, learner: LearnerQuery, deadline: Deadline) -> np.ndarray:
         if not learner.learner_id:

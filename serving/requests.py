@@ -70,12 +70,14 @@ class PredictQuery:
 class LearnerPrediction:
     probabilities: np.ndarray        # float32 [C], one per candidate, in request order
     history_used: int                # interactions that reached the model (at most window - 1)
+    version: int = 0                 # the version that answered this learner
+    prediction_id: str = ""          # for ReportOutcome (outcome tracking on, learner not named by id)
 
 
 @dataclass
 class PredictResult:
     model: str
-    version: int
+    version: int                     # the version that answered every learner; 0 when a canary split them
     learners: list[LearnerPrediction]
 
 

@@ -37,14 +37,16 @@ from grpc_reflection.v1alpha import reflection
 
 from routerkt.errors import UserError
 from serving.api import knowledge_tracing_pb2 as pb
-from serving.backends.triton import TritonInferenceBackend
+from serving.backends.triton_replicas import triton_backend
 from serving.catalog import ModelCatalog
 from serving.features import WindowEncoder
 from serving.grpc_api import KnowledgeTracingServicer, add_to_server
 from serving.history import RequestHistory
 from serving.http import create_app
 from serving.metrics import Metrics, MetricsSink
-from serving.parts import Encoder, HistorySource, InferenceBackend, PredictionSink, VersionPolicy
+from serving.outcomes.tracker import OutcomeTracker
+from serving.parts import Encoder, HistorySource, InferenceBackend, PredictionSink, SinkChain, VersionPolicy
+from serving.rollout.policy import RolloutPolicy
 from serving.service import PredictionService
 from serving.sessions.service import SessionHistory, SessionService
 from serving.settings import SERVICE_NAME, SESSIONS_SERVICE_NAME, Settings
@@ -72,6 +74,8 @@ class GatewayServer:
     def __init__(self, service: PredictionService, sessions: SessionService | None = None) -> None:
         self.service = service
         self.sessions = sessions
+        self.policy = service.policy
+        self.tracker = sessions.tracker if sessions is not None else None
         self.settings = settings = service.settings
         self.metrics = metrics = service.metrics
         self.catalog = service.catalog
@@ -134,6 +138,10 @@ class GatewayServer:
         self._tasks.append(asyncio.create_task(self._health_loop()))
         if self.sessions is not None:
             self._tasks.append(asyncio.create_task(self.sessions.maintain()))
+        if self.tracker is not None:
+            self._tasks.append(asyncio.create_task(self.tracker.maintain()))
+        if isinstance(self.policy, RolloutPolicy):
+            self._tasks.append(asyncio.create_task(self.policy.maintain(self.settings.rollout_poll_s)))
         log.info("gateway started: gRPC %s:%d, HTTP %s, Triton %s, models %s", self.settings.host, self.grpc_port,
                  f"{self.settings.host}:{self.http_port}" if self.http_port else "off", self.settings.triton_url,
                  self.backend.ready_models() or "none ready yet")
@@ -163,7 +171,10 @@ class GatewayServer:
             self._http_socket.close()
         for task in self._tasks:
             task.cancel()
-        closing = [asyncio.gather(*self._tasks, return_exceptions=True), self.backend.close()]
+        closing = [asyncio.gather(*self._tasks, return_exceptions=True), self.service.close()]
+        if self.tracker is not None:
+            closing.append(self.tracker.close())
+        closing.append(self.backend.close())
         if self.sessions is not None:
             closing.append(self.sessions.close())
         for step in closing:
@@ -224,19 +235,28 @@ def create_server(settings: Settings, *, metrics: Metrics | None = None, catalog
                   policy: VersionPolicy | None = None, encoder: Encoder | None = None,
                   sink: PredictionSink | None = None, sessions: SessionService | None = None) -> tuple[GatewayServer, int]:
     """Build the gateway from its parts (defaults: the repository's catalog, Triton at
-    settings.triton_url, the request's history, the latest ready version, window encoding, metrics)
-    and bind its ports (call inside a running event loop). Returns the server (not started) and the
+    settings.triton_url (several URLs: TritonReplicaBackend over them), the request's history, the
+    policy file's versions (settings.rollout_policy) or else the latest ready version, window
+    encoding, metrics, and with a session store and settings.track_outcomes, outcome tracking) and
+    bind its ports (call inside a running event loop). Returns the server (not started) and the
     bound gRPC port (useful with settings.grpc_port = 0)."""
     settings.validate()
-    metrics = metrics or Metrics()
+    metrics = metrics or Metrics(outcome_window_s=settings.outcome_window_s)
     catalog = catalog or (sessions.catalog if sessions is not None else ModelCatalog(settings.repository))
     if history is None:
         history = SessionHistory(sessions) if sessions is not None else RequestHistory()
+    keys = sessions.keys if sessions is not None else None
+    if policy is None:
+        policy = RolloutPolicy(settings.rollout_policy, metrics, keys) if settings.rollout_policy else LatestReadyVersion()
+    tracker = None
+    if sessions is not None and settings.track_outcomes:
+        tracker = sessions.tracker = OutcomeTracker(settings, sessions.store, sessions.keys, metrics)
+    sink = sink or MetricsSink(metrics)
     service = PredictionService(
-        settings, catalog, backend or TritonInferenceBackend(settings, metrics),
-        metrics, history=history, policy=policy or LatestReadyVersion(),
+        settings, catalog, backend or triton_backend(settings, metrics),
+        metrics, history=history, policy=policy,
         encoder=encoder or WindowEncoder(lambda kind, n: metrics.unknown_ids.labels(kind=kind).inc(n)),
-        sink=sink or MetricsSink(metrics))
+        sink=SinkChain(sink, tracker) if tracker is not None else sink, issue_prediction_ids=tracker is not None)
     server = GatewayServer(service, sessions)
     return server, server.grpc_port
 

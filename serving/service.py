@@ -3,10 +3,14 @@ pipeline of injected parts (serving/parts.py). It knows no transport: gRPC (serv
 and HTTP (serving/http.py) hand it a PredictQuery and render its PredictResult or ServingError.
 
 One call: take an in-flight slot (RESOURCE_EXHAUSTED when none is free) -> validate
-(INVALID_ARGUMENT + field) -> model from the catalog (NOT_FOUND) -> version policy over what the
-backend serves (UNAVAILABLE) -> history source (the request's, or the session store's) -> encoder (ids -> left-padded windows) ->
-backend, with the caller's remaining deadline as timeout (DEADLINE_EXCEEDED) -> probabilities ->
-prediction sink. All candidates of one learner go in one inference (the rank graph: one row per
+(INVALID_ARGUMENT + field) -> model from the catalog (NOT_FOUND) -> version policy per learner over
+what the backend serves (UNAVAILABLE; a canary may send the learners of one batch to two versions,
+each group runs on its own) -> history source (the request's, or the session store's) -> encoder
+(ids -> left-padded windows) -> backend, with the caller's remaining deadline as timeout
+(DEADLINE_EXCEEDED) -> probabilities -> prediction sink. Learners whose route names a shadow
+version are scored again by it in the background, after the answer (at most max_shadow_inflight
+such tasks; beyond that the shadow scoring is skipped and counted); shadow answers go to the sink
+only. With `issue_prediction_ids`, each learner not named by learner_id gets a prediction_id. All candidates of one learner go in one inference (the rank graph: one row per
 learner); a batch packs whole learners into inferences of at most min(max_rows_per_infer, the
 model's max_batch_size) rows, sent concurrently. Every failure a client sees is a ServingError with a safe
 message: tracebacks and backend texts go to the log only, and nothing about a learner is logged.
@@ -16,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
@@ -28,7 +33,7 @@ from serving.errors import ServingError, shown
 from serving.features import EncodedLearner
 from serving.metrics import Metrics
 from serving.parts import (BackendError, Encoder, FailureKind, HistorySource, InferenceBackend,
-                           PredictionRecord, PredictionSink, VersionPolicy)
+                           PredictionRecord, PredictionSink, Route, VersionPolicy)
 from serving.requests import Deadline, LearnerPrediction, PredictQuery, PredictResult
 from serving.settings import Settings
 from serving.validation import LearnerInput, validate_query
@@ -42,7 +47,8 @@ class PredictionService:
     """Transport-independent Predict / PredictBatch over injected parts."""
 
     def __init__(self, settings: Settings, catalog: ModelCatalog, backend: InferenceBackend, metrics: Metrics, *,
-                 history: HistorySource, policy: VersionPolicy, encoder: Encoder, sink: PredictionSink) -> None:
+                 history: HistorySource, policy: VersionPolicy, encoder: Encoder, sink: PredictionSink,
+                 issue_prediction_ids: bool = False) -> None:
         self.settings = settings
         self.catalog = catalog
         self.backend = backend
@@ -51,22 +57,90 @@ class PredictionService:
         self.policy = policy
         self.encoder = encoder
         self.sink = sink
+        self.issue_prediction_ids = issue_prediction_ids
         self._slots = asyncio.Semaphore(settings.max_inflight)
         self._last_miss_refresh = -1e9
+        self._shadows: set[asyncio.Task] = set()
 
     async def predict(self, query: PredictQuery, deadline: Deadline) -> PredictResult:
         async with self._call():
             learners = validate_query(query, self.settings)
-            model = await self._resolve(query.model, query.version)
-            learners = list(await asyncio.gather(*(self.history.complete(learner, model, deadline)
-                                                   for learner in learners)))
-            self._observe_sizes(learners)
-            encoded = self._encode(learners, model)
-            probs = await self._infer(model, encoded, deadline)
-            result = PredictResult(model=model.name, version=model.version,
-                                   learners=[LearnerPrediction(p, e.history_used) for p, e in zip(probs, encoded)])
-            self.sink.record(PredictionRecord(query=query, result=result, encoded=encoded))
+            versions = await self._resolve(query.model, query.version)
+            ready = self.backend.ready_versions(query.model)
+            routes = [self.policy.route(query.model, query.version, versions, ready, learner.learner_id)
+                      for learner in learners]
+            answers = await self._answer_groups(learners, [r.primary for r in routes], deadline)
+            ids = [uuid.uuid4().hex if self.issue_prediction_ids and not learner.learner_id else ""
+                   for learner in learners]
+            served = {r.primary.version for r in routes}
+            result = PredictResult(model=routes[0].primary.name, version=served.pop() if len(served) == 1 else 0,
+                                   learners=[LearnerPrediction(p, used, r.primary.version, i)
+                                             for (p, used), r, i in zip(answers, routes, ids)])
+            self.sink.record(PredictionRecord(query=query, result=result))
+            self._start_shadow(query, learners, routes, ids)
             return result
+
+    async def _answer_groups(self, learners: list[LearnerInput], models: list[ModelVersion],
+                             deadline: Deadline) -> list[tuple[np.ndarray, int]]:
+        """(probabilities, history_used) per learner, each by its model; one group per version."""
+        groups: dict[int, list[int]] = {}
+        for i, model in enumerate(models):
+            groups.setdefault(model.version, []).append(i)
+        out: list[tuple[np.ndarray, int] | None] = [None] * len(learners)
+
+        async def group(indices: list[int]) -> None:
+            model = models[indices[0]]
+            for i, answer in zip(indices, await self._answer(model, [learners[i] for i in indices], deadline)):
+                out[i] = answer
+        await asyncio.gather(*(group(indices) for indices in groups.values()))
+        return out  # type: ignore[return-value]
+
+    async def _answer(self, model: ModelVersion, learners: list[LearnerInput],
+                      deadline: Deadline) -> list[tuple[np.ndarray, int]]:
+        learners = list(await asyncio.gather(*(self.history.complete(learner, model, deadline)
+                                               for learner in learners)))
+        self._observe_sizes(learners)
+        encoded = self._encode(learners, model)
+        probs = await self._infer(model, encoded, deadline)
+        return [(p, e.history_used) for p, e in zip(probs, encoded)]
+
+    # -- shadow scoring ----------------------------------------------------------------------------
+    def _start_shadow(self, query: PredictQuery, learners: list[LearnerInput], routes: list[Route],
+                      ids: list[str]) -> None:
+        picked = [i for i, r in enumerate(routes) if r.shadow is not None]
+        if not picked:
+            return
+        shadow = routes[picked[0]].shadow
+        if len(self._shadows) >= self.settings.max_shadow_inflight:
+            self.metrics.shadow_skipped.labels(model=shadow.name).inc(len(picked))
+            return
+        task = asyncio.create_task(self._shadow(query, [learners[i] for i in picked], [routes[i].shadow for i in picked],
+                                                [ids[i] for i in picked], [query.learners[i] for i in picked]))
+        self._shadows.add(task)
+        task.add_done_callback(self._shadows.discard)
+
+    async def _shadow(self, query: PredictQuery, learners: list[LearnerInput], models: list[ModelVersion],
+                      ids: list[str], raw: list) -> None:
+        try:
+            deadline = Deadline.after(self.settings.default_deadline_s)
+            answers = await self._answer_groups(learners, models, deadline)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:                   # a shadow never affects a caller: count, log briefly
+            self.metrics.shadow_failures.labels(model=models[0].name).inc()
+            log.debug("shadow scoring failed: %s", type(exc).__name__)
+            return
+        result = PredictResult(model=models[0].name, version=0,
+                               learners=[LearnerPrediction(p, used, m.version, i)
+                                         for (p, used), m, i in zip(answers, models, ids)])
+        self.sink.record(PredictionRecord(query=PredictQuery(query.model, 0, raw, query.batch), result=result,
+                                          shadow=True))
+
+    async def close(self) -> None:
+        """Cancel shadow scorings still running (shutdown)."""
+        for task in list(self._shadows):
+            task.cancel()
+        await asyncio.gather(*self._shadows, return_exceptions=True)
 
     # -- steps -----------------------------------------------------------------------------------
     @asynccontextmanager
@@ -111,8 +185,8 @@ class PredictionService:
             self.metrics.history_length.observe(learner.history_length)
             self.metrics.candidates.observe(learner.n_candidates)
 
-    async def _resolve(self, name: str, version: int) -> ModelVersion:
-        """The ModelVersion to use: NOT_FOUND when the repository lacks it, UNAVAILABLE when the
+    async def _resolve(self, name: str, version: int) -> dict[int, ModelVersion]:
+        """The model's versions: NOT_FOUND when the repository lacks it, UNAVAILABLE when the
         backend cannot serve it right now (the version policy decides among the ready ones)."""
         try:
             versions = self._versions(name, version)
@@ -123,7 +197,7 @@ class PredictionService:
         reason = self.backend.unavailable_reason(name)
         if reason is not None:
             raise errors.unavailable(reason)
-        return self.policy.choose(name, version, versions, self.backend.ready_versions(name))
+        return versions
 
     def _versions(self, name: str, version: int) -> dict[int, ModelVersion]:
         versions = self.catalog.require_model(name)

@@ -20,7 +20,8 @@ class Settings:
 
     # -- where things are ------------------------------------------------------------------------
     repository: Path = Path("model_repository")  # Triton model repository (vocab.json + model_info.json per version)
-    triton_url: str = "127.0.0.1:8001"            # Triton's gRPC endpoint, HOST:PORT
+    triton_url: str = "127.0.0.1:8001"            # Triton's gRPC endpoint, HOST:PORT; several replicas:
+                                                  # HOST:PORT,HOST:PORT,... (serving/backends/triton_replicas.py)
     host: str = "127.0.0.1"                       # address the gateway binds (gRPC and HTTP)
     grpc_port: int = 50051                        # gateway gRPC port; 0 = any free port
     http_port: int | None = 8080                  # /metrics, /livez, /readyz, JSON mirror; 0 = any free, None = off
@@ -45,6 +46,17 @@ class Settings:
     store_probe_s: float = 1.0                    # how often the store is pinged (health, recovery)
     store_expiry_s: float = 60.0                  # how often inactive learners are swept (SQLite)
 
+    # -- outcome tracking and rollout (serving/outcomes/, serving/rollout/) --------------------------
+    track_outcomes: bool = True                   # with a session store: remember what was served, join answers
+    outcome_ttl_s: float = 3600.0                 # how long a served prediction waits for its answer
+    outcome_window_s: float = 600.0               # rolling window of routerkt_online_auc / _ece / _reliability
+    outcome_flush_s: float = 0.05                 # served predictions are written to the store in batches
+                                                  # this often (off the request path)
+    max_pending_served: int = 100_000             # served entries waiting for a write; beyond: dropped, counted
+    rollout_policy: Path | None = None            # the rollout policy file (watched); None = latest everywhere
+    rollout_poll_s: float = 1.0                   # how often the policy file is checked (and the guardrail run)
+    max_shadow_inflight: int = 4                  # shadow scorings running at once; beyond: skipped, counted
+
     # -- backpressure and deadlines ----------------------------------------------------------------
     max_inflight: int = 64                        # Predict/PredictBatch calls served at once; beyond: RESOURCE_EXHAUSTED
     inflight_wait_s: float = 0.0                  # how long a call may wait for a free slot (0 = reject at once)
@@ -68,6 +80,8 @@ class Settings:
     def validate(self) -> "Settings":
         """Raise UserError naming the first bad field; returns self."""
         self.repository = Path(self.repository)
+        if self.rollout_policy is not None:
+            self.rollout_policy = Path(self.rollout_policy)
         for name in ("grpc_port", "http_port"):
             value = getattr(self, name)
             if value is None and name == "http_port":
@@ -76,13 +90,15 @@ class Settings:
                 raise UserError(f"settings.{name} must be a port number in [0, 65535], got {value!r}")
         positive_ints = ("max_candidates", "max_history", "max_batch_learners", "max_message_bytes",
                          "max_rows_per_infer", "max_inflight", "probe_failures_before_reload", "max_learner_id_chars",
-                         "max_event_id_chars", "max_observe_events", "store_keep", "rank_rows_per_infer")
+                         "max_event_id_chars", "max_observe_events", "store_keep", "rank_rows_per_infer",
+                         "max_pending_served", "max_shadow_inflight")
         for name in positive_ints:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise UserError(f"settings.{name} must be a positive integer, got {value!r}")
         positive_floats = ("default_deadline_s", "probe_interval_s", "probe_timeout_s", "reload_timeout_s",
-                           "repository_poll_s", "store_probe_s", "store_expiry_s", "http_body_timeout_s")
+                           "repository_poll_s", "store_probe_s", "store_expiry_s", "http_body_timeout_s",
+                           "outcome_ttl_s", "outcome_window_s", "outcome_flush_s", "rollout_poll_s")
         for name in positive_floats:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
@@ -94,12 +110,26 @@ class Settings:
         if self.max_rows_per_infer < self.max_candidates:
             raise UserError(f"settings.max_rows_per_infer ({self.max_rows_per_infer}) must be >= max_candidates "
                             f"({self.max_candidates}): one learner's candidates go into one inference")
-        if not self.triton_url or ":" not in self.triton_url:
-            raise UserError(f"settings.triton_url must be HOST:PORT, got {self.triton_url!r}")
+        urls = self.triton_urls
+        if not urls or len(set(urls)) != len(urls) or not all(_host_port(url) for url in urls):
+            raise UserError("settings.triton_url must be HOST:PORT or a comma-separated list of distinct "
+                            f"HOST:PORT, got {self.triton_url!r}")
         if not self.host:
             raise UserError("settings.host must not be empty")
         return self
 
+    @property
+    def triton_urls(self) -> list[str]:
+        """The Triton endpoints of `triton_url` (comma-separated, spaces around them ignored): one
+        per replica, in order (the replica index in metrics and /readyz is the position here)."""
+        return [url.strip() for url in (self.triton_url or "").split(",")]
+
     def describe(self) -> dict[str, object]:
         """The settings as plain values (logged once at start; holds no secrets)."""
         return {f.name: (str(v) if isinstance(v := getattr(self, f.name), Path) else v) for f in fields(self)}
+
+
+def _host_port(url: str) -> bool:
+    """HOST:PORT with a non-empty host and a port in [1, 65535]."""
+    host, sep, port = url.rpartition(":")
+    return bool(sep and host.strip() and port.isdigit() and 1 <= int(port) <= 65535)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#serving/api/knowledge_tracing.proto\x12\x0brouterkt.v1\"W\n\x0bInteraction\x12\x13\n\x0bquestion_id\x18\x01 \x01(\x03\x12\x15\n\x08skill_id\x18\x02 \x01(\x03H\x00\x88\x01\x01\x12\x0f\n\x07\x63orrect\x18\x03 \x01(\x05\x42\x0b\n\t_skill_id\"D\n\tCandidate\x12\x13\n\x0bquestion_id\x18\x01 \x01(\x03\x12\x15\n\x08skill_id\x18\x02 \x01(\x03H\x00\x88\x01\x01\x42\x0b\n\t_skill_id\"\x9b\x01\n\x0ePredictRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12)\n\x07history\x18\x03 \x03(\x0b\x32\x18.routerkt.v1.Interaction\x12*\n\ncandidates\x18\x04 \x03(\x0b\x32\x16.routerkt.v1.Candidate\x12\x12\n\nlearner_id\x18\x05 \x01(\t\"^\n\x0fPredictResponse\x12\x15\n\rprobabilities\x18\x01 \x03(\x02\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\x14\n\x0chistory_used\x18\x04 \x01(\x05\"{\n\x0eLearnerRequest\x12)\n\x07history\x18\x01 \x03(\x0b\x32\x18.routerkt.v1.Interaction\x12*\n\ncandidates\x18\x02 \x03(\x0b\x32\x16.routerkt.v1.Candidate\x12\x12\n\nlearner_id\x18\x03 \x01(\t\"<\n\rLearnerResult\x12\x15\n\rprobabilities\x18\x01 \x03(\x02\x12\x14\n\x0chistory_used\x18\x02 \x01(\x05\"d\n\x13PredictBatchRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12-\n\x08learners\x18\x03 \x03(\x0b\x32\x1b.routerkt.v1.LearnerRequest\"c\n\x14PredictBatchResponse\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.routerkt.v1.LearnerResult\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x03\"\x89\x02\n\x10RecommendRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12)\n\x07history\x18\x03 \x03(\x0b\x32\x18.routerkt.v1.Interaction\x12\x12\n\nlearner_id\x18\x04 \x01(\t\x12*\n\ncandidates\x18\x05 \x03(\x0b\x32\x16.routerkt.v1.Candidate\x12\x1f\n\x12target_probability\x18\x06 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_k\x18\x07 \x01(\x05H\x01\x88\x01\x01\x12\x14\n\x0c\x65xclude_seen\x18\x08 \x01(\x08\x42\x15\n\x13_target_probabilityB\x08\n\x06_top_k\":\n\x0eRecommendation\x12\x13\n\x0bquestion_id\x18\x01 \x01(\x03\x12\x13\n\x0bprobability\x18\x02 \x01(\x02\"\x91\x01\n\x11RecommendResponse\x12\x34\n\x0frecommendations\x18\x01 \x03(\x0b\x32\x1b.routerkt.v1.Recommendation\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\x14\n\x0chistory_used\x18\x04 \x01(\x05\x12\x10\n\x08\x65xcluded\x18\x05 \x01(\x05\"\x8f\x01\n\x05\x45vent\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x13\n\x0bquestion_id\x18\x02 \x01(\x03\x12\x15\n\x08skill_id\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\x0f\n\x07\x63orrect\x18\x04 \x01(\x05\x12\x19\n\x0ctimestamp_ms\x18\x05 \x01(\x03H\x01\x88\x01\x01\x42\x0b\n\t_skill_idB\x0f\n\r_timestamp_ms\"H\n\x0eObserveRequest\x12\x12\n\nlearner_id\x18\x01 \x01(\t\x12\"\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x12.routerkt.v1.Event\"M\n\x0fObserveResponse\x12\x0e\n\x06stored\x18\x01 \x01(\x05\x12\x12\n\nduplicates\x18\x02 \x01(\x05\x12\x16\n\x0ehistory_length\x18\x03 \x01(\x03\"*\n\x14\x46orgetLearnerRequest\x12\x12\n\nlearner_id\x18\x01 \x01(\t\"9\n\x15\x46orgetLearnerResponse\x12\x0f\n\x07\x65xisted\x18\x01 \x01(\x08\x12\x0f\n\x07\x64\x65leted\x18\x02 \x01(\x03\x32\x9e\x03\n\x17KnowledgeTracingService\x12\x44\n\x07Predict\x12\x1b.routerkt.v1.PredictRequest\x1a\x1c.routerkt.v1.PredictResponse\x12S\n\x0cPredictBatch\x12 .routerkt.v1.PredictBatchRequest\x1a!.routerkt.v1.PredictBatchResponse\x12J\n\tRecommend\x12\x1d.routerkt.v1.RecommendRequest\x1a\x1e.routerkt.v1.RecommendResponse\x12\x44\n\x07Observe\x12\x1b.routerkt.v1.ObserveRequest\x1a\x1c.routerkt.v1.ObserveResponse\x12V\n\rForgetLearner\x12!.routerkt.v1.ForgetLearnerRequest\x1a\".routerkt.v1.ForgetLearnerResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#serving/api/knowledge_tracing.proto\x12\x0brouterkt.v1\"W\n\x0bInteraction\x12\x13\n\x0bquestion_id\x18\x01 \x01(\x03\x12\x15\n\x08skill_id\x18\x02 \x01(\x03H\x00\x88\x01\x01\x12\x0f\n\x07\x63orrect\x18\x03 \x01(\x05\x42\x0b\n\t_skill_id\"D\n\tCandidate\x12\x13\n\x0bquestion_id\x18\x01 \x01(\x03\x12\x15\n\x08skill_id\x18\x02 \x01(\x03H\x00\x88\x01\x01\x42\x0b\n\t_skill_id\"\x9b\x01\n\x0ePredictRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12)\n\x07history\x18\x03 \x03(\x0b\x32\x18.routerkt.v1.Interaction\x12*\n\ncandidates\x18\x04 \x03(\x0b\x32\x16.routerkt.v1.Candidate\x12\x12\n\nlearner_id\x18\x05 \x01(\t\"u\n\x0fPredictResponse\x12\x15\n\rprobabilities\x18\x01 \x03(\x02\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\x14\n\x0chistory_used\x18\x04 \x01(\x05\x12\x15\n\rprediction_id\x18\x05 \x01(\t\"{\n\x0eLearnerRequest\x12)\n\x07history\x18\x01 \x03(\x0b\x32\x18.routerkt.v1.Interaction\x12*\n\ncandidates\x18\x02 \x03(\x0b\x32\x16.routerkt.v1.Candidate\x12\x12\n\nlearner_id\x18\x03 \x01(\t\"d\n\rLearnerResult\x12\x15\n\rprobabilities\x18\x01 \x03(\x02\x12\x14\n\x0chistory_used\x18\x02 \x01(\x05\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\x15\n\rprediction_id\x18\x04 \x01(\t\"d\n\x13PredictBatchRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12-\n\x08learners\x18\x03 \x03(\x0b\x32\x1b.routerkt.v1.LearnerRequest\"c\n\x14PredictBatchResponse\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.routerkt.v1.LearnerResult\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x03\"\x89\x02\n\x10RecommendRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12)\n\x07history\x18\x03 \x03(\x0b\x32\x18.routerkt.v1.Interaction\x12\x12\n\nlearner_id\x18\x04 \x01(\t\x12*\n\ncandidates\x18\x05 \x03(\x0b\x32\x16.routerkt.v1.Candidate\x12\x1f\n\x12target_probability\x18\x06 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_k\x18\x07 \x01(\x05H\x01\x88\x01\x01\x12\x14\n\x0c\x65xclude_seen\x18\x08 \x01(\x08\x42\x15\n\x13_target_probabilityB\x08\n\x06_top_k\":\n\x0eRecommendation\x12\x13\n\x0bquestion_id\x18\x01 \x01(\x03\x12\x13\n\x0bprobability\x18\x02 \x01(\x02\"\xa8\x01\n\x11RecommendResponse\x12\x34\n\x0frecommendations\x18\x01 \x03(\x0b\x32\x1b.routerkt.v1.Recommendation\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\x14\n\x0chistory_used\x18\x04 \x01(\x05\x12\x10\n\x08\x65xcluded\x18\x05 \x01(\x05\x12\x15\n\rprediction_id\x18\x06 \x01(\t\"\x8f\x01\n\x05\x45vent\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x13\n\x0bquestion_id\x18\x02 \x01(\x03\x12\x15\n\x08skill_id\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\x0f\n\x07\x63orrect\x18\x04 \x01(\x05\x12\x19\n\x0ctimestamp_ms\x18\x05 \x01(\x03H\x01\x88\x01\x01\x42\x0b\n\t_skill_idB\x0f\n\r_timestamp_ms\"H\n\x0eObserveRequest\x12\x12\n\nlearner_id\x18\x01 \x01(\t\x12\"\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x12.routerkt.v1.Event\"M\n\x0fObserveResponse\x12\x0e\n\x06stored\x18\x01 \x01(\x05\x12\x12\n\nduplicates\x18\x02 \x01(\x05\x12\x16\n\x0ehistory_length\x18\x03 \x01(\x03\"*\n\x14\x46orgetLearnerRequest\x12\x12\n\nlearner_id\x18\x01 \x01(\t\"9\n\x15\x46orgetLearnerResponse\x12\x0f\n\x07\x65xisted\x18\x01 \x01(\x08\x12\x0f\n\x07\x64\x65leted\x18\x02 \x01(\x03\"S\n\x14ReportOutcomeRequest\x12\x15\n\rprediction_id\x18\x01 \x01(\t\x12\x13\n\x0bquestion_id\x18\x02 \x01(\x03\x12\x0f\n\x07\x63orrect\x18\x03 \x01(\x05\")\n\x15ReportOutcomeResponse\x12\x10\n\x08recorded\x18\x01 \x01(\x05\x32\xf6\x03\n\x17KnowledgeTracingService\x12\x44\n\x07Predict\x12\x1b.routerkt.v1.PredictRequest\x1a\x1c.routerkt.v1.PredictResponse\x12S\n\x0cPredictBatch\x12 .routerkt.v1.PredictBatchRequest\x1a!.routerkt.v1.PredictBatchResponse\x12J\n\tRecommend\x12\x1d.routerkt.v1.RecommendRequest\x1a\x1e.routerkt.v1.RecommendResponse\x12\x44\n\x07Observe\x12\x1b.routerkt.v1.ObserveRequest\x1a\x1c.routerkt.v1.ObserveResponse\x12V\n\rForgetLearner\x12!.routerkt.v1.ForgetLearnerRequest\x1a\".routerkt.v1.ForgetLearnerResponse\x12V\n\rReportOutcome\x12!.routerkt.v1.ReportOutcomeRequest\x1a\".routerkt.v1.ReportOutcomeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,31 +38,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PREDICTREQUEST']._serialized_start=212
   _globals['_PREDICTREQUEST']._serialized_end=367
   _globals['_PREDICTRESPONSE']._serialized_start=369
-  _globals['_PREDICTRESPONSE']._serialized_end=463
-  _globals['_LEARNERREQUEST']._serialized_start=465
-  _globals['_LEARNERREQUEST']._serialized_end=588
-  _globals['_LEARNERRESULT']._serialized_start=590
-  _globals['_LEARNERRESULT']._serialized_end=650
-  _globals['_PREDICTBATCHREQUEST']._serialized_start=652
-  _globals['_PREDICTBATCHREQUEST']._serialized_end=752
-  _globals['_PREDICTBATCHRESPONSE']._serialized_start=754
-  _globals['_PREDICTBATCHRESPONSE']._serialized_end=853
-  _globals['_RECOMMENDREQUEST']._serialized_start=856
-  _globals['_RECOMMENDREQUEST']._serialized_end=1121
-  _globals['_RECOMMENDATION']._serialized_start=1123
-  _globals['_RECOMMENDATION']._serialized_end=1181
-  _globals['_RECOMMENDRESPONSE']._serialized_start=1184
-  _globals['_RECOMMENDRESPONSE']._serialized_end=1329
-  _globals['_EVENT']._serialized_start=1332
-  _globals['_EVENT']._serialized_end=1475
-  _globals['_OBSERVEREQUEST']._serialized_start=1477
-  _globals['_OBSERVEREQUEST']._serialized_end=1549
-  _globals['_OBSERVERESPONSE']._serialized_start=1551
-  _globals['_OBSERVERESPONSE']._serialized_end=1628
-  _globals['_FORGETLEARNERREQUEST']._serialized_start=1630
-  _globals['_FORGETLEARNERREQUEST']._serialized_end=1672
-  _globals['_FORGETLEARNERRESPONSE']._serialized_start=1674
-  _globals['_FORGETLEARNERRESPONSE']._serialized_end=1731
-  _globals['_KNOWLEDGETRACINGSERVICE']._serialized_start=1734
-  _globals['_KNOWLEDGETRACINGSERVICE']._serialized_end=2148
+  _globals['_PREDICTRESPONSE']._serialized_end=486
+  _globals['_LEARNERREQUEST']._serialized_start=488
+  _globals['_LEARNERREQUEST']._serialized_end=611
+  _globals['_LEARNERRESULT']._serialized_start=613
+  _globals['_LEARNERRESULT']._serialized_end=713
+  _globals['_PREDICTBATCHREQUEST']._serialized_start=715
+  _globals['_PREDICTBATCHREQUEST']._serialized_end=815
+  _globals['_PREDICTBATCHRESPONSE']._serialized_start=817
+  _globals['_PREDICTBATCHRESPONSE']._serialized_end=916
+  _globals['_RECOMMENDREQUEST']._serialized_start=919
+  _globals['_RECOMMENDREQUEST']._serialized_end=1184
+  _globals['_RECOMMENDATION']._serialized_start=1186
+  _globals['_RECOMMENDATION']._serialized_end=1244
+  _globals['_RECOMMENDRESPONSE']._serialized_start=1247
+  _globals['_RECOMMENDRESPONSE']._serialized_end=1415
+  _globals['_EVENT']._serialized_start=1418
+  _globals['_EVENT']._serialized_end=1561
+  _globals['_OBSERVEREQUEST']._serialized_start=1563
+  _globals['_OBSERVEREQUEST']._serialized_end=1635
+  _globals['_OBSERVERESPONSE']._serialized_start=1637
+  _globals['_OBSERVERESPONSE']._serialized_end=1714
+  _globals['_FORGETLEARNERREQUEST']._serialized_start=1716
+  _globals['_FORGETLEARNERREQUEST']._serialized_end=1758
+  _globals['_FORGETLEARNERRESPONSE']._serialized_start=1760
+  _globals['_FORGETLEARNERRESPONSE']._serialized_end=1817
+  _globals['_REPORTOUTCOMEREQUEST']._serialized_start=1819
+  _globals['_REPORTOUTCOMEREQUEST']._serialized_end=1902
+  _globals['_REPORTOUTCOMERESPONSE']._serialized_start=1904
+  _globals['_REPORTOUTCOMERESPONSE']._serialized_end=1945
+  _globals['_KNOWLEDGETRACINGSERVICE']._serialized_start=1948
+  _globals['_KNOWLEDGETRACINGSERVICE']._serialized_end=2450
 # @@protoc_insertion_point(module_scope)

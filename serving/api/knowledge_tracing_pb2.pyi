@@ -39,16 +39,18 @@ class PredictRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., history: _Optional[_Iterable[_Union[Interaction, _Mapping]]] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., learner_id: _Optional[str] = ...) -> None: ...
 
 class PredictResponse(_message.Message):
-    __slots__ = ("probabilities", "model", "version", "history_used")
+    __slots__ = ("probabilities", "model", "version", "history_used", "prediction_id")
     PROBABILITIES_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     HISTORY_USED_FIELD_NUMBER: _ClassVar[int]
+    PREDICTION_ID_FIELD_NUMBER: _ClassVar[int]
     probabilities: _containers.RepeatedScalarFieldContainer[float]
     model: str
     version: int
     history_used: int
-    def __init__(self, probabilities: _Optional[_Iterable[float]] = ..., model: _Optional[str] = ..., version: _Optional[int] = ..., history_used: _Optional[int] = ...) -> None: ...
+    prediction_id: str
+    def __init__(self, probabilities: _Optional[_Iterable[float]] = ..., model: _Optional[str] = ..., version: _Optional[int] = ..., history_used: _Optional[int] = ..., prediction_id: _Optional[str] = ...) -> None: ...
 
 class LearnerRequest(_message.Message):
     __slots__ = ("history", "candidates", "learner_id")
@@ -61,12 +63,16 @@ class LearnerRequest(_message.Message):
     def __init__(self, history: _Optional[_Iterable[_Union[Interaction, _Mapping]]] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., learner_id: _Optional[str] = ...) -> None: ...
 
 class LearnerResult(_message.Message):
-    __slots__ = ("probabilities", "history_used")
+    __slots__ = ("probabilities", "history_used", "version", "prediction_id")
     PROBABILITIES_FIELD_NUMBER: _ClassVar[int]
     HISTORY_USED_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PREDICTION_ID_FIELD_NUMBER: _ClassVar[int]
     probabilities: _containers.RepeatedScalarFieldContainer[float]
     history_used: int
-    def __init__(self, probabilities: _Optional[_Iterable[float]] = ..., history_used: _Optional[int] = ...) -> None: ...
+    version: int
+    prediction_id: str
+    def __init__(self, probabilities: _Optional[_Iterable[float]] = ..., history_used: _Optional[int] = ..., version: _Optional[int] = ..., prediction_id: _Optional[str] = ...) -> None: ...
 
 class PredictBatchRequest(_message.Message):
     __slots__ = ("model", "version", "learners")
@@ -117,18 +123,20 @@ class Recommendation(_message.Message):
     def __init__(self, question_id: _Optional[int] = ..., probability: _Optional[float] = ...) -> None: ...
 
 class RecommendResponse(_message.Message):
-    __slots__ = ("recommendations", "model", "version", "history_used", "excluded")
+    __slots__ = ("recommendations", "model", "version", "history_used", "excluded", "prediction_id")
     RECOMMENDATIONS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     HISTORY_USED_FIELD_NUMBER: _ClassVar[int]
     EXCLUDED_FIELD_NUMBER: _ClassVar[int]
+    PREDICTION_ID_FIELD_NUMBER: _ClassVar[int]
     recommendations: _containers.RepeatedCompositeFieldContainer[Recommendation]
     model: str
     version: int
     history_used: int
     excluded: int
-    def __init__(self, recommendations: _Optional[_Iterable[_Union[Recommendation, _Mapping]]] = ..., model: _Optional[str] = ..., version: _Optional[int] = ..., history_used: _Optional[int] = ..., excluded: _Optional[int] = ...) -> None: ...
+    prediction_id: str
+    def __init__(self, recommendations: _Optional[_Iterable[_Union[Recommendation, _Mapping]]] = ..., model: _Optional[str] = ..., version: _Optional[int] = ..., history_used: _Optional[int] = ..., excluded: _Optional[int] = ..., prediction_id: _Optional[str] = ...) -> None: ...
 
 class Event(_message.Message):
     __slots__ = ("event_id", "question_id", "skill_id", "correct", "timestamp_ms")
@@ -175,3 +183,19 @@ class ForgetLearnerResponse(_message.Message):
     existed: bool
     deleted: int
     def __init__(self, existed: _Optional[bool] = ..., deleted: _Optional[int] = ...) -> None: ...
+
+class ReportOutcomeRequest(_message.Message):
+    __slots__ = ("prediction_id", "question_id", "correct")
+    PREDICTION_ID_FIELD_NUMBER: _ClassVar[int]
+    QUESTION_ID_FIELD_NUMBER: _ClassVar[int]
+    CORRECT_FIELD_NUMBER: _ClassVar[int]
+    prediction_id: str
+    question_id: int
+    correct: int
+    def __init__(self, prediction_id: _Optional[str] = ..., question_id: _Optional[int] = ..., correct: _Optional[int] = ...) -> None: ...
+
+class ReportOutcomeResponse(_message.Message):
+    __slots__ = ("recorded",)
+    RECORDED_FIELD_NUMBER: _ClassVar[int]
+    recorded: int
+    def __init__(self, recorded: _Optional[int] = ...) -> None: ...

@@ -64,6 +64,11 @@ class KnowledgeTracingServiceStub:
                 request_serializer=serving_dot_api_dot_knowledge__tracing__pb2.ForgetLearnerRequest.SerializeToString,
                 response_deserializer=serving_dot_api_dot_knowledge__tracing__pb2.ForgetLearnerResponse.FromString,
                 _registered_method=True)
+        self.ReportOutcome = channel.unary_unary(
+                '/routerkt.v1.KnowledgeTracingService/ReportOutcome',
+                request_serializer=serving_dot_api_dot_knowledge__tracing__pb2.ReportOutcomeRequest.SerializeToString,
+                response_deserializer=serving_dot_api_dot_knowledge__tracing__pb2.ReportOutcomeResponse.FromString,
+                _registered_method=True)
 
 
 class KnowledgeTracingServiceServicer:
@@ -108,6 +113,14 @@ class KnowledgeTracingServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportOutcome(self, request, context):
+        """Record the answer to a question a stateless Predict scored (FAILED_PRECONDITION when the
+        gateway tracks no outcomes: no session store, or --no-track-outcomes).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KnowledgeTracingServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -135,6 +148,11 @@ def add_KnowledgeTracingServiceServicer_to_server(servicer, server):
                     servicer.ForgetLearner,
                     request_deserializer=serving_dot_api_dot_knowledge__tracing__pb2.ForgetLearnerRequest.FromString,
                     response_serializer=serving_dot_api_dot_knowledge__tracing__pb2.ForgetLearnerResponse.SerializeToString,
+            ),
+            'ReportOutcome': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportOutcome,
+                    request_deserializer=serving_dot_api_dot_knowledge__tracing__pb2.ReportOutcomeRequest.FromString,
+                    response_serializer=serving_dot_api_dot_knowledge__tracing__pb2.ReportOutcomeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -277,6 +295,33 @@ class KnowledgeTracingService:
             '/routerkt.v1.KnowledgeTracingService/ForgetLearner',
             serving_dot_api_dot_knowledge__tracing__pb2.ForgetLearnerRequest.SerializeToString,
             serving_dot_api_dot_knowledge__tracing__pb2.ForgetLearnerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportOutcome(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/routerkt.v1.KnowledgeTracingService/ReportOutcome',
+            serving_dot_api_dot_knowledge__tracing__pb2.ReportOutcomeRequest.SerializeToString,
+            serving_dot_api_dot_knowledge__tracing__pb2.ReportOutcomeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -34,6 +34,11 @@ class LearnerKeys:
     def learner(self, learner_id: str) -> str:
         return hmac.new(self._secret, b"learner\0" + learner_id.encode(), hashlib.sha256).hexdigest()[:32]
 
+    def bucket(self, learner_id: str, salt: str) -> float:
+        """A number in [0, 1) fixed per (learner, salt), independent across salts (canary routing)."""
+        digest = hmac.new(self._secret, b"bucket\0" + salt.encode() + b"\0" + learner_id.encode(), hashlib.sha256)
+        return int.from_bytes(digest.digest()[:8], "big") / 2.0 ** 64
+
     def event(self, learner_key: str, event_id: str) -> str:
         message = b"event\0" + learner_key.encode() + b"\0" + event_id.encode()
         return hmac.new(self._secret, message, hashlib.sha256).hexdigest()[:32]

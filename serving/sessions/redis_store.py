@@ -5,6 +5,9 @@ Per learner key K (hash-tagged, so one learner's keys stay on one cluster slot):
     rk:{K}:events   list of "question,skill,correct,timestamp_ms", oldest first
     rk:{K}:ids      sorted set event key -> sequence number (idempotency over the kept events)
     rk:{K}:meta     hash: next (the next sequence number)
+    rks:{O}         hash: question -> JSON [[model, version, probability, expires_ms], ...], the
+                    predictions served to owner O (a learner key, or "p" + prediction id); the key
+                    expires with its newest entry (outcome tracking)
 
 An append is ONE Lua script, which Redis runs atomically: two gateways appending to the same
 learner at once are serialised, each request's events stay contiguous and in order, and a retried
@@ -19,21 +22,27 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from redis.retry import Retry
 
-from serving.sessions.store import AppendResult, History, StoredEvent, StoreUnavailable
+import json
+from collections import defaultdict
+
+from serving.sessions.store import AppendResult, History, ServedEntry, StoredEvent, StoreUnavailable
 
 APPEND = """
 local keep = tonumber(ARGV[1])
 local ttl = tonumber(ARGV[2])
 local seq = tonumber(redis.call('HGET', KEYS[3], 'next') or '0')
 local stored, duplicates = 0, 0
+local flags = {}
 for i = 3, #ARGV, 2 do
   if redis.call('ZSCORE', KEYS[2], ARGV[i]) then
     duplicates = duplicates + 1
+    flags[#flags + 1] = 0
   else
     redis.call('RPUSH', KEYS[1], ARGV[i + 1])
     redis.call('ZADD', KEYS[2], seq, ARGV[i])
     seq = seq + 1
     stored = stored + 1
+    flags[#flags + 1] = 1
   end
 end
 redis.call('HSET', KEYS[3], 'next', seq)
@@ -42,7 +51,35 @@ redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. (seq - keep))
 if ttl > 0 then
   for j = 1, 3 do redis.call('PEXPIRE', KEYS[j], ttl) end
 end
-return {stored, duplicates, redis.call('LLEN', KEYS[1])}
+return {stored, duplicates, redis.call('LLEN', KEYS[1]), flags}
+"""
+REMEMBER = """
+local expires = tonumber(ARGV[1])
+for i = 2, #ARGV, 4 do
+  local question, model, version = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
+  local current = redis.call('HGET', KEYS[1], question)
+  local entries = current and cjson.decode(current) or {}
+  local kept = {}
+  for _, e in ipairs(entries) do
+    if not (e[1] == model and e[2] == version) then kept[#kept + 1] = e end
+  end
+  kept[#kept + 1] = {model, version, ARGV[i + 3], expires}
+  redis.call('HSET', KEYS[1], question, cjson.encode(kept))
+end
+redis.call('PEXPIREAT', KEYS[1], expires)
+return 1
+"""
+TAKE = """
+local out = {}
+for i = 1, #ARGV do
+  local value = redis.call('HGET', KEYS[1], ARGV[i])
+  if value then
+    redis.call('HDEL', KEYS[1], ARGV[i])
+    out[#out + 1] = ARGV[i]
+    out[#out + 1] = value
+  end
+end
+return out
 """
 SOCKET_TIMEOUT_S = 2.0         # one command; the caller's deadline bounds the call anyway
 CONNECT_TIMEOUT_S = 0.5
@@ -50,6 +87,10 @@ CONNECT_TIMEOUT_S = 0.5
 
 def _keys(learner_key: str) -> list[str]:
     return [f"rk:{{{learner_key}}}:events", f"rk:{{{learner_key}}}:ids", f"rk:{{{learner_key}}}:meta"]
+
+
+def _served_key(owner: str) -> str:
+    return f"rks:{{{owner}}}"
 
 
 class RedisStore:
@@ -61,6 +102,8 @@ class RedisStore:
                                       socket_connect_timeout=CONNECT_TIMEOUT_S, retry=Retry(NoBackoff(), 0),
                                       decode_responses=True)
         self._append = self._client.register_script(APPEND)
+        self._remember = self._client.register_script(REMEMBER)
+        self._take = self._client.register_script(TAKE)
 
     async def open(self) -> None:
         pass                      # connections are made on first use and remade after a failure
@@ -82,10 +125,12 @@ class RedisStore:
 
     async def append(self, learner_key: str, events: list[StoredEvent], keep: int, now_ms: int) -> AppendResult:
         try:
-            stored, duplicates, length = await self._append(keys=_keys(learner_key), args=self._args(events, keep))
+            stored, duplicates, length, flags = await self._append(keys=_keys(learner_key),
+                                                                   args=self._args(events, keep))
         except (RedisError, OSError) as exc:
             raise StoreUnavailable(f"redis: {exc}") from None
-        return AppendResult(stored=int(stored), duplicates=int(duplicates), history_length=int(length))
+        return AppendResult(stored=int(stored), duplicates=int(duplicates), history_length=int(length),
+                            new=tuple(bool(int(f)) for f in flags))
 
     async def append_many(self, batch: list[tuple[str, list[StoredEvent]]], keep: int,
                           now_ms: int) -> list[AppendResult]:
@@ -97,7 +142,8 @@ class RedisStore:
                 replies = await pipe.execute()
         except (RedisError, OSError) as exc:
             raise StoreUnavailable(f"redis: {exc}") from None
-        return [AppendResult(int(s), int(d), int(n)) for s, d, n in replies]
+        return [AppendResult(int(s), int(d), int(n), tuple(bool(int(f)) for f in flags))
+                for s, d, n, flags in replies]
 
     async def history(self, learner_key: str, limit: int) -> History:
         try:
@@ -111,7 +157,7 @@ class RedisStore:
         try:
             async with self._client.pipeline(transaction=True) as pipe:
                 pipe.llen(keys[0])
-                pipe.delete(*keys)
+                pipe.delete(*keys, _served_key(learner_key))
                 length, removed = await pipe.execute()
         except (RedisError, OSError) as exc:
             raise StoreUnavailable(f"redis: {exc}") from None
@@ -125,3 +171,31 @@ class RedisStore:
         except (RedisError, OSError) as exc:
             raise StoreUnavailable(f"redis: {exc}") from None
         return sorted(found)
+
+    # -- served predictions (outcome tracking) -----------------------------------------------------
+    async def remember_served(self, entries: list[ServedEntry], expires_ms: int) -> None:
+        by_owner: dict[str, list[object]] = defaultdict(list)
+        for e in entries:
+            by_owner[e.owner] += [e.question_id, e.model, e.version, repr(float(e.probability))]
+        try:
+            async with self._client.pipeline(transaction=False) as pipe:
+                for owner, args in by_owner.items():
+                    await self._remember(keys=[_served_key(owner)], args=[expires_ms, *args], client=pipe)
+                await pipe.execute()
+        except (RedisError, OSError) as exc:
+            raise StoreUnavailable(f"redis: {exc}") from None
+
+    async def take_served(self, owner: str, questions: list[int], now_ms: int) -> list[ServedEntry]:
+        questions = sorted(set(questions))
+        if not questions:
+            return []
+        try:
+            flat = await self._take(keys=[_served_key(owner)], args=questions)
+        except (RedisError, OSError) as exc:
+            raise StoreUnavailable(f"redis: {exc}") from None
+        out = []
+        for question, value in zip(flat[::2], flat[1::2]):
+            for model, version, probability, expires in json.loads(value):
+                if int(expires) > now_ms:
+                    out.append(ServedEntry(owner, int(question), str(model), int(version), float(probability)))
+        return out

@@ -7,12 +7,18 @@ deadline, while stateless Predict (history in the request) never touches the sto
 loop pings the store every `store_probe_s`: readiness reports it and the gRPC health service
 `routerkt.v1.Sessions` follows it; the client reconnects by itself once the store is back.
 Learner ids are turned into keyed hashes on entry (keys.py) and never logged.
+
+With outcome tracking (`tracker`, serving/outcomes/tracker.py), an Observe also joins its newly
+stored events with the predictions served to the learner, and ReportOutcome joins one answer with
+a stateless prediction. A join that fails is counted (routerkt_outcome_join_errors_total) and
+never fails the Observe: its events are already stored.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,6 +33,9 @@ from serving.sessions.keys import LearnerKeys
 from serving.sessions.store import AppendResult, History, SessionStore, StoredEvent, StoreUnavailable
 from serving.settings import Settings
 from serving.validation import LearnerInput
+
+if TYPE_CHECKING:
+    from serving.outcomes.tracker import OutcomeTracker
 
 log = logging.getLogger("routerkt.gateway.sessions")
 
@@ -43,6 +52,7 @@ class SessionService:
         self.keys = keys
         self.catalog = catalog
         self.metrics = metrics
+        self.tracker: OutcomeTracker | None = None        # set by create_server when outcomes are tracked
         self.up = False
 
     async def start(self) -> None:
@@ -99,12 +109,41 @@ class SessionService:
             raise
         self.metrics.events.labels(result="stored").inc(result.stored)
         self.metrics.events.labels(result="duplicate").inc(result.duplicates)
+        if self.tracker is not None and result.stored:
+            try:
+                await self._bounded(self.tracker.join_observed(key, query.questions, query.correct, result.new),
+                                    deadline)
+            except (StoreUnavailable, asyncio.TimeoutError) as exc:
+                self.metrics.outcome_join_errors.inc()
+                log.warning("joining observed answers with served predictions failed: %s",
+                            str(exc)[:300] or "timed out")
         return result
+
+    async def report_outcome(self, prediction_id: str, question_id: int, correct: int, deadline: Deadline) -> int:
+        """ReportOutcome: pairs recorded (0: unknown, expired or already reported prediction)."""
+        try:
+            if self.tracker is None:
+                raise errors.failed_precondition("this gateway does not track outcomes")
+            return await self._call("take_served", self.tracker.report(prediction_id, question_id, correct),
+                                    deadline)
+        except ServingError as exc:
+            self.metrics.errors.labels(code=exc.code_name).inc()
+            raise
+
+    async def _bounded(self, coro, deadline: Deadline):
+        timeout = deadline.remaining() - self.settings.deadline_margin_s
+        if timeout <= 0:
+            coro.close()
+            raise asyncio.TimeoutError
+        return await asyncio.wait_for(coro, timeout)
 
     async def forget(self, learner_id: str, deadline: Deadline) -> tuple[bool, int]:
         try:
             check_learner_id(learner_id, self.settings)
-            return await self._call("forget", self.store.forget(self.keys.learner(learner_id)), deadline)
+            key = self.keys.learner(learner_id)
+            if self.tracker is not None:                 # nothing queued may be written after the delete
+                await self.tracker.discard(key)
+            return await self._call("forget", self.store.forget(key), deadline)
         except ServingError as exc:
             self.metrics.errors.labels(code=exc.code_name).inc()
             raise

@@ -3,6 +3,7 @@ returned survives a crash of the process (and of the machine).
 
     learners(learner PK, next_seq, count, last_seen_ms)
     events(learner, seq, event_key, question, skill, correct, ts)   PK (learner, seq), UNIQUE (learner, event_key)
+    served(owner, question, model, version, probability, expires_ms)  PK (owner, question, model, version)
 
 One writer thread and one reader thread, each with its own connection (sqlite3 connections stay in
 the thread that made them); the event loop never waits on the disk. An append is one IMMEDIATE
@@ -18,7 +19,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from serving.sessions.store import AppendResult, History, StoredEvent, StoreUnavailable
+from serving.sessions.store import AppendResult, History, ServedEntry, StoredEvent, StoreUnavailable
 
 SCHEMA = (
     "CREATE TABLE IF NOT EXISTS learners (learner TEXT PRIMARY KEY, next_seq INTEGER NOT NULL, "
@@ -28,6 +29,10 @@ SCHEMA = (
     "PRIMARY KEY (learner, seq)) WITHOUT ROWID",
     "CREATE UNIQUE INDEX IF NOT EXISTS events_by_key ON events (learner, event_key)",
     "CREATE INDEX IF NOT EXISTS learners_by_last_seen ON learners (last_seen_ms)",
+    "CREATE TABLE IF NOT EXISTS served (owner TEXT NOT NULL, question INTEGER NOT NULL, model TEXT NOT NULL, "
+    "version INTEGER NOT NULL, probability REAL NOT NULL, expires_ms INTEGER NOT NULL, "
+    "PRIMARY KEY (owner, question, model, version)) WITHOUT ROWID",
+    "CREATE INDEX IF NOT EXISTS served_by_expiry ON served (expires_ms)",
 )
 BUSY_TIMEOUT_S = 5.0
 
@@ -107,13 +112,17 @@ class SqliteStore:
         row = conn.execute("SELECT next_seq, count FROM learners WHERE learner = ?", (learner,)).fetchone()
         next_seq, count = row if row else (0, 0)
         keys = [e.event_key for e in events]
-        known = set()
+        known: set[str] = set()
         for start in range(0, len(keys), 500):                  # SQLite's bound-parameter limit
             chunk = keys[start:start + 500]
             marks = ",".join("?" * len(chunk))
             known.update(k for (k,) in conn.execute(
                 f"SELECT event_key FROM events WHERE learner = ? AND event_key IN ({marks})", (learner, *chunk)))
-        new = [e for e in events if e.event_key not in known]
+        flags = []
+        for e in events:                                         # a key twice in one request: stored once
+            flags.append(e.event_key not in known)
+            known.add(e.event_key)
+        new = [e for e, is_new in zip(events, flags) if is_new]
         conn.executemany(
             "INSERT INTO events (learner, seq, event_key, question, skill, correct, ts) VALUES (?, ?, ?, ?, ?, ?, ?)",
             [(learner, next_seq + i, e.event_key, e.question_id, e.skill_id, e.correct, e.timestamp_ms)
@@ -124,7 +133,8 @@ class SqliteStore:
         conn.execute("INSERT INTO learners (learner, next_seq, count, last_seen_ms) VALUES (?, ?, ?, ?) "
                      "ON CONFLICT (learner) DO UPDATE SET next_seq = excluded.next_seq, count = excluded.count, "
                      "last_seen_ms = excluded.last_seen_ms", (learner, next_seq, count, now_ms))
-        return AppendResult(stored=len(new), duplicates=len(events) - len(new), history_length=count)
+        return AppendResult(stored=len(new), duplicates=len(events) - len(new), history_length=count,
+                            new=tuple(flags))
 
     async def history(self, learner_key: str, limit: int) -> History:
         def read() -> History:
@@ -140,6 +150,7 @@ class SqliteStore:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 deleted = conn.execute("DELETE FROM events WHERE learner = ?", (learner_key,)).rowcount
+                conn.execute("DELETE FROM served WHERE owner = ?", (learner_key,))
                 existed = conn.execute("DELETE FROM learners WHERE learner = ?", (learner_key,)).rowcount > 0
                 conn.execute("COMMIT")
             except BaseException:
@@ -174,3 +185,46 @@ class SqliteStore:
             rows = conn.execute("SELECT learner FROM learners UNION SELECT DISTINCT learner FROM events").fetchall()
             return sorted(k for (k,) in rows)
         return await self._run(self._reader, keys)
+
+    # -- served predictions (outcome tracking) -----------------------------------------------------
+    def _unsynced(self, conn: sqlite3.Connection, work):
+        """One IMMEDIATE transaction committed without fsync (served entries are a cache)."""
+        conn.execute("PRAGMA synchronous=NORMAL")
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                result = work(conn)
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        finally:
+            conn.execute("PRAGMA synchronous=FULL")
+        return result
+
+    async def remember_served(self, entries: list[ServedEntry], expires_ms: int) -> None:
+        rows = [(e.owner, e.question_id, e.model, e.version, e.probability, expires_ms) for e in entries]
+        await self._run(self._writer, lambda: self._unsynced(self._connection(), lambda conn: conn.executemany(
+            "INSERT OR REPLACE INTO served (owner, question, model, version, probability, expires_ms) "
+            "VALUES (?, ?, ?, ?, ?, ?)", rows)))
+
+    async def take_served(self, owner: str, questions: list[int], now_ms: int) -> list[ServedEntry]:
+        questions = sorted(set(questions))
+
+        def take(conn: sqlite3.Connection) -> list[ServedEntry]:
+            rows = []
+            for start in range(0, len(questions), 500):          # SQLite's bound-parameter limit
+                chunk = questions[start:start + 500]
+                marks = ",".join("?" * len(chunk))
+                rows += conn.execute(f"DELETE FROM served WHERE owner = ? AND question IN ({marks}) "
+                                     "RETURNING question, model, version, probability, expires_ms",
+                                     (owner, *chunk)).fetchall()
+            return [ServedEntry(owner, q, m, v, p) for q, m, v, p, expires in rows if expires > now_ms]
+        if not questions:
+            return []
+        return await self._run(self._writer, lambda: self._unsynced(self._connection(), take))
+
+    async def sweep_served(self, now_ms: int) -> int:
+        """Delete expired served entries; returns how many."""
+        return await self._run(self._writer, lambda: self._unsynced(self._connection(), lambda conn: conn.execute(
+            "DELETE FROM served WHERE expires_ms <= ?", (now_ms,)).rowcount))

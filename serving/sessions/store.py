@@ -11,6 +11,13 @@ Both implementations (sqlite_store.py, redis_store.py) promise the same:
 - `forget` removes everything stored for the learner.
 - A store that cannot be reached raises StoreUnavailable (the caller answers UNAVAILABLE).
 
+Served predictions (outcome tracking, serving/outcomes/): `remember_served` keeps what the gateway
+served to an owner (a learner key, or "p" + a prediction id) per question, model and version until
+`expires_ms`; a newer prediction of the same question by the same version replaces the older one.
+`take_served` returns and deletes the unexpired entries of some questions (each is joined with an
+answer at most once). These are a bounded cache, not a log: SQLite writes them without fsync, so a
+crash may lose the last moments of it, never a stored event. `forget` deletes them too.
+
 URLs: `sqlite:///relative/path.sqlite3`, `sqlite:////absolute/path.sqlite3`, `redis://HOST:PORT/DB`.
 """
 from __future__ import annotations
@@ -45,6 +52,18 @@ class AppendResult:
     stored: int
     duplicates: int
     history_length: int      # events held for the learner after the append
+    new: tuple[bool, ...] = ()   # per request event: stored by this append (False: a duplicate)
+
+
+@dataclass(frozen=True)
+class ServedEntry:
+    """One probability the gateway served: for `owner`'s candidate `question`, by model/version."""
+
+    owner: str
+    question_id: int
+    model: str
+    version: int
+    probability: float
 
 
 @dataclass
@@ -91,6 +110,11 @@ class SessionStore(Protocol):
 
     async def learner_keys(self) -> list[str]:
         """Every learner key held (for audits and tests; scans the whole store)."""
+
+    async def remember_served(self, entries: list[ServedEntry], expires_ms: int) -> None: ...
+
+    async def take_served(self, owner: str, questions: list[int], now_ms: int) -> list[ServedEntry]:
+        """The unexpired entries of `owner` for `questions`, deleted from the store."""
 
 
 def open_store(url: str, ttl_s: float = 0.0) -> SessionStore:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 
 import pytest
 
@@ -15,6 +16,7 @@ from serving.sessions.store import StoredEvent, StoreUnavailable, open_store
 pytestmark = pytest.mark.integration
 
 KEYS = LearnerKeys(b"test-secret-of-32-bytes-for-hmac!")
+NOW = int(time.time() * 1000)          # served entries expire on the store's clock (Redis: the server's)
 
 
 @pytest.fixture(scope="module")
@@ -156,3 +158,42 @@ def test_bad_store_urls_are_one_line_user_errors(url: str) -> None:
     from routerkt.errors import UserError
     with pytest.raises(UserError, match="--store"):
         open_store(url)
+
+
+def test_append_reports_which_events_were_new(store_url) -> None:
+    async def scenario(store):
+        key = KEYS.learner("learner-new")
+        await store.append(key, events("learner-new", range(3)), keep=50, now_ms=1)
+        result = await store.append(key, events("learner-new", [1, 5, 2, 6]), keep=50, now_ms=2)
+        assert result.new == (False, True, False, True)
+    run(with_store(store_url, scenario))
+
+
+def test_served_entries_are_taken_once_replaced_by_newer_and_expire(store_url) -> None:
+    from serving.sessions.store import ServedEntry
+
+    async def scenario(store):
+        owner = KEYS.learner("learner-served")
+        await store.remember_served([ServedEntry(owner, 5, "kt", 1, 0.25), ServedEntry(owner, 6, "kt", 1, 0.5),
+                                     ServedEntry(owner, 5, "kt", 2, 0.75)], expires_ms=NOW + 10_000)
+        await store.remember_served([ServedEntry(owner, 5, "kt", 1, 0.375)], expires_ms=NOW + 10_000)   # newer, same version
+        taken = await store.take_served(owner, [5, 7], now_ms=NOW + 5_000)
+        assert sorted((e.question_id, e.version, e.probability) for e in taken) == [(5, 1, 0.375), (5, 2, 0.75)]
+        assert await store.take_served(owner, [5], now_ms=NOW + 5_000) == []                # taken once
+        assert await store.take_served(owner, [6], now_ms=NOW + 20_000) == []               # expired
+        other = "p" + "a" * 32
+        await store.remember_served([ServedEntry(other, 9, "kt", 1, 0.125)], expires_ms=NOW + 10_000)
+        await store.forget(KEYS.learner("learner-served"))
+        assert [e.probability for e in await store.take_served(other, [9], now_ms=NOW)] == [0.125]
+    run(with_store(store_url, scenario))
+
+
+def test_forget_deletes_a_learners_served_entries(store_url) -> None:
+    from serving.sessions.store import ServedEntry
+
+    async def scenario(store):
+        owner = KEYS.learner("learner-forget-served")
+        await store.remember_served([ServedEntry(owner, 3, "kt", 1, 0.5)], expires_ms=NOW + 10_000)
+        await store.forget(owner)
+        assert await store.take_served(owner, [3], now_ms=NOW) == []
+    run(with_store(store_url, scenario))

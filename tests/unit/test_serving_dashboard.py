@@ -85,7 +85,9 @@ def test_promised_panels_are_there(dashboard: dict) -> None:
     for needed in ("grpc_server_handled_total", "grpc_server_handling_seconds", "routerkt_triton_request_seconds",
                    "routerkt_candidates_per_call", "routerkt_history_length", "routerkt_unknown_ids_total",
                    "routerkt_errors_total", "routerkt_inflight_requests", "routerkt_model_reloads_total",
-                   "routerkt_model_ready", "nv_inference_request_success", "nv_inference_queue_duration_us"):
+                   "routerkt_model_ready", "nv_inference_request_success", "nv_inference_queue_duration_us",
+                   "routerkt_outcome_log_loss", "routerkt_outcome_brier", "routerkt_online_reliability",
+                   "routerkt_online_auc", "routerkt_outcomes_total"):
         assert needed in names, needed
     quantiles = " ".join(e for e in exprs(dashboard) if "grpc_server_handling_seconds" in e)
     for q in ("0.5", "0.95", "0.99"):

@@ -1,0 +1,121 @@
+"""`routerkt rollout`: show and change the rollout policy file the gateway watches.
+
+    routerkt rollout status   [--file F] [--gateway http://127.0.0.1:8080]
+    routerkt rollout set      MODEL latest|pinned|canary|shadow [--version N] [--baseline N]
+                              [--candidate N] [--weight W] [--sample S] [--min-outcomes M]
+                              [--max-log-loss-increase X | --no-guardrail] [--file F]
+    routerkt rollout promote  MODEL [--file F]     canary/shadow -> pinned to the candidate
+    routerkt rollout rollback MODEL [--file F]     canary/shadow -> pinned to the baseline
+
+The file defaults to .routerkt/rollout.json (what `routerkt serve` watches by default); every
+change is validated like the gateway does and written atomically; the gateway picks it up within
+rollout_poll_s (1 s). `status --gateway URL` also prints what that gateway has in force (a refused
+file's error included) and its outcome counts per version (GET /v1/rollout).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from routerkt.errors import UserError
+from serving.rollout.policy_file import (ModelRollout, PolicyError, PolicyKind, RolloutPolicyFile, parse_model,
+                                         read_policy, write_policy)
+
+DEFAULT_FILE = Path(".routerkt") / "rollout.json"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", required=True, parser_class=type(parser))
+    status = sub.add_parser("status", help="print the policy file (and a gateway's view with --gateway)")
+    status.add_argument("--gateway", default=None, metavar="URL", help="a gateway's HTTP base URL")
+    change = sub.add_parser("set", help="set one model's policy")
+    change.add_argument("model")
+    change.add_argument("kind", choices=[k.value for k in PolicyKind])
+    change.add_argument("--version", type=int, default=None, help="pinned: the version")
+    change.add_argument("--baseline", type=int, default=None, help="canary/shadow: the version answering today")
+    change.add_argument("--candidate", type=int, default=None, help="canary/shadow: the new version")
+    change.add_argument("--weight", type=float, default=None, help="canary: share of learners on the candidate")
+    change.add_argument("--sample", type=float, default=None, help="shadow: share of calls it also scores")
+    change.add_argument("--min-outcomes", type=int, default=None, help="canary guardrail: outcomes per version")
+    change.add_argument("--max-log-loss-increase", type=float, default=None,
+                        help="canary guardrail: allowed candidate - baseline mean log loss")
+    change.add_argument("--no-guardrail", action="store_true", help="canary without automatic rollback")
+    for name, text in (("promote", "pin a canary's or shadow's candidate"),
+                       ("rollback", "pin a canary's or shadow's baseline")):
+        action = sub.add_parser(name, help=text)
+        action.add_argument("model")
+    for action in sub.choices.values():
+        action.add_argument("--file", type=Path, default=DEFAULT_FILE, help=f"policy file (default {DEFAULT_FILE})")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        policy = read_policy(args.file)
+    except PolicyError as exc:
+        if args.action != "set":
+            raise UserError(f"{args.file}: {exc}") from None
+        raise UserError(f"{args.file} is malformed ({exc}); fix or remove it first") from None
+    if args.action == "status":
+        return _status(args, policy)
+    if args.action == "set":
+        rollout = _build(args)
+    else:
+        current = policy.get(args.model)
+        if current.kind not in (PolicyKind.CANARY, PolicyKind.SHADOW):
+            raise UserError(f"model {args.model} has a {current.kind.value} policy: nothing to {args.action}")
+        version = current.candidate if args.action == "promote" else current.baseline
+        rollout = ModelRollout(PolicyKind.PINNED, version=version,
+                               note=f"{args.action}: {current.kind.value} of {current.candidate} over {current.baseline}")
+    models = dict(policy.models)
+    models[args.model] = rollout
+    write_policy(args.file, RolloutPolicyFile(models))
+    print(f"{args.file}: {args.model}: {json.dumps(rollout.to_json())}")
+    return 0
+
+
+def _build(args: argparse.Namespace) -> ModelRollout:
+    value: dict[str, object] = {"policy": args.kind}
+    for name in ("version", "baseline", "candidate", "weight", "sample"):
+        if getattr(args, name) is not None:
+            value[name] = getattr(args, name)
+    if args.kind == PolicyKind.CANARY.value:
+        if args.no_guardrail:
+            value["guardrail"] = None
+        else:
+            guard = {}
+            if args.min_outcomes is not None:
+                guard["min_outcomes"] = args.min_outcomes
+            if args.max_log_loss_increase is not None:
+                guard["max_log_loss_increase"] = args.max_log_loss_increase
+            value["guardrail"] = guard
+    try:
+        return parse_model(args.model, value)
+    except PolicyError as exc:
+        flag = str(exc).split(":", 1)[0].rsplit(".", 1)[-1].replace("_", "-")
+        raise UserError(f"--{flag}: {str(exc).split(': ', 1)[-1]}") from None
+
+
+def _status(args: argparse.Namespace, policy: RolloutPolicyFile) -> int:
+    print(f"policy file {args.file}{'' if args.file.exists() else ' (absent: latest for every model)'}")
+    for name, rollout in sorted(policy.models.items()):
+        print(f"  {name}: {json.dumps(rollout.to_json())}")
+    if args.gateway:
+        url = args.gateway.rstrip("/") + "/v1/rollout"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                live = json.load(response)
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise UserError(f"cannot read {url}: {getattr(exc, 'reason', exc)}") from None
+        print(f"gateway {args.gateway}: " + ("policy file refused: " + live["error"] if live.get("error")
+                                             else "policy file in force"))
+        for name, entry in sorted(live.get("models", {}).items()):
+            print(f"  {name}: {json.dumps(entry)}")
+        for key, quality in sorted(live.get("quality", {}).items()):
+            loss = quality.get("mean_log_loss")
+            auc = quality.get("online_auc")
+            print(f"  outcomes {key}: {quality['outcomes']}, mean log loss "
+                  f"{'-' if loss is None else f'{loss:.4f}'}, online AUC {'-' if auc is None else f'{auc:.4f}'}")
+    return 0

@@ -1,0 +1,105 @@
+"""serving/outcomes/tracker.py over a real SQLite store: served predictions are joined with the
+answers of newly stored events once, by learner key or prediction id, and never after they expire."""
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from serving.errors import ServingError
+from serving.metrics import Metrics
+from serving.outcomes.tracker import OutcomeTracker
+from serving.parts import PredictionRecord
+from serving.requests import LearnerPrediction, LearnerQuery, PredictQuery, PredictResult
+from serving.sessions.keys import LearnerKeys
+from serving.sessions.sqlite_store import SqliteStore
+from serving.settings import Settings
+
+pytestmark = pytest.mark.unit
+
+KEYS = LearnerKeys(b"tracker-test-secret-32-bytes-ok!")
+
+
+def record(tracker: OutcomeTracker, learner_id: str, questions: list[int], probs: list[float], version: int = 1,
+           prediction_id: str = "") -> None:
+    query = LearnerQuery.from_values([], [(q, None) for q in questions], learner_id)
+    result = PredictResult("kt", version, [LearnerPrediction(np.array(probs, dtype=np.float32), 0, version,
+                                                             prediction_id)])
+    tracker.record(PredictionRecord(PredictQuery("kt", 0, [query]), result))
+
+
+async def scenario(tmp_path, body, ttl_s: float = 3600.0):
+    store = SqliteStore(tmp_path / "s.sqlite3")
+    await store.open()
+    metrics = Metrics()
+    tracker = OutcomeTracker(Settings(outcome_ttl_s=ttl_s), store, KEYS, metrics)
+    try:
+        return await body(tracker, metrics)
+    finally:
+        await store.close()
+
+
+def outcomes(metrics: Metrics, version: int = 1) -> float:
+    return metrics.registry.get_sample_value("routerkt_outcomes_total", {"model": "kt", "version": str(version)}) or 0
+
+
+def test_observed_answers_join_once_and_only_for_new_events(tmp_path) -> None:
+    async def body(tracker, metrics):
+        record(tracker, "ann", [10, 11, 12], [0.25, 0.5, 0.75])
+        record(tracker, "ann", [10], [0.125], version=2)          # a shadow version's entry for question 10
+        key = KEYS.learner("ann")
+        q, c = np.array([10, 11, 10, 12]), np.array([1, 0, 0, 1])
+        n = await tracker.join_observed(key, q, c, (True, True, True, False))   # event 4 was a duplicate
+        assert n == 3                                               # q10 by v1 and v2, q11 by v1
+        assert outcomes(metrics, 1) == 2 and outcomes(metrics, 2) == 1
+        ll = metrics.registry.get_sample_value("routerkt_outcome_log_loss_sum", {"model": "kt", "version": "1"})
+        assert ll == pytest.approx(-np.log(0.25) - np.log(0.5))   # q10 answered 1 (first event), q11 answered 0
+        assert await tracker.join_observed(key, q, c, (True, True, True, True)) == 1   # only q12 is left
+    asyncio.run(scenario(tmp_path, body))
+
+
+def test_a_stateless_prediction_is_reported_by_its_id(tmp_path) -> None:
+    pid = "0123456789abcdef0123456789abcdef"
+
+    async def body(tracker, metrics):
+        record(tracker, "", [5, 6], [0.9, 0.1], prediction_id=pid)
+        assert await tracker.report(pid, 6, 0) == 1
+        assert await tracker.report(pid, 6, 0) == 0                # once
+        assert await tracker.report("f" * 32, 5, 1) == 0           # unknown id
+        for bad, field in ((("xyz", 5, 1)), "prediction_id"), (((pid, 5, 2)), "correct"), (((pid, -1, 1)), "question_id"):
+            with pytest.raises(ServingError) as info:
+                await tracker.report(*bad)
+            assert info.value.field == field
+        assert outcomes(metrics) == 1
+    asyncio.run(scenario(tmp_path, body))
+
+
+def test_expired_predictions_are_not_joined(tmp_path) -> None:
+    async def body(tracker, metrics):
+        record(tracker, "bob", [7], [0.5])
+        await tracker.flush()
+        await asyncio.sleep(0.3)
+        return await tracker.join_observed(KEYS.learner("bob"), np.array([7]), np.array([1]), (True,))
+    assert asyncio.run(scenario(tmp_path, body, ttl_s=0.2)) == 0
+
+
+def test_a_full_queue_drops_and_counts(tmp_path) -> None:
+    async def body(tracker, metrics):
+        tracker.settings.max_pending_served = 3
+        record(tracker, "cy", [1, 2], [0.5, 0.5])
+        record(tracker, "cy", [3, 4], [0.5, 0.5])                  # would make 4 > 3
+        assert metrics.registry.get_sample_value("routerkt_served_dropped_total") == 2
+    asyncio.run(scenario(tmp_path, body))
+
+
+def test_discard_drops_what_is_queued_for_a_forgotten_learner(tmp_path) -> None:
+    async def body(tracker, metrics):
+        record(tracker, "dee", [1], [0.5])
+        record(tracker, "eve", [1], [0.5])
+        await tracker.discard(KEYS.learner("dee"))
+        await tracker.flush()
+        dee = await tracker.join_observed(KEYS.learner("dee"), np.array([1]), np.array([1]), (True,))
+        eve = await tracker.join_observed(KEYS.learner("eve"), np.array([1]), np.array([1]), (True,))
+        return dee, eve
+    assert asyncio.run(scenario(tmp_path, body)) == (0, 1)
