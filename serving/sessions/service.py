@@ -8,10 +8,10 @@ loop pings the store every `store_probe_s`: readiness reports it and the gRPC he
 `routerkt.v1.Sessions` follows it; the client reconnects by itself once the store is back.
 Learner ids are turned into keyed hashes on entry (keys.py) and never logged.
 
-With outcome tracking (`tracker`, serving/outcomes/tracker.py), an Observe also joins its newly
-stored events with the predictions served to the learner, and ReportOutcome joins one answer with
-a stateless prediction. A join that fails is counted (routerkt_outcome_join_errors_total) and
-never fails the Observe: its events are already stored.
+With outcome tracking (`tracker`, serving/outcomes/tracker.py), an Observe also queues the join of
+its newly stored events with the predictions served to the learner (in the background: a join that
+fails is counted in routerkt_outcome_join_errors_total and never fails the Observe, whose events
+are already stored), and ReportOutcome joins one answer with a stateless prediction.
 """
 from __future__ import annotations
 
@@ -110,13 +110,7 @@ class SessionService:
         self.metrics.events.labels(result="stored").inc(result.stored)
         self.metrics.events.labels(result="duplicate").inc(result.duplicates)
         if self.tracker is not None and result.stored:
-            try:
-                await self._bounded(self.tracker.join_observed(key, query.questions, query.correct, result.new),
-                                    deadline)
-            except (StoreUnavailable, asyncio.TimeoutError) as exc:
-                self.metrics.outcome_join_errors.inc()
-                log.warning("joining observed answers with served predictions failed: %s",
-                            str(exc)[:300] or "timed out")
+            self.tracker.observed(key, query.questions, query.correct, result.new)    # joined in the background
         return result
 
     async def report_outcome(self, prediction_id: str, question_id: int, correct: int, deadline: Deadline) -> int:
@@ -129,13 +123,6 @@ class SessionService:
         except ServingError as exc:
             self.metrics.errors.labels(code=exc.code_name).inc()
             raise
-
-    async def _bounded(self, coro, deadline: Deadline):
-        timeout = deadline.remaining() - self.settings.deadline_margin_s
-        if timeout <= 0:
-            coro.close()
-            raise asyncio.TimeoutError
-        return await asyncio.wait_for(coro, timeout)
 
     async def forget(self, learner_id: str, deadline: Deadline) -> tuple[bool, int]:
         try:

@@ -34,10 +34,20 @@ async def scenario(tmp_path, body, ttl_s: float = 3600.0):
     await store.open()
     metrics = Metrics()
     tracker = OutcomeTracker(Settings(outcome_ttl_s=ttl_s), store, KEYS, metrics)
+    worker = asyncio.create_task(tracker.maintain())
     try:
         return await body(tracker, metrics)
     finally:
+        worker.cancel()
         await store.close()
+
+
+async def joined(tracker: OutcomeTracker, metrics: Metrics, learner: str, questions, correct, new) -> float:
+    """Observe's join, run to its end; returns the pairs it recorded."""
+    before = outcomes(metrics, 1) + outcomes(metrics, 2)
+    tracker.observed(KEYS.learner(learner), np.array(questions), np.array(correct), tuple(new))
+    await tracker.drain()
+    return outcomes(metrics, 1) + outcomes(metrics, 2) - before
 
 
 def outcomes(metrics: Metrics, version: int = 1) -> float:
@@ -48,14 +58,13 @@ def test_observed_answers_join_once_and_only_for_new_events(tmp_path) -> None:
     async def body(tracker, metrics):
         record(tracker, "ann", [10, 11, 12], [0.25, 0.5, 0.75])
         record(tracker, "ann", [10], [0.125], version=2)          # a shadow version's entry for question 10
-        key = KEYS.learner("ann")
-        q, c = np.array([10, 11, 10, 12]), np.array([1, 0, 0, 1])
-        n = await tracker.join_observed(key, q, c, (True, True, True, False))   # event 4 was a duplicate
+        q, c = [10, 11, 10, 12], [1, 0, 0, 1]
+        n = await joined(tracker, metrics, "ann", q, c, (True, True, True, False))   # event 4 was a duplicate
         assert n == 3                                               # q10 by v1 and v2, q11 by v1
         assert outcomes(metrics, 1) == 2 and outcomes(metrics, 2) == 1
         ll = metrics.registry.get_sample_value("routerkt_outcome_log_loss_sum", {"model": "kt", "version": "1"})
         assert ll == pytest.approx(-np.log(0.25) - np.log(0.5))   # q10 answered 1 (first event), q11 answered 0
-        assert await tracker.join_observed(key, q, c, (True, True, True, True)) == 1   # only q12 is left
+        assert await joined(tracker, metrics, "ann", q, c, (True, True, True, True)) == 1   # only q12 is left
     asyncio.run(scenario(tmp_path, body))
 
 
@@ -78,10 +87,22 @@ def test_a_stateless_prediction_is_reported_by_its_id(tmp_path) -> None:
 def test_expired_predictions_are_not_joined(tmp_path) -> None:
     async def body(tracker, metrics):
         record(tracker, "bob", [7], [0.5])
-        await tracker.flush()
+        await tracker.drain()
         await asyncio.sleep(0.3)
-        return await tracker.join_observed(KEYS.learner("bob"), np.array([7]), np.array([1]), (True,))
+        return await joined(tracker, metrics, "bob", [7], [1], (True,))
     assert asyncio.run(scenario(tmp_path, body, ttl_s=0.2)) == 0
+
+
+def test_joins_run_in_call_order(tmp_path) -> None:
+    async def body(tracker, metrics):
+        record(tracker, "fay", [4], [0.25])
+        tracker.observed(KEYS.learner("fay"), np.array([4]), np.array([1]), (True,))
+        record(tracker, "fay", [4], [0.75])        # a later prediction: not the one the answer followed
+        await tracker.drain()
+        assert metrics.registry.get_sample_value("routerkt_outcome_log_loss_sum",
+                                                 {"model": "kt", "version": "1"}) == pytest.approx(-np.log(0.25))
+        return await joined(tracker, metrics, "fay", [4], [0], (True,))
+    assert asyncio.run(scenario(tmp_path, body)) == 1       # the later one waits for the next answer
 
 
 def test_a_full_queue_drops_and_counts(tmp_path) -> None:
@@ -98,8 +119,7 @@ def test_discard_drops_what_is_queued_for_a_forgotten_learner(tmp_path) -> None:
         record(tracker, "dee", [1], [0.5])
         record(tracker, "eve", [1], [0.5])
         await tracker.discard(KEYS.learner("dee"))
-        await tracker.flush()
-        dee = await tracker.join_observed(KEYS.learner("dee"), np.array([1]), np.array([1]), (True,))
-        eve = await tracker.join_observed(KEYS.learner("eve"), np.array([1]), np.array([1]), (True,))
+        dee = await joined(tracker, metrics, "dee", [1], [1], (True,))
+        eve = await joined(tracker, metrics, "eve", [1], [1], (True,))
         return dee, eve
     assert asyncio.run(scenario(tmp_path, body)) == (0, 1)
