@@ -42,6 +42,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "ranking": ("loadtest.ranking", "history-once ranking vs one window per candidate, N candidates"),
     "fairness": ("loadtest.fairness", "small calls alone and beside maximal PredictBatch calls"),
     "outcomes": ("loadtest.outcomes", "Predict / Observe latency with outcome tracking on and off"),
+    "replicas": ("loadtest.replicas", "one gateway over 1 vs 2 Triton replicas: calls/s, p50 / p99"),
 }
 SESSIONS: dict[str, tuple[str, str]] = {
     "import": ("serving.sessions.importer", "bulk-load a canonical CSV into a session store"),

@@ -4,13 +4,13 @@ snapshots, its data in a folder of the caller's. Stopped by PID (SIGTERM, then S
 from __future__ import annotations
 
 import shutil
-import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
 
 from routerkt.errors import UserError
+from serving.processes import kill, terminate
 from serving.triton_launcher import free_port
 
 BINARIES = ("redis-server", "valkey-server")
@@ -59,17 +59,10 @@ class RedisServer:
 
     def kill(self) -> None:
         """SIGKILL (a crash): whatever was acknowledged is in the AOF."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait(timeout=10)
+        kill(self.process)
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        terminate(self.process, timeout_s=10)
         self.process = None
 
     def __enter__(self) -> RedisServer:

@@ -5,7 +5,6 @@ real Triton unaffected, recovery without restarting the gateway)."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -18,6 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from serving.api import knowledge_tracing_pb2 as pb
 from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
+from serving.processes import kill, terminate
 from serving.sessions.keys import SECRET_ENV, LearnerKeys
 from serving.sessions.redis_server import RedisServer
 from serving.sessions.store import open_store
@@ -58,18 +58,11 @@ class Gateway:
         raise AssertionError(f"gateway not SERVING {service!r}: {self.log.read_text()[-2000:]}")
 
     def kill(self) -> None:
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(timeout=10)
+        kill(self.process)
         self.channel.close()
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+        terminate(self.process)
         self.channel.close()
 
 

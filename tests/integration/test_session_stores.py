@@ -16,7 +16,6 @@ from serving.sessions.store import StoredEvent, StoreUnavailable, open_store
 pytestmark = pytest.mark.integration
 
 KEYS = LearnerKeys(b"test-secret-of-32-bytes-for-hmac!")
-NOW = int(time.time() * 1000)          # served entries expire on the store's clock (Redis: the server's)
 
 
 @pytest.fixture(scope="module")
@@ -173,6 +172,7 @@ def test_served_entries_are_taken_once_replaced_by_newer_and_expire(store_url) -
     from serving.sessions.store import ServedEntry
 
     async def scenario(store):
+        NOW = int(time.time() * 1000)      # served entries expire on the store's clock (Redis: the server's)
         owner = KEYS.learner("learner-served")
         await store.remember_served([ServedEntry(owner, 5, "kt", 1, 0.25), ServedEntry(owner, 6, "kt", 1, 0.5),
                                      ServedEntry(owner, 5, "kt", 2, 0.75)], expires_ms=NOW + 10_000)
@@ -192,6 +192,7 @@ def test_forget_deletes_a_learners_served_entries(store_url) -> None:
     from serving.sessions.store import ServedEntry
 
     async def scenario(store):
+        NOW = int(time.time() * 1000)
         owner = KEYS.learner("learner-forget-served")
         await store.remember_served([ServedEntry(owner, 3, "kt", 1, 0.5)], expires_ms=NOW + 10_000)
         await store.forget(owner)

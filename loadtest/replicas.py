@@ -1,0 +1,247 @@
+"""`routerkt bench replicas`: one gateway over 1 Triton vs one gateway over 2 Triton replicas
+(`--triton-url A,B`), side by side in one run.
+
+    routerkt bench replicas [--repository model_repository] [--model NAME] [--seconds 8] [--callers 8]
+                            [--rounds 2] [--history 50] [--candidates 4] [--out bench/replicas]
+
+Starts two tritonservers (A, B) and two `routerkt serve` processes (no session store): gateway 1
+over A alone, gateway 2 over A and B. Then `--rounds` times, in turn, `--callers` threads send
+stateless Predicts (`--history` interactions, `--candidates` candidates, 5 s deadline) back to back
+for `--seconds` to gateway 1, then to gateway 2, so machine drift hits both alike. Prints calls/s,
+p50 / p99 and failures per setup and the throughput ratio, and how gateway 2 split its inferences
+over the replicas; writes OUT/replicas.json (Triton and gateway logs beside it). Every server runs
+on this machine: with few cores the replicas share them, so expect a small ratio there.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import numpy as np
+
+from loadtest.learners import load_vocabulary
+from routerkt.atomic import atomic_write_json
+from routerkt.errors import UserError
+from serving.processes import terminate
+
+READY_TIMEOUT_S = 180.0
+CALL_TIMEOUT_S = 5.0
+SETUPS = ("1 replica", "2 replicas")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--repository", type=Path, default=Path("model_repository"))
+    p.add_argument("--model", default=None, help="model name (default: the repository's only model)")
+    p.add_argument("--seconds", type=float, default=8.0, help="length of each phase")
+    p.add_argument("--callers", type=int, default=8, help="caller threads")
+    p.add_argument("--rounds", type=int, default=2, help="phases per setup, interleaved")
+    p.add_argument("--history", type=int, default=50, help="interactions in each Predict")
+    p.add_argument("--candidates", type=int, default=4, help="candidates in each Predict")
+    p.add_argument("--out", type=Path, default=Path("bench/replicas"), help="output folder")
+
+
+class _Gateway:
+    """`routerkt serve --triton-url URLS --store none` as a child process (stopped by PID)."""
+
+    def __init__(self, repository: Path, triton_url: str, log: Path) -> None:
+        from serving.triton_launcher import free_port
+
+        self.grpc_port, self.http_port = free_port(), free_port()
+        self.log = log
+        command = [sys.executable, "-m", "routerkt.cli", "serve", "--repository", str(repository),
+                   "--triton-url", triton_url, "--store", "none", "--grpc-port", str(self.grpc_port),
+                   "--http-port", str(self.http_port), "--state-dir", str(log.parent / "state"),
+                   "--log-format", "json", "--grace-period", "2"]
+        with open(log, "ab") as handle:
+            self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=handle, stderr=handle,
+                                            start_new_session=True)
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def _get(self, path: str) -> tuple[int, str]:
+        import httpx
+        response = httpx.get(f"http://127.0.0.1:{self.http_port}{path}", timeout=5.0, trust_env=False)
+        return response.status_code, response.text
+
+    def wait_ready(self, replicas: int) -> None:
+        """/readyz says ready and every replica serves (bounded)."""
+        import json
+
+        import httpx
+
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise UserError(f"the gateway exited with code {self.process.returncode} (log {self.log})")
+            try:
+                status, text = self._get("/readyz")
+                body = json.loads(text)
+                served = [r["serving"] for r in body.get("replicas", [])] or [body.get("ready", False)]
+                if status == 200 and len(served) == replicas and all(served):
+                    return
+            except (httpx.HTTPError, ValueError, KeyError, TypeError):
+                time.sleep(0.3)                      # not listening yet
+                continue
+            time.sleep(0.3)
+        raise UserError(f"the gateway over {replicas} Triton(s) was not ready within {READY_TIMEOUT_S:.0f} s "
+                        f"(log {self.log})")
+
+    def replica_inferences(self) -> dict[str, float]:
+        """routerkt_triton_replica_inferences_total per replica index."""
+        _, text = self._get("/metrics")
+        return {m.group(1): float(m.group(2)) for m in re.finditer(
+            r'^routerkt_triton_replica_inferences_total\{replica="(\d+)"\} (\S+)$', text, re.MULTILINE)}
+
+    def stop(self) -> None:
+        terminate(self.process)
+
+
+def _phase(stub, request, callers: int, seconds: float) -> tuple[list[float], list[str], float]:
+    """(latencies s, failure codes, wall s) of `callers` threads calling Predict for `seconds`."""
+    import grpc
+
+    latencies: list[float] = []
+    failures: list[str] = []
+    lock = threading.Lock()
+    end = time.monotonic() + seconds
+
+    def caller() -> None:
+        mine, bad = [], []
+        while time.monotonic() < end:
+            started = time.perf_counter()
+            try:
+                stub.Predict(request, timeout=CALL_TIMEOUT_S)
+                mine.append(time.perf_counter() - started)
+            except grpc.RpcError as exc:
+                bad.append(exc.code().name)
+        with lock:
+            latencies.extend(mine)
+            failures.extend(bad)
+
+    threads = [threading.Thread(target=caller) for _ in range(callers)]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return latencies, failures, time.monotonic() - started
+
+
+def _summary(latencies: list[float], failures: list[str], wall: float) -> dict:
+    ms = np.asarray(latencies) * 1e3
+    return {"calls": len(latencies), "failures": len(failures), "seconds": round(wall, 3),
+            "calls_per_s": len(latencies) / wall if wall > 0 else 0.0,
+            "p50_ms": float(np.percentile(ms, 50)) if len(ms) else None,
+            "p99_ms": float(np.percentile(ms, 99)) if len(ms) else None}
+
+
+def format_table(results: dict[str, dict]) -> str:
+    def cell(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f}"
+    lines = [f"{'setup':<12}{'calls':>8}{'failed':>8}{'calls/s':>10}{'p50 ms':>9}{'p99 ms':>9}"]
+    for setup, r in results.items():
+        lines.append(f"{setup:<12}{r['calls']:>8}{r['failures']:>8}{r['calls_per_s']:>10.1f}"
+                     f"{cell(r['p50_ms']):>9}{cell(r['p99_ms']):>9}")
+    return "\n".join(lines)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def run(args: argparse.Namespace) -> int:
+    import grpc
+
+    from serving.api import knowledge_tracing_pb2 as pb
+    from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
+    from serving.client import connect
+    from serving.triton_launcher import TritonServer
+
+    if args.seconds <= 0 or args.callers < 1 or args.rounds < 1 or args.history < 0 or args.candidates < 1:
+        raise UserError("--seconds must be > 0, --callers, --rounds and --candidates >= 1, --history >= 0")
+    vocabulary = load_vocabulary(args.repository, args.model)
+    repository = args.repository.resolve()
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    q = vocabulary.questions
+    request = pb.PredictRequest(
+        model=vocabulary.model,
+        history=[pb.Interaction(question_id=q[(7 * i) % len(q)], correct=i % 2) for i in range(args.history)],
+        candidates=[pb.Candidate(question_id=q[(3 * j) % len(q)]) for j in range(args.candidates)])
+    with ExitStack() as stack:
+        previous = signal.signal(signal.SIGTERM, _interrupt)     # SIGTERM: stop what we started, too
+        stack.callback(signal.signal, signal.SIGTERM, previous)
+        tritons = [TritonServer(repository, log_path=out / f"triton-{i}.log", exit_timeout_s=5) for i in range(2)]
+        for triton in tritons:
+            stack.callback(triton.stop)
+        print(f"starting 2 tritonservers for {repository} (logs in {out})", file=sys.stderr)
+        errors: list[BaseException] = []
+
+        def start(triton: TritonServer) -> None:
+            try:
+                triton.start(timeout=READY_TIMEOUT_S)
+            except (RuntimeError, UserError, OSError) as exc:     # re-raised below, in this thread
+                errors.append(exc)
+        starting = [threading.Thread(target=start, args=(t,)) for t in tritons]
+        for thread in starting:
+            thread.start()
+        for thread in starting:
+            thread.join()
+        if errors:
+            raise errors[0]
+        gateways = {}
+        for setup, urls in zip(SETUPS, (tritons[0].grpc_url, ",".join(t.grpc_url for t in tritons))):
+            gateway = _Gateway(repository, urls, out / f"gateway-{setup.split()[0]}.log")
+            stack.callback(gateway.stop)
+            gateways[setup] = gateway
+        for replicas, gateway in enumerate(gateways.values(), start=1):
+            gateway.wait_ready(replicas)
+        stubs = {}
+        for setup, gateway in gateways.items():
+            channel = stack.enter_context(connect(gateway.target))
+            stubs[setup] = pb_grpc.KnowledgeTracingServiceStub(channel)
+            try:
+                for _ in range(20):                       # warm-up (connections, first inferences)
+                    stubs[setup].Predict(request, timeout=30.0)
+            except grpc.RpcError as exc:
+                raise UserError(f"warm-up Predict on the gateway ({setup}) failed: {exc.code().name}") from None
+        print(f"model {vocabulary.model} v{vocabulary.version}; {args.callers} callers, {args.seconds:g} s per "
+              f"phase, {args.rounds} round(s), Predict with {args.history} interactions and {args.candidates} "
+              f"candidates; {os.cpu_count()} CPUs", file=sys.stderr)
+        collected: dict[str, tuple[list[float], list[str], float]] = {s: ([], [], 0.0) for s in SETUPS}
+        before = gateways[SETUPS[1]].replica_inferences()
+        for round_ in range(args.rounds):
+            for setup in SETUPS:
+                latencies, failures, wall = _phase(stubs[setup], request, args.callers, args.seconds)
+                all_latencies, all_failures, total = collected[setup]
+                all_latencies.extend(latencies)
+                all_failures.extend(failures)
+                collected[setup] = (all_latencies, all_failures, total + wall)
+                print(f"round {round_ + 1} {setup}: {len(latencies) / wall:.1f} calls/s, "
+                      f"{len(failures)} failed", file=sys.stderr)
+        after = gateways[SETUPS[1]].replica_inferences()
+    results = {setup: _summary(*collected[setup]) for setup in SETUPS}
+    one, two = (results[s]["calls_per_s"] for s in SETUPS)
+    ratio = two / one if one else None
+    split = {replica: after.get(replica, 0.0) - before.get(replica, 0.0) for replica in sorted(after)}
+    report = {"model": vocabulary.model, "version": vocabulary.version, "results": results,
+              "throughput_ratio_2_vs_1": ratio, "two_replicas_inferences_per_replica": split,
+              "settings": {"callers": args.callers, "seconds_per_phase": args.seconds, "rounds": args.rounds,
+                           "history": args.history, "candidates": args.candidates, "cpus": os.cpu_count(),
+                           "date": time.strftime("%Y-%m-%dT%H:%M:%S")}}
+    atomic_write_json(out / "replicas.json", report)
+    print(format_table(results))
+    print(f"throughput 2 replicas / 1 replica: {ratio:.2f}x" if ratio else "throughput ratio: n/a")
+    print("2 replicas, inferences per replica: " + ", ".join(f"{k}: {v:.0f}" for k, v in split.items()))
+    print(f"wrote {out / 'replicas.json'}")
+    return 1 if any(r["failures"] for r in results.values()) else 0

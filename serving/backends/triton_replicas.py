@@ -1,0 +1,227 @@
+"""Several Triton servers behind one gateway: `--triton-url A,B,...` (Settings.triton_urls).
+
+    backend = triton_backend(settings, metrics)     # one URL: TritonInferenceBackend; several: this
+
+TritonReplicaBackend is one InferenceBackend over N TritonInferenceBackend instances, one per URL,
+each with its own client, supervisor and readiness probes (serving/backends/triton.py), so a replica
+that fails its probe, or an inference with UNAVAILABLE, is marked not ready by its own supervisor
+and gets no more traffic until a later probe finds it ready again (a restarted Triton on the same
+address is found again within about probe_interval_s plus the client's 1 s reconnect backoff).
+
+- readiness: a version is ready when at least one replica serves it (the union); `serving` = some
+  replica serves some model. The version policy chooses among that union as before.
+- inference: round-robin over the replicas that have that model version ready now. A failure of
+  kind UNAVAILABLE, STUB_CRASHED or NOT_LOADED (the replica, not the request, is at fault) is retried
+  ONCE on another ready replica, with what is left of the caller's timeout (Predict is idempotent);
+  DEADLINE, REJECTED and FAILED are not retried. Without another ready replica, or with less than
+  MIN_RETRY_S left, the first error is raised.
+- metrics: the replicas' supervisors do not write routerkt_triton_ready / routerkt_model_ready
+  (they would overwrite each other); this backend sets them from all replicas (1 when any replica
+  is ready / serves the model), plus routerkt_triton_replica_up{replica},
+  routerkt_triton_replica_inferences_total{replica} and routerkt_triton_replica_retries_total{reason}.
+  `replica` is the URL's index in --triton-url (the URLs are logged once at start), never the URL.
+- /readyz (describe): "triton" (any replica ready) and "replicas": per index, whether its Triton
+  answers, whether it serves, and its ready models.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from serving.backends.triton import TritonInferenceBackend
+from serving.catalog import ModelCatalog, ModelVersion
+from serving.metrics import Metrics
+from serving.parts import BackendError, FailureKind, InferenceBackend
+from serving.settings import Settings
+from serving.triton_client import TritonClient
+
+log = logging.getLogger("routerkt.gateway.triton")
+
+RETRYABLE = frozenset({FailureKind.UNAVAILABLE, FailureKind.STUB_CRASHED, FailureKind.NOT_LOADED})
+MIN_RETRY_S = 0.01           # a retry needs at least this much of the caller's timeout left
+GAUGE_POLL_S = 0.25          # how often the aggregate readiness gauges follow the replicas
+LOG_EVERY_S = 5.0            # at most one "retried on another replica" line per replica this often
+
+
+def triton_backend(settings: Settings, metrics: Metrics) -> InferenceBackend:
+    """The gateway's default backend for settings.triton_url: one Triton, or several replicas."""
+    urls = settings.triton_urls
+    if len(urls) == 1:
+        return TritonInferenceBackend(settings, metrics, TritonClient(urls[0], metrics))
+    return TritonReplicaBackend(settings, metrics)
+
+
+class _Discard:
+    """A gauge (with or without labels) whose writes are dropped."""
+
+    def labels(self, *args: object, **kwargs: object) -> _Discard:
+        return self
+
+    def set(self, value: float) -> None:
+        pass
+
+
+class _ReplicaMetrics:
+    """What one replica's client and supervisor see as Metrics: everything shared, except the
+    readiness gauges, which the replica backend sets from all replicas together."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+        self.triton_ready = _Discard()
+        self.model_ready = _Discard()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._metrics, name)
+
+
+@dataclass
+class Replica:
+    index: int
+    name: str                     # the URL (logs only) or a test's label
+    backend: InferenceBackend
+    last_logged: float = float("-inf")
+
+    def triton_up(self) -> bool:
+        return bool(self.backend.describe().get("triton", self.backend.serving))
+
+
+class TritonReplicaBackend:
+    """InferenceBackend over several Triton servers (see the module docstring). `backends`: the
+    per-replica backends to use instead of one TritonInferenceBackend per URL (tests)."""
+
+    def __init__(self, settings: Settings, metrics: Metrics, backends: Sequence[InferenceBackend] | None = None,
+                 names: Sequence[str] | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        if backends is None:
+            urls = settings.triton_urls
+            view = _ReplicaMetrics(metrics)
+            backends = [TritonInferenceBackend(settings, view, TritonClient(url, view))  # type: ignore[arg-type]
+                        for url in urls]
+            names = urls
+        if not backends:
+            raise ValueError("TritonReplicaBackend needs at least one replica")
+        names = list(names) if names is not None else [f"replica {i}" for i in range(len(backends))]
+        self.replicas = [Replica(i, name, backend) for i, (name, backend) in enumerate(zip(names, backends))]
+        self._turn = itertools.count()
+        self._catalog: ModelCatalog | None = None
+        self._models_seen: set[str] = set()
+        for replica in self.replicas:
+            self.metrics.triton_replica_up.labels(replica=str(replica.index)).set(0)
+            self.metrics.triton_replica_inferences.labels(replica=str(replica.index))
+        for kind in sorted(RETRYABLE, key=lambda k: k.value):
+            self.metrics.triton_replica_retries.labels(reason=kind.value)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    async def start(self, catalog: ModelCatalog) -> None:
+        self._catalog = catalog
+        log.info("Triton replicas: %s", ", ".join(f"{r.index}={r.name}" for r in self.replicas))
+        results = await asyncio.gather(*(r.backend.start(catalog) for r in self.replicas), return_exceptions=True)
+        failed = [(r, res) for r, res in zip(self.replicas, results) if isinstance(res, BaseException)]
+        for replica, exc in failed:
+            log.error("Triton replica %d did not start: %s", replica.index, type(exc).__name__)
+        if len(failed) == len(self.replicas):
+            raise failed[0][1]
+        self.refresh_gauges()
+
+    async def maintain(self, catalog: ModelCatalog) -> None:
+        self._catalog = catalog
+        await asyncio.gather(*(r.backend.maintain(catalog) for r in self.replicas), self._gauge_loop())
+
+    async def _gauge_loop(self) -> None:
+        while True:
+            try:
+                self.refresh_gauges()
+            except Exception:                              # never let the loop die
+                log.exception("updating the replica gauges failed")
+            await asyncio.sleep(GAUGE_POLL_S)
+
+    def wake(self) -> None:
+        for replica in self.replicas:
+            replica.backend.wake()
+
+    async def close(self) -> None:
+        await asyncio.gather(*(r.backend.close() for r in self.replicas), return_exceptions=True)
+
+    # -- readiness -------------------------------------------------------------------------------
+    @property
+    def serving(self) -> bool:
+        return any(r.backend.serving for r in self.replicas)
+
+    def ready_versions(self, model: str) -> frozenset[int]:
+        return frozenset().union(*(r.backend.ready_versions(model) for r in self.replicas))
+
+    def ready_models(self) -> dict[str, list[int]]:
+        union: dict[str, set[int]] = {}
+        for replica in self.replicas:
+            for model, versions in replica.backend.ready_models().items():
+                union.setdefault(model, set()).update(versions)
+        return {model: sorted(versions) for model, versions in union.items() if versions}
+
+    def unavailable_reason(self, model: str) -> str | None:
+        """None as soon as one replica serves `model`, or one replica has no reason against it
+        (then the version policy decides); otherwise the first replica's reason."""
+        if any(r.backend.ready_versions(model) for r in self.replicas):
+            return None
+        reasons = [r.backend.unavailable_reason(model) for r in self.replicas]
+        return reasons[0] if all(reason is not None for reason in reasons) else None
+
+    def describe(self) -> dict[str, object]:
+        return {"triton": any(r.triton_up() for r in self.replicas),
+                "replicas": [{"replica": r.index, "triton": r.triton_up(), "serving": r.backend.serving,
+                              "models": r.backend.ready_models()} for r in self.replicas]}
+
+    def refresh_gauges(self) -> None:
+        """routerkt_triton_ready, routerkt_model_ready and routerkt_triton_replica_up from the replicas."""
+        self.metrics.triton_ready.set(1 if any(r.triton_up() for r in self.replicas) else 0)
+        for replica in self.replicas:
+            self.metrics.triton_replica_up.labels(replica=str(replica.index)).set(1 if replica.backend.serving else 0)
+        ready = self.ready_models()
+        if self._catalog is not None:
+            self._models_seen.update(self._catalog.snapshot())
+        self._models_seen.update(ready)
+        for model in self._models_seen:
+            self.metrics.model_ready.labels(model=model).set(1 if ready.get(model) else 0)
+
+    # -- inference -------------------------------------------------------------------------------
+    def pick(self, model: ModelVersion, exclude: Replica | None = None) -> Replica | None:
+        """The next replica, round-robin, among those that have `model` ready now (None: none)."""
+        ready = [r for r in self.replicas
+                 if r is not exclude and model.version in r.backend.ready_versions(model.name)]
+        return ready[next(self._turn) % len(ready)] if ready else None
+
+    async def infer(self, model: ModelVersion, feeds: dict[str, np.ndarray], timeout_s: float) -> np.ndarray:
+        started = time.monotonic()
+        first = self.pick(model)
+        if first is None:
+            raise BackendError(FailureKind.UNAVAILABLE,
+                               f"no Triton replica serves model {model.name} version {model.version} now")
+        try:
+            return await self._send(first, model, feeds, timeout_s)
+        except BackendError as exc:
+            if exc.kind not in RETRYABLE:
+                raise
+            self.refresh_gauges()
+            remaining = timeout_s - (time.monotonic() - started)
+            second = self.pick(model, exclude=first)
+            if second is None or remaining < MIN_RETRY_S:
+                raise
+            self.metrics.triton_replica_retries.labels(reason=exc.kind.value).inc()
+            now = time.monotonic()
+            if now - first.last_logged >= LOG_EVERY_S:
+                first.last_logged = now
+                log.warning("Triton replica %d failed an inference (%s); retrying on replica %d "
+                            "(logged at most every %.0fs per replica)", first.index, exc.kind.value, second.index,
+                            LOG_EVERY_S)
+        return await self._send(second, model, feeds, remaining)
+
+    async def _send(self, replica: Replica, model: ModelVersion, feeds: dict[str, np.ndarray],
+                    timeout_s: float) -> np.ndarray:
+        self.metrics.triton_replica_inferences.labels(replica=str(replica.index)).inc()
+        return await replica.backend.infer(model, feeds, timeout_s)
