@@ -5,7 +5,8 @@ and HTTP (serving/http.py) hand it a PredictQuery and render its PredictResult o
 One call: take an in-flight slot (RESOURCE_EXHAUSTED when none is free) -> validate
 (INVALID_ARGUMENT + field) -> model from the catalog (NOT_FOUND) -> version policy per learner over
 what the backend serves (UNAVAILABLE; a canary may send the learners of one batch to two versions,
-each group runs on its own) -> history source (the request's, or the session store's) -> encoder
+each group runs on its own) -> admission (serving/admission.py: a cost budget, INVALID_ARGUMENT; a
+deadline the expected service time cannot meet under load, RESOURCE_EXHAUSTED) -> history source (the request's, or the session store's) -> encoder
 (ids -> left-padded windows) -> backend, with the caller's remaining deadline as timeout
 (DEADLINE_EXCEEDED) -> probabilities -> prediction sink. Learners whose route names a shadow
 version are scored again by it in the background, after the answer (at most max_shadow_inflight
@@ -28,6 +29,7 @@ import grpc
 import numpy as np
 
 from serving import errors
+from serving.admission import ServiceTime, call_rows, check_budget
 from serving.catalog import ModelCatalog, ModelVersion
 from serving.errors import ServingError, shown
 from serving.features import EncodedLearner
@@ -59,6 +61,8 @@ class PredictionService:
         self.sink = sink
         self.issue_prediction_ids = issue_prediction_ids
         self._slots = asyncio.Semaphore(settings.max_inflight)
+        self._inflight = 0
+        self.service_time = ServiceTime()
         self._last_miss_refresh = -1e9
         self._shadows: set[asyncio.Task] = set()
 
@@ -69,7 +73,12 @@ class PredictionService:
             ready = self.backend.ready_versions(query.model)
             routes = [self.policy.route(query.model, query.version, versions, ready, learner.learner_id)
                       for learner in learners]
+            rows = call_rows(learners, routes[0].primary)
+            check_budget(rows, self.settings, query.batch)
+            self.service_time.admit(rows, deadline.remaining(), self._inflight, self.settings)
+            started = time.perf_counter()
             answers = await self._answer_groups(learners, [r.primary for r in routes], deadline)
+            self.service_time.observe(rows, time.perf_counter() - started)
             ids = [uuid.uuid4().hex if self.issue_prediction_ids and not learner.learner_id else ""
                    for learner in learners]
             served = {r.primary.version for r in routes}
@@ -150,6 +159,7 @@ class PredictionService:
         try:
             await self._acquire()
             acquired = True
+            self._inflight += 1
             self.metrics.inflight.inc()
             yield
         except ServingError as exc:
@@ -163,6 +173,7 @@ class PredictionService:
             raise errors.internal() from None
         finally:
             if acquired:
+                self._inflight -= 1
                 self.metrics.inflight.dec()
                 self._slots.release()
 

@@ -59,6 +59,10 @@ class Settings:
 
     # -- backpressure and deadlines ----------------------------------------------------------------
     max_inflight: int = 64                        # Predict/PredictBatch calls served at once; beyond: RESOURCE_EXHAUSTED
+    max_call_rows: int = 16_384                   # cost of one call: learners x (window + candidates) rows;
+                                                  # beyond: INVALID_ARGUMENT (split the call; serving/admission.py)
+    shed_min_inflight: int = 4                    # with this many calls in flight, a call whose deadline is shorter
+                                                  # than its expected service time is refused (RESOURCE_EXHAUSTED)
     inflight_wait_s: float = 0.0                  # how long a call may wait for a free slot (0 = reject at once)
     default_deadline_s: float = 5.0               # deadline applied when the caller sets none (HTTP: always,
                                                   # unless the X-Request-Timeout header says otherwise)
@@ -91,7 +95,7 @@ class Settings:
         positive_ints = ("max_candidates", "max_history", "max_batch_learners", "max_message_bytes",
                          "max_rows_per_infer", "max_inflight", "probe_failures_before_reload", "max_learner_id_chars",
                          "max_event_id_chars", "max_observe_events", "store_keep", "rank_rows_per_infer",
-                         "max_pending_served", "max_shadow_inflight")
+                         "max_pending_served", "max_shadow_inflight", "max_call_rows", "shed_min_inflight")
         for name in positive_ints:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

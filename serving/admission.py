@@ -1,0 +1,59 @@
+"""Admission by cost and deadline: what a Predict / PredictBatch / Recommend call may cost, and
+whether it can still be answered in time.
+
+Cost unit: a call costs, per learner, (the model's window + its candidates) rows — what the rank
+graph computes for it. `check_budget` refuses a call over settings.max_call_rows with
+INVALID_ARGUMENT (field `learners` or `candidates`: split the call), before any work is done.
+
+Deadline-aware shedding: `ServiceTime` keeps an exponentially weighted average of the seconds per
+row of the calls answered recently (queueing included, so it rises with the load). While at least
+settings.shed_min_inflight calls are in flight, a call whose remaining deadline is shorter than
+its expected service time (rows x seconds per row) is refused at once with RESOURCE_EXHAUSTED:
+it would most likely miss its deadline after taking Triton time from calls that can still make
+theirs. With fewer calls in flight every call is admitted, so the estimate follows the load down.
+"""
+from __future__ import annotations
+
+from serving import errors
+from serving.catalog import ModelVersion
+from serving.settings import Settings
+from serving.validation import LearnerInput
+
+SMOOTHING = 0.2            # weight of the newest call in the average
+
+
+def call_rows(learners: list[LearnerInput], model: ModelVersion) -> int:
+    return sum(model.window + learner.n_candidates for learner in learners)
+
+
+def check_budget(rows: int, settings: Settings, batch: bool) -> None:
+    if rows > settings.max_call_rows:
+        raise errors.invalid_argument("learners" if batch else "candidates",
+                                      f"this call costs {rows} rows (learners x (window + candidates)); at most "
+                                      f"{settings.max_call_rows} per call: split it")
+
+
+class ServiceTime:
+    """Seconds per row of recently answered calls (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.per_row: float | None = None
+
+    def observe(self, rows: int, seconds: float) -> None:
+        if rows <= 0:
+            return
+        sample = seconds / rows
+        self.per_row = sample if self.per_row is None else (1 - SMOOTHING) * self.per_row + SMOOTHING * sample
+
+    def expected(self, rows: int) -> float:
+        return 0.0 if self.per_row is None else self.per_row * rows
+
+    def admit(self, rows: int, remaining_s: float, inflight: int, settings: Settings) -> None:
+        """Raise RESOURCE_EXHAUSTED when the call cannot be answered within `remaining_s`."""
+        if inflight < settings.shed_min_inflight:
+            return
+        expected = self.expected(rows)
+        if expected > remaining_s:
+            raise errors.resource_exhausted(
+                f"the gateway is overloaded: this call would take about {expected * 1000:.0f} ms, its deadline "
+                f"leaves {max(remaining_s, 0) * 1000:.0f} ms; retry with backoff")
