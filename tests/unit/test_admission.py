@@ -29,9 +29,9 @@ def test_shedding_refuses_only_under_load_and_only_what_cannot_make_its_deadline
     for _ in range(20):
         estimate.observe(rows=100, seconds=0.5)                          # 5 ms per row
     assert estimate.expected(100) == pytest.approx(0.5)
-    estimate.admit(100, 0.6, inflight=50, settings=settings)            # 0.5 s expected < 0.6 s left
+    estimate.admit(100, 0.8, inflight=50, settings=settings)            # 1.5 x 0.5 s expected < 0.8 s left
     with pytest.raises(ServingError) as info:
-        estimate.admit(100, 0.4, inflight=50, settings=settings)
+        estimate.admit(100, 0.7, inflight=50, settings=settings)
     assert info.value.code_name == "RESOURCE_EXHAUSTED" and "overloaded" in info.value.message
     estimate.admit(100, 0.4, inflight=3, settings=settings)             # light load: always admitted
 
@@ -43,3 +43,9 @@ def test_the_estimate_follows_the_load_down() -> None:
     for _ in range(30):
         estimate.observe(rows=10, seconds=0.01)
     assert estimate.expected(10) < 0.02
+
+
+def test_shedding_is_off_by_default() -> None:
+    estimate = ServiceTime()
+    estimate.observe(rows=10, seconds=10.0)
+    estimate.admit(10, 0.001, inflight=1000, settings=Settings())
