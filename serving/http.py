@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Awaitable, Callable
 import grpc
 from fastapi import FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import AfterValidator, BaseModel, Field, StrictInt
@@ -233,6 +234,16 @@ def create_app(gateway: "GatewayServer") -> FastAPI:
         error = invalid_argument(_field_path(first.get("loc", ())), str(first.get("msg", "invalid value")))
         metrics.errors.labels(code=error.code_name).inc()
         return JSONResponse(status_code=400, content=error.to_json())
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """Unknown paths (404) and methods (405) answer in the same error format as everything else."""
+        code = {404: "NOT_FOUND", 405: "UNIMPLEMENTED"}.get(exc.status_code, "INVALID_ARGUMENT")
+        message = {404: "no such path", 405: f"method {request.method[:16]} is not allowed here"}.get(
+            exc.status_code, "invalid request")
+        return JSONResponse(status_code=exc.status_code, content={"error": {"code": code, "message": message,
+                                                                             "field": None}},
+                            headers=getattr(exc, "headers", None))
 
     @app.get("/livez", summary="the process is up")
     async def livez() -> dict[str, str]:
