@@ -41,6 +41,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "load": ("loadtest.load", "locust load test against the gateway"),
     "ranking": ("loadtest.ranking", "history-once ranking vs one window per candidate, N candidates"),
     "fairness": ("loadtest.fairness", "small calls alone and beside maximal PredictBatch calls"),
+    "chaos": ("loadtest.chaos", "load + maximal batch + Triton kill + version publish + SIGTERM, one run"),
     "outcomes": ("loadtest.outcomes", "Predict / Observe latency with outcome tracking on and off"),
     "replicas": ("loadtest.replicas", "one gateway over 1 vs 2 Triton replicas: calls/s, p50 / p99"),
 }

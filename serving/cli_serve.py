@@ -162,6 +162,11 @@ def _start_triton(settings: Settings, log_path: Path | None):
     log.info("Triton: starting tritonserver for %s", settings.repository)
     try:
         server.start(timeout=180)
+    except RuntimeError as exc:                                 # one line; the tail of Triton's log follows
+        server.stop()
+        head, _, tail = str(exc).partition("\n")
+        print(tail, file=sys.stderr)
+        raise UserError(f"{head} (Triton's log: {server.log_path})") from None
     except BaseException:
         server.stop()
         raise

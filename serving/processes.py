@@ -1,8 +1,11 @@
-"""Stopping a child process this program started: SIGTERM with a bounded wait, then SIGKILL."""
+"""Child processes this program started: stopping one (SIGTERM with a bounded wait, then SIGKILL),
+and finding its children (Linux /proc), for tests and benchmarks that kill a part on purpose."""
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
+from pathlib import Path
 
 
 def terminate(process: subprocess.Popen | None, timeout_s: float = 20.0) -> None:
@@ -21,3 +24,24 @@ def kill(process: subprocess.Popen | None) -> None:
     if process is not None and process.poll() is None:
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=10)
+
+
+def children(pid: int) -> list[int]:
+    """PIDs whose parent is `pid` (Linux /proc)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
