@@ -91,6 +91,7 @@ def export_run(run: Path, repository: Path, name: str | None = None, version: in
     options.parameters = {**options.parameters, PARAM_N_QUESTIONS: str(cfg.model.n_questions),
                           PARAM_N_SKILLS: str(cfg.model.n_skills), **provenance}
     config_text = render_config(name, options)          # validates name and options before heavy work
+    _check_served_graph(repository, name, options.graph)
 
     if options.backend is Backend.TENSORRT:
         from export.tensorrt import tensorrt_available
@@ -162,3 +163,19 @@ def _int8(onnx_path: Path, parity: Callable[[Path], ParityReport], log) -> tuple
         raise ExportError(f"int8 parity check of {onnx_path.name} failed: max |int8 - pytorch| = "
                           f"{report.max_abs_diff:.3e} > {INT8_TOL:g}; export without --quantize")
     return quantized, report
+
+
+def _check_served_graph(repository: Path, name: str, graph: str) -> None:
+    """Triton keeps ONE config.pbtxt per model, so every version of a model must serve the same graph
+    (the same input tensors): a version of another graph would make the older ones unloadable."""
+    from routerkt.contract.model_info import ModelInfoError
+    from routerkt.contract.repository import list_versions, read_model_info
+    for version in list_versions(repository, name) if (repository / name).is_dir() else []:
+        try:
+            served = read_model_info(repository, name, version).served_graph
+        except (ModelInfoError, OSError, ValueError):
+            continue
+        if served != graph:
+            raise UserError(f"model {name} version {version} serves the {served} graph and this export the {graph} "
+                            f"graph; Triton has one config per model: export under another --name, or remove the "
+                            f"old versions first")

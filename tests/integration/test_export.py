@@ -63,6 +63,11 @@ def test_export_errors_leave_repository_untouched(kt_repository, tmp_path):
     (truncated / "fold-0" / "model.pt").write_bytes(b"\x80\x02")
     a_file = tmp_path / "repo.txt"
     a_file.write_text("not a folder")
+    scored = tmp_path / "scored"                     # an older version that serves the score graph
+    shutil.copytree(kt_repository.path, scored)
+    info = json.loads((scored / "kt" / "1" / "model_info.json").read_text())
+    info["served_graph"] = "score"
+    (scored / "kt" / "1" / "model_info.json").write_text(json.dumps(info))
     cases = [
         (["--run", str(tmp_path / "missing"), "--repository", str(repo)], "does not exist"),
         (["--run", str(broken), "--repository", str(repo)], "corrupt checkpoint metadata"),
@@ -70,6 +75,7 @@ def test_export_errors_leave_repository_untouched(kt_repository, tmp_path):
         (["--run", str(kt_repository.run), "--repository", str(a_file)], "is a file"),
         (["--run", str(kt_repository.run), "--repository", str(repo), "--name", "bad/name"], "model name"),
         (["--run", str(kt_repository.run), "--repository", str(repo), "--backend", "tensorrt"], "TensorRT"),
+        (["--run", str(kt_repository.run), "--repository", str(scored), "--name", "kt"], "serves the score graph"),
     ]
     for args, message in cases:
         proc = _export(*args)
