@@ -44,6 +44,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "chaos": ("loadtest.chaos", "load + maximal batch + Triton kill + version publish + SIGTERM, one run"),
     "outcomes": ("loadtest.outcomes", "Predict / Observe latency with outcome tracking on and off"),
     "replicas": ("loadtest.replicas", "one gateway over 1 vs 2 Triton replicas: calls/s, p50 / p99"),
+    "distributed": ("training.bench_distributed", "data-parallel training throughput: 1 vs N processes (DDP, gloo)"),
 }
 SESSIONS: dict[str, tuple[str, str]] = {
     "import": ("serving.sessions.importer", "bulk-load a canonical CSV into a session store"),

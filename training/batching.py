@@ -1,10 +1,15 @@
-"""Mini-batches of left-padded sequences as torch tensors, with length bucketing.
+"""Mini-batches of left-padded sequences as torch tensors.
 
-With `length_buckets`, training batches hold learners of similar length: indices are shuffled,
-cut into groups of 50 batches, sorted by length inside each group, split into batches, and the
-batch order is shuffled. Each batch is trimmed to its longest sequence (dropping columns that are
-padding for every row). Models are exactly invariant to the amount of left padding, so trimming
-changes no prediction; it only removes wasted work (assist2009's median learner has 23 of 100).
+Composition (`TrainConfig.batching`):
+- random (default): learners are shuffled uniformly and cut into batches, then the batch order is
+  shuffled; every batch is a uniform sample of the training learners.
+- length_bucketed (opt-in): the shuffled learners are cut into groups of 50 batches and sorted by
+  length inside each group before being cut into batches, so a batch holds learners of similar
+  length. Less padding, but it changes results: each optimizer step sees only short or only long
+  histories, and the per-batch mean loss weighs tokens of short batches far more (config.Batching).
+With `trim` each batch is cut to its longest sequence, dropping only columns that are padding in
+every row. Models are exactly invariant to the amount of left padding, so trimming changes no
+prediction; it only removes wasted work (assist2009's median learner has 23 of 100).
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from training.config import Batching
 from training.data.protocol import Sequences
 
 GROUP = 50  # batches per length-sorting group
@@ -32,11 +38,13 @@ class Batch:
         return self.questions.shape[0]
 
 
-def batch_order(lengths: np.ndarray, batch_size: int, shuffle: bool, buckets: bool,
+def batch_order(lengths: np.ndarray, batch_size: int, shuffle: bool, batching: Batching,
                 rng: np.random.Generator | None) -> list[np.ndarray]:
+    """Row indices of each batch. The random order draws exactly what versions before `batching`
+    drew with `length_buckets=false`, so their runs replay."""
     n = len(lengths)
     order = rng.permutation(n) if shuffle and rng is not None else np.arange(n)
-    if buckets:
+    if Batching(batching) is Batching.LENGTH_BUCKETED:
         group = batch_size * GROUP
         parts = [chunk[np.argsort(-lengths[chunk], kind="stable")] for chunk in
                  (order[i:i + group] for i in range(0, n, group))]
@@ -47,11 +55,16 @@ def batch_order(lengths: np.ndarray, batch_size: int, shuffle: bool, buckets: bo
     return batches
 
 
-def iterate(seqs: Sequences, batch_size: int, *, shuffle: bool = False, buckets: bool = True,
+def trimmed_width(lengths: np.ndarray, window: int) -> int:
+    """Columns a batch keeps: its longest sequence (at least 1) — every dropped column is padding in every row."""
+    return max(int(lengths.max()) if len(lengths) else window, 1)
+
+
+def iterate(seqs: Sequences, batch_size: int, *, shuffle: bool = False, batching: Batching = Batching.RANDOM,
             seed: int = 0, trim: bool = True) -> Iterator[Batch]:
     rng = np.random.default_rng(seed)
-    for idx in batch_order(seqs.lengths, batch_size, shuffle, buckets, rng):
-        width = int(seqs.lengths[idx].max()) if trim and len(idx) else seqs.questions.shape[1]
+    for idx in batch_order(seqs.lengths, batch_size, shuffle, batching, rng):
+        width = trimmed_width(seqs.lengths[idx], seqs.questions.shape[1]) if trim else seqs.questions.shape[1]
         width = max(width, 1)
         cols = slice(seqs.questions.shape[1] - width, None)
         yield Batch(questions=torch.from_numpy(seqs.questions[idx, cols]),

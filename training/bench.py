@@ -4,9 +4,11 @@ one run, interleaved so machine drift hits every variant alike.
 Each measurement trains one epoch (or --batches batches) of fold 0's training learners with a fixed
 batch order. Two modes:
 - optimized: this project's defaults (fused attention, no dropout on attention probabilities,
-  length-bucketed trimmed batches, bf16 autocast);
-- eager: the plain implementation (explicit attention with attention dropout, float32, every batch
-  padded to the full window), the reference point for the speed-up ratio.
+  uniformly shuffled batches trimmed of shared padding, bf16 autocast where the CPU has it);
+- eager: the plain implementation (explicit attention with attention dropout, float32, uniformly
+  shuffled batches each padded to the full window), the reference point for the speed-up ratio.
+Both modes draw the same batch membership (train.batching=random); `--set train.batching=length_bucketed`
+measures the opt-in length-sorted batches, which change training results (training/config.py Batching).
 Prints a table with each preset's throughput and its ratio to the first preset, and (with both
 modes) the optimized/eager speed-up; --out writes the numbers as JSON.
 """
@@ -20,7 +22,8 @@ from pathlib import Path
 
 MODES = {
     "optimized": [],
-    "eager": ["model.fused_attention=false", "model.attn_dropout=0.05", "train.length_buckets=false", "train.bf16=false"],
+    "eager": ["model.fused_attention=false", "model.attn_dropout=0.05", "train.batching=random", "train.trim_padding=false",
+              "train.bf16=false"],
 }
 DEFAULT_PRESETS = "routerkt-akt,akt-standard,folibi-akt,rkt-akt,akt"
 
@@ -45,12 +48,14 @@ def measure(cfg, seqs, batches: int, seed: int = 0) -> float:
     model = build_model(cfg.model).train()
     opt = torch.optim.Adam(model.parameters(), lr=cfg.train.lr)
     # one untimed warm-up step on the first batch
-    first = next(iterate(seqs, cfg.train.batch_size, shuffle=True, buckets=cfg.train.length_buckets, seed=seed))
+    tc = cfg.train
+    first = next(iterate(seqs, tc.batch_size, shuffle=True, batching=tc.batching, trim=tc.trim_padding, seed=seed))
     loss, _ = batch_loss(model, first, cfg.train.bf16)
     loss.backward()
     opt.zero_grad()
     n, started = 0, time.perf_counter()
-    for i, batch in enumerate(iterate(seqs, cfg.train.batch_size, shuffle=True, buckets=cfg.train.length_buckets, seed=seed)):
+    for i, batch in enumerate(iterate(seqs, tc.batch_size, shuffle=True, batching=tc.batching, trim=tc.trim_padding,
+                                      seed=seed)):
         if batches and i >= batches:
             break
         loss, _ = batch_loss(model, batch, cfg.train.bf16)

@@ -43,6 +43,15 @@ class ExpertKind(str, enum.Enum):
     FFN = "ffn"      # dense attention, the feed-forward block is a mixture of FFN experts (ablation)
 
 
+class Batching(str, enum.Enum):
+    # Measured (issue 15, same seed): routerkt-akt assist2009 test AUC 0.7374 length_bucketed vs
+    # 0.7538 random; DKT assist2009 fold 0 0.7413 vs 0.7501. Length-sorted batches make each Adam
+    # step see only short or only long histories, and the per-batch mean BCE then weighs a token of
+    # a short batch up to ~200x one of a long batch. Bucketing changes results; it is not speed only.
+    RANDOM = "random"                    # uniform shuffle of learners into batches (neutral)
+    LENGTH_BUCKETED = "length_bucketed"  # groups of 50 batches sorted by length (faster, CHANGES results)
+
+
 class Protocol(str, enum.Enum):
     RECENT = "recent"  # the paper's: the most recent `window` interactions per learner
     CHUNKS = "chunks"  # split each history into consecutive `window`-long pieces (uses all data)
@@ -111,10 +120,14 @@ class TrainConfig:
     weight_decay: float = 0.0
     grad_clip: float = 2.0          # max global grad norm
     patience: int = 10              # stop once this many epochs passed since the best validation AUC (strict ">", as the reference)
+    min_steps: int = 200            # ... but never before this many optimizer steps (a small dataset at batch 512 takes one
+                                    # step per epoch, so patience alone can stop it before it learns); capped by `epochs`; 0 = off
     seed: int = 12405
     threads: int = 0                # torch intra-op threads (0 = all cores)
     bf16: bool = True               # bfloat16 autocast for training steps, used only on CPUs with bf16 kernels (AVX512-BF16/AMX; loop.bf16_available); weights, attention and evaluation stay float32
-    length_buckets: bool = True     # batch learners of similar length and trim shared padding (same results, less work)
+    batching: Batching = Batching.RANDOM  # batch composition; length_bucketed is an opt-in that changes results (see Batching)
+    trim_padding: bool = True       # drop the columns that are padding in every row of a batch (exact: models are invariant
+                                    # to left padding; speed only); false pads every batch to the full window (the plain path)
 
 
 @dataclass
@@ -173,8 +186,30 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
     return value
 
 
+def _upgrade_train(data: dict, where: str) -> dict:
+    """TrainConfig as recorded before `batching`/`min_steps`: `length_buckets` true meant length-bucketed
+    batches, false meant uniformly shuffled ones (both trimmed), and there was no minimum of steps."""
+    if "length_buckets" not in data:
+        return data
+    data = dict(data)
+    old = _coerce(bool, data.pop("length_buckets"), f"{where}length_buckets")
+    mapped = Batching.LENGTH_BUCKETED if old else Batching.RANDOM
+    if "batching" in data and _coerce(Batching, data["batching"], f"{where}batching") is not mapped:
+        raise ValueError(f"{where}length_buckets={old} contradicts batching={data['batching']!r}")
+    data["batching"] = mapped.value
+    data.setdefault("min_steps", 0)
+    return data
+
+
+# recorded configs of older versions -> the current fields (what they trained with)
+_UPGRADES: dict[type, typing.Callable[[dict, str], dict]] = {TrainConfig: _upgrade_train}
+
+
 def from_dict(cls: type, data: dict, where: str = "") -> Any:
-    """Plain dict -> dataclass, validating types; unknown keys are an error (typos must not pass silently)."""
+    """Plain dict -> dataclass, validating types; unknown keys are an error (typos must not pass silently).
+    Fields renamed since a record was written are mapped first (`_UPGRADES`)."""
+    if cls in _UPGRADES:
+        data = _UPGRADES[cls](data, f"{where + '.' if where else ''}")
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
@@ -196,6 +231,8 @@ def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
             raise ValueError(f"--set {item!r}: key must be data.<field>, model.<field> or train.<field>")
         section = getattr(out, parts[0])
         hints = typing.get_type_hints(type(section))
+        if key.strip() == "train.length_buckets":
+            raise ValueError(f"--set {item!r}: renamed; use train.batching=random or train.batching=length_bucketed")
         if parts[1] not in hints:
             raise ValueError(f"--set {item!r}: {parts[0]} has no field {parts[1]!r}")
         setattr(section, parts[1], _coerce(hints[parts[1]], value.strip(), key))

@@ -18,10 +18,11 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from training import distributed
 from training.batching import Batch, iterate
 from routerkt.atomic import atomic_write_json
 from training.checkpoint import load_checkpoint, save_checkpoint
-from training.config import RunConfig
+from training.config import Batching, RunConfig
 from training.data.protocol import Sequences
 from routerkt.contract.vocab import Vocab
 from training.metrics import summarize
@@ -51,13 +52,26 @@ def autocast(bf16: bool):
     return torch.autocast("cpu", dtype=torch.bfloat16) if bf16 and bf16_available() else nullcontext()
 
 
-def batch_loss(model: KTModel, batch: Batch, bf16: bool = False) -> tuple[torch.Tensor, dict[str, float]]:
+def batch_loss(model: KTModel, batch: Batch, bf16: bool = False,
+               tokens: int | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """Mean BCE over the batch's scored positions plus the model's auxiliary terms. With `tokens`,
+    `batch` is one rank's shard of a global batch holding `tokens` scored positions (training/distributed.py):
+    the BCE is SUMMED and divided by that global count, the auxiliary terms (means over this shard's
+    positions) are weighed by the shard's share of them, so the ranks' losses add up to the global
+    batch's loss. `parts` stay this batch's own means (for logging)."""
     with autocast(bf16):
         out = model(batch.questions, batch.skills, batch.responses)
     scored = batch.responses >= 0
-    bce = F.binary_cross_entropy_with_logits(out.logits[scored], batch.responses[scored].float())
+    if tokens is None:
+        bce = F.binary_cross_entropy_with_logits(out.logits[scored], batch.responses[scored].float())
+        loss = bce + out.aux_loss
+    else:
+        total = F.binary_cross_entropy_with_logits(out.logits[scored], batch.responses[scored].float(), reduction="sum")
+        mine = scored.sum()
+        bce = total / mine.clamp(min=1)
+        loss = (total + out.aux_loss * mine) / tokens
     parts = {"bce": bce.detach(), **out.aux}
-    return bce + out.aux_loss, parts
+    return loss, parts
 
 
 @torch.inference_mode()
@@ -65,7 +79,8 @@ def predict(model: KTModel, seqs: Sequences, batch_size: int) -> tuple[np.ndarra
     """Labels and probabilities of every scored position of `seqs` (float32, as served)."""
     model.eval()
     labels, probs = [], []
-    for batch in iterate(seqs, batch_size, shuffle=False):
+    # evaluation only: length-sorted batches change no prediction (no gradient, scores are per position)
+    for batch in iterate(seqs, batch_size, shuffle=False, batching=Batching.LENGTH_BUCKETED):
         logits = model(batch.questions, batch.skills, batch.responses).logits
         scored = batch.responses >= 0
         labels.append(batch.responses[scored].numpy())
@@ -81,34 +96,29 @@ def evaluate(model: KTModel, seqs: Sequences, batch_size: int) -> dict[str, floa
 
 def train_fold(cfg: RunConfig, vocab: Vocab, data: FoldData, fold_dir: Path, fold: int, run_id: str,
                log: Callable[[str], None] = lambda m: tqdm.write(m, file=sys.stderr),
-               progress: bool = True) -> dict:
+               progress: bool = True) -> dict | None:
     tc = cfg.train
-    fold_dir.mkdir(parents=True, exist_ok=True)
+    rank = distributed.current()      # data-parallel: rank 0 validates, records and decides; the others train
     torch.manual_seed(tc.seed + fold)
     model = build_model(cfg.model)
+    distributed.seed_rank(tc.seed + fold)
+    net = distributed.wrap(model)     # DDP in a data-parallel run; evaluate and save `model`
     optimizer = torch.optim.Adam(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
+    if not rank.is_main:
+        return _follow(cfg, data, net, optimizer, fold)
+    fold_dir.mkdir(parents=True, exist_ok=True)
     from torch.utils.tensorboard import SummaryWriter  # heavy import, only when training
     writer = SummaryWriter(log_dir=str(fold_dir / "tensorboard"))
     history: list[dict] = []
-    best_auc, best_epoch, started = -math.inf, -1, time.perf_counter()
+    best_auc, best_epoch, started, steps = -math.inf, -1, time.perf_counter(), 0
     bar = tqdm(range(tc.epochs), desc=f"fold {fold}", unit="epoch", leave=False, disable=not progress, file=sys.stderr)
     for epoch in bar:
-        model.train()
-        t0, seen, totals = time.perf_counter(), 0, {}
-        for batch in iterate(data.train, tc.batch_size, shuffle=True, buckets=tc.length_buckets,
-                             seed=tc.seed * 1000 + fold * 100003 + epoch):
-            loss, parts = batch_loss(model, batch, tc.bf16)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if tc.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
-            optimizer.step()
-            seen += batch.size
-            for k, v in parts.items():
-                totals[k] = totals.get(k, 0.0) + float(v) * batch.size
+        t0 = time.perf_counter()
+        taken, seen, totals = _train_epoch(cfg, data, net, optimizer, fold, epoch)
+        steps += taken
         train_seconds = time.perf_counter() - t0
         valid = evaluate(model, data.valid, tc.batch_size)
-        row = {"epoch": epoch, "train_seconds": train_seconds, "train_seq_per_s": seen / max(train_seconds, 1e-9),
+        row = {"epoch": epoch, "steps": steps, "train_seconds": train_seconds, "train_seq_per_s": seen / max(train_seconds, 1e-9),
                **{f"train_{k}": v / max(seen, 1) for k, v in totals.items()},
                **{f"valid_{k}": v for k, v in valid.items()}}
         history.append(row)
@@ -124,13 +134,46 @@ def train_fold(cfg: RunConfig, vocab: Vocab, data: FoldData, fold_dir: Path, fol
         bar.set_postfix(valid_auc=f"{valid['auc']:.4f}", best=f"{best_auc:.4f}")
         log(f"fold {fold} epoch {epoch}: loss {row.get('train_bce', float('nan')):.4f} valid auc {valid['auc']:.4f} "
             f"acc {valid['acc']:.4f} ({row['train_seq_per_s']:.0f} seq/s){' *' if improved else ''}")
-        if epoch - best_epoch > tc.patience:              # the reference code: stop after patience+1 flat epochs
+        # the reference code: stop after patience+1 flat epochs; here only once min_steps steps were taken
+        if distributed.broadcast_flag(epoch - best_epoch > tc.patience and steps >= tc.min_steps):
             break
     writer.close()
     best = load_checkpoint(fold_dir)
     test = evaluate(best.model, data.test, tc.batch_size)
-    result = {"fold": fold, "best_epoch": best_epoch, "epochs_run": len(history), "valid_auc": best_auc,
+    result = {"fold": fold, "best_epoch": best_epoch, "epochs_run": len(history), "steps": steps, "valid_auc": best_auc,
               "test": test, "seconds": time.perf_counter() - started,
               "train_seq_per_s": float(np.median([h["train_seq_per_s"] for h in history]))}
     atomic_write_json(fold_dir / "result.json", result)
     return result
+
+
+def _train_epoch(cfg: RunConfig, data: FoldData, net: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 fold: int, epoch: int) -> tuple[int, int, dict[str, float]]:
+    """One epoch of optimizer steps; returns the steps, the sequences seen and the loss parts summed over them.
+    Every rank draws the same global batches and trains on its shard (distributed.shard)."""
+    tc = cfg.train
+    net.train()
+    steps, seen, totals = 0, 0, {}
+    for batch in iterate(data.train, tc.batch_size, shuffle=True, batching=tc.batching, trim=tc.trim_padding,
+                         seed=tc.seed * 1000 + fold * 100003 + epoch):
+        piece = distributed.shard(batch)             # the batch itself for one process
+        loss, parts = batch_loss(net, piece.batch, tc.bf16, tokens=piece.tokens)
+        optimizer.zero_grad(set_to_none=True)
+        (loss * piece.grad_scale).backward()          # DDP all-reduces (averages) the gradients here
+        if tc.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(net.parameters(), tc.grad_clip)
+        optimizer.step()
+        distributed.step_hook()
+        steps += 1
+        seen += piece.rows
+        for k, v in parts.items():                    # per-sequence mean over the global batch, summed over ranks
+            totals[k] = totals.get(k, 0.0) + float(v) * piece.rows * piece.share
+    return steps, seen, distributed.sum_over_ranks(totals)
+
+
+def _follow(cfg: RunConfig, data: FoldData, net: torch.nn.Module, optimizer: torch.optim.Optimizer, fold: int) -> None:
+    """A rank other than 0: train each epoch with rank 0 until it broadcasts its stop decision."""
+    for epoch in range(cfg.train.epochs):
+        _train_epoch(cfg, data, net, optimizer, fold, epoch)
+        if distributed.broadcast_flag(False):
+            break

@@ -44,6 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="attention-pattern analysis (Spearman/SSIM, heatmaps) of the finished runs of --datasets x --presets")
     p.add_argument("--learners", type=int, default=50, help="learners for --diversity")
     p.add_argument("--dry-run", action="store_true", help="list the jobs and exit")
+    p.add_argument("--nproc", type=int, default=1, metavar="N",
+                   help="data-parallel processes per training run (training/distributed.py; not under torchrun)")
 
 
 def dataset_file(root: Path, name: str) -> Path:
@@ -82,7 +84,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {path}")
         return 0
     from tqdm import tqdm
-    from training.run import run_training
+    from training import distributed
+    if distributed.from_env() is not None:
+        raise UserError("reproduce does not run under torchrun (each rank would run the whole grid); use --nproc N")
+    if args.nproc < 1:
+        raise UserError("--nproc must be >= 1")
     datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
     variants = expand(args.presets)
     jobs = [(d, dataset_file(Path(args.root), d), v) for d in datasets for v in variants]
@@ -105,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
             continue
         started = time.perf_counter()
         try:
-            metrics = run_training(cfg, run_dir, progress=sys.stderr.isatty())
+            metrics = distributed.train(cfg, run_dir, args.nproc, progress=sys.stderr.isatty())
             if leaky:
                 metrics["history_only"] = history_only(run_dir)
         except (RuntimeError, MemoryError, UserError) as exc:   # one failing run must not stop the grid

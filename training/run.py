@@ -1,5 +1,7 @@
 """One training run end to end: read the data, build the vocabulary and the folds, train each fold
-(resumable: folds with a result.json are skipped), and write DIR/metrics.json.
+(resumable: folds with a result.json are skipped; a fold folder without one is unfinished, removed
+and trained again), and write DIR/metrics.json. In a data-parallel run (training/distributed.py)
+every rank reads the data and trains; only rank 0 writes, and its view of which folds are done decides.
 
 Run directory layout:
     DIR/config.json            the RunConfig (preset + overrides; data.path portable, training/data/pipeline.py)
@@ -12,6 +14,7 @@ Run directory layout:
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -22,6 +25,7 @@ from tqdm import tqdm
 
 from routerkt.errors import UserError
 from routerkt.atomic import atomic_write_json
+from training import distributed
 from training.checkpoint import git_sha
 from training.config import RunConfig, from_dict, to_dict
 from training.data.pipeline import load_run_data, portable_data
@@ -56,7 +60,9 @@ def _check_resume(out: Path, cfg: RunConfig) -> None:
 
 
 def run_training(cfg: RunConfig, out: Path, progress: bool = True) -> dict:
+    """Train every fold of `cfg` into `out`; returns the metrics ({} on ranks other than 0)."""
     out = Path(out)
+    rank = distributed.current()
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file")
     if cfg.train.threads > 0:
@@ -64,13 +70,15 @@ def run_training(cfg: RunConfig, out: Path, progress: bool = True) -> dict:
     cfg.data = portable_data(cfg.data)                # no absolute path of this machine in the records
     cfg, vocab, seqs, folds = prepare(cfg)
     _check_resume(out, cfg)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / "config.json", to_dict(cfg))
-    vocab.save(out / "vocab.json")
-    atomic_write_json(out / "folds.json", [
-        {"fold": f.index, "train": f.train.tolist(), "valid": f.valid.tolist(), "test": f.test.tolist()} for f in folds])
+    if rank.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(out / "config.json", to_dict(cfg))
+        vocab.save(out / "vocab.json")
+        atomic_write_json(out / "folds.json", [
+            {"fold": f.index, "train": f.train.tolist(), "valid": f.valid.tolist(), "test": f.test.tolist()} for f in folds])
     run_id = f"{out.name}-{cfg.preset or 'custom'}"
-    log = lambda m: tqdm.write(m, file=sys.stderr)  # noqa: E731
+    log = (lambda m: tqdm.write(m, file=sys.stderr)) if rank.is_main else (lambda m: None)  # noqa: E731
+    progress = progress and rank.is_main
     log(f"{cfg.preset}: {len(seqs)} sequences of {len(np.unique(seqs.learners))} learners, "
         f"{vocab.n_questions} question ids, {vocab.n_skills} skill ids, {len(folds)} fold(s) -> {out}")
     results, started = [], time.perf_counter()
@@ -79,15 +87,24 @@ def run_training(cfg: RunConfig, out: Path, progress: bool = True) -> dict:
     for fold in tqdm(folds, desc="folds", unit="fold", disable=not progress, file=sys.stderr):
         fold_dir = out / f"fold-{fold.index}"
         done = fold_dir / "result.json"
-        if done.exists():
-            results.append(json.loads(done.read_text()))
-            log(f"fold {fold.index}: already done (test auc {results[-1]['test']['auc']:.4f}), skipped")
+        if distributed.broadcast_flag(done.exists()):
+            if rank.is_main:
+                results.append(json.loads(done.read_text()))
+                log(f"fold {fold.index}: already done (test auc {results[-1]['test']['auc']:.4f}), skipped")
             continue
+        if rank.is_main and fold_dir.exists():          # an interrupted fold: its files are complete, the fold is not
+            shutil.rmtree(fold_dir)
+            log(f"fold {fold.index}: unfinished (no result.json), trained again from scratch")
         data = FoldData(train=seqs.select_learners(fold.train), valid=seqs.select_learners(fold.valid),
                         test=seqs.select_learners(fold.test))
-        results.append(train_fold(cfg, vocab, data, fold_dir, fold.index, run_id, log=log, progress=progress))
+        result = train_fold(cfg, vocab, data, fold_dir, fold.index, run_id, log=log, progress=progress)
+        if not rank.is_main:
+            continue
+        results.append(result)
         log(f"fold {fold.index}: test auc {results[-1]['test']['auc']:.4f} acc {results[-1]['test']['acc']:.4f} "
             f"rmse {results[-1]['test']['rmse']:.4f}")
+    if not rank.is_main:
+        return {}
     metrics = aggregate([r["test"] for r in results])
     metrics.update({"preset": cfg.preset, "dataset": cfg.data.dataset, "folds": len(results),
                     "best_epochs": [r["best_epoch"] for r in results],

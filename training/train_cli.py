@@ -1,6 +1,8 @@
 """`routerkt train`: train a preset on a canonical CSV with K-fold cross-validation.
 
 Example: routerkt train --data ../shared/datasets/assist2009/interactions.csv.gz --preset routerkt-akt --folds 1 --epochs 3
+Data-parallel (training/distributed.py): add --nproc N, or run under torchrun with --out:
+    torchrun --nproc-per-node 2 -m routerkt.cli train --data ... --preset routerkt-akt --out runs/x
 """
 from __future__ import annotations
 
@@ -24,6 +26,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="override a config field, e.g. model.n_selected=4, train.lr=3e-4, data.protocol=chunks")
     p.add_argument("--folds-file", default=None, help="JSON {fold: [learner ids]} giving each fold's test learners")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--nproc", type=int, default=1, metavar="N",
+                   help="data-parallel training processes on this host (DDP, gloo); the global batch stays "
+                        "train.batch_size, split across them (default 1)")
 
 
 def build_config(args: argparse.Namespace) -> RunConfig:
@@ -45,9 +50,14 @@ def build_config(args: argparse.Namespace) -> RunConfig:
 
 def run(args: argparse.Namespace) -> int:
     cfg = build_config(args)
-    from training.run import run_training
+    from training import distributed
+    under_torchrun = distributed.from_env() is not None
+    if under_torchrun and not args.out:
+        raise UserError("under torchrun give --out: every process must name the same run directory")
     out = Path(args.out or f"runs/{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}")
-    metrics = run_training(cfg, out, progress=not args.no_progress and sys.stderr.isatty())
+    metrics = distributed.train(cfg, out, args.nproc, progress=not args.no_progress and sys.stderr.isatty())
+    if metrics is None:                      # a torchrun rank other than 0: rank 0 reports
+        return 0
     summary = {k: {"mean": round(metrics[k]["mean"], 4), "std": round(metrics[k]["std"], 4)} for k in ("auc", "acc", "rmse")}
     print(json.dumps({"run": str(out), **summary}))
     return 0

@@ -1,10 +1,15 @@
 """Exact causality for every preset (dropout off): the prediction at position t must not change when
-the response at t, any later question or skill, or the amount of left padding changes."""
+the response at t, any later question or skill, or the amount of left padding changes. Also for
+every variant of `routerkt reproduce` (training/variants.py), the explicit (non-fused) attention
+path and a non-zero Rasch difficulty term (zero at initialisation, so untested otherwise)."""
+import dataclasses
+
 import pytest
 import torch
 
-from training.config import RoutingScope
+from training.config import ModelConfig, RoutingScope, RunConfig, apply_overrides
 from training.models.registry import PRESETS, build_model, preset_config, with_vocab
+from training.variants import GROUPS
 
 pytestmark = pytest.mark.unit
 TOL = 1e-6
@@ -34,9 +39,7 @@ def _probs(model, q, s, r):
         return torch.sigmoid(model(q, s, r).logits)
 
 
-@pytest.mark.parametrize("name", list(PRESETS))
-def test_response_at_t_and_future_do_not_leak(name):
-    model = _model(name)
+def _assert_no_leak(model):
     q, s, r = _batch()
     base = _probs(model, q, s, r)
     L = q.shape[1]
@@ -52,9 +55,7 @@ def test_response_at_t_and_future_do_not_leak(name):
         assert diff[:, t + 1:].max().item() > 0                               # the test can fail
 
 
-@pytest.mark.parametrize("name", list(PRESETS))
-def test_left_padding_amount_does_not_matter(name):
-    model = _model(name)
+def _assert_padding_free(model):
     q, s, r = _batch(B=3, L=24)
     base = _probs(model, q, s, r)
     extra = 9
@@ -64,6 +65,71 @@ def test_left_padding_amount_does_not_matter(name):
     assert (longer - base)[valid].abs().max().item() < TOL
     trimmed = _probs(model, q[:, 5:], s[:, 5:], r[:, 5:])               # rows 1, 2 lose only padding
     assert (trimmed[1:] - base[1:, 5:])[valid[1:, 5:]].abs().max().item() < TOL
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_response_at_t_and_future_do_not_leak(name):
+    _assert_no_leak(_model(name))
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_left_padding_amount_does_not_matter(name):
+    _assert_padding_free(_model(name))
+
+
+# ----------------------------------------------------------------------------------------------
+# variants, the explicit attention path, a trained-looking Rasch difficulty; tiny widths (fast)
+
+TINY = {"d_model": 32, "n_heads": 8, "n_blocks": 1, "d_ff": 32, "final_fc": 32, "final_fc2": 16, "lstm_hidden": 16}
+VARIANTS = sorted({v for group in GROUPS.values() for v in group}, key=str)
+
+
+def _tiny(model_cfg: ModelConfig, rasch: bool, **overrides):
+    torch.manual_seed(0)
+    model = build_model(dataclasses.replace(with_vocab(model_cfg, NQ, NS), **TINY, **overrides)).eval()
+    table = getattr(model, "difficulty", None)
+    if rasch:
+        assert table is not None, "this backbone has no difficulty table"
+        with torch.no_grad():                        # every row, the padding and unknown ids included
+            table.weight.copy_(torch.randn(table.weight.shape, generator=torch.Generator().manual_seed(5)))
+    return model
+
+
+def _has_difficulty(name: str) -> bool:
+    return hasattr(build_model(with_vocab(preset_config(name), NQ, NS)), "difficulty")
+
+
+CASES = [pytest.param(name, fused, _has_difficulty(name), id=f"{name}-{'fused' if fused else 'explicit'}")
+         for name in PRESETS for fused in (True, False)]
+
+
+@pytest.mark.parametrize(("name", "fused", "rasch"), CASES)
+def test_attention_paths_and_rasch_difficulty_stay_causal(name, fused, rasch):
+    model = _tiny(preset_config(name), rasch, fused_attention=fused)
+    _assert_no_leak(model)
+    _assert_padding_free(model)
+
+
+def test_the_rasch_probe_changes_predictions():
+    """The random difficulty table reaches the logits (else the Rasch cases above prove nothing)."""
+    q, s, r = _batch()
+    plain, rasch = _tiny(preset_config("akt"), False), _tiny(preset_config("akt"), True)
+    assert (_probs(plain, q, s, r) - _probs(rasch, q, s, r)).abs().max().item() > 1e-3
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=str)
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "explicit"])
+def test_every_reproduce_variant_is_causal(variant, fused):
+    cfg = apply_overrides(RunConfig(preset=variant.preset, model=preset_config(variant.preset)), list(variant.overrides))
+    model = _tiny(cfg.model, _has_difficulty(variant.preset), fused_attention=fused)
+    if cfg.model.leaks_future:                       # the paper's whole-window routing: must be caught
+        q, s, r = _batch()
+        r2 = r.clone()
+        r2[:, 20:] = 1 - r2[:, 20:].clamp(min=0)
+        assert (_probs(model, q, s, r2) - _probs(model, q, s, r))[:, :20].abs().max().item() > TOL
+        return
+    _assert_no_leak(model)
+    _assert_padding_free(model)
 
 
 def test_sequence_scope_leaks_and_prefix_does_not():

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from training import distributed
 from training.config import RoutingScope
 from training.models.context import SequenceContext
 
@@ -61,6 +62,8 @@ class Router(nn.Module):
         n_valid = valid.sum().clamp(min=1.0)
         mean_gate = (gates * valid).sum((0, 1)) / n_valid                     # [D]
         counts = (selected * valid).sum((0, 1)).detach()                      # [D]
+        if self.training:             # data-parallel training: the shares of the whole global batch
+            counts = distributed.global_sum(counts)
         share = counts / counts.sum().clamp(min=1.0)                          # [D]
         balance = (share * mean_gate).sum()
         return Routing(weights=weights, token_weights=token, selected=selected, balance=balance)

@@ -1,0 +1,369 @@
+"""Data-parallel training with torch.distributed: N processes, one model replica each (DDP), one
+global batch of train.batch_size rows split across them.
+
+Launch:
+- `routerkt train ... --nproc N` (and `routerkt reproduce --nproc N`): `train()` starts N worker
+  processes on this host (env MASTER_ADDR=127.0.0.1, a free MASTER_PORT, RANK, WORLD_SIZE,
+  LOCAL_RANK), waits for them and fails the run with one line when one of them fails;
+- `torchrun --nproc-per-node N -m routerkt.cli train ... --out DIR`: torchrun sets those variables,
+  `from_env()` detects them and each process is one rank.
+Backend: gloo. The training loop runs on CPU; `backend()` would name NCCL for CUDA tensors.
+
+Why the update equals the single-process one (same preset, seed and train.batch_size), up to float error:
+- every rank draws the same global batch (same seed, same order) and trains on its contiguous slice
+  of the rows (`shard`), so the steps per epoch and the learning rate are those of one process;
+- one process minimises the MEAN over the batch's scored tokens. Averaging per-rank means would
+  weigh a token by 1 / (world * tokens on its rank), wrong whenever shards hold different numbers
+  of tokens (they nearly always do: learners differ in length). So a rank's loss is its SUM of token
+  losses divided by the GLOBAL scored-token count (loop.batch_loss with `tokens`); its auxiliary
+  terms (means over its own tokens: Rasch L2, load balance) are weighed by its share of the tokens.
+  The ranks' losses then add up to the single-process loss; DDP all-reduces the gradients and
+  divides by world, so each rank scales its loss by world (`Shard.grad_scale`): the averaged
+  gradient is the gradient of the sum, the single-process gradient;
+- the router's load-balance loss multiplies two batch statistics; its selection shares (no gradient)
+  come from counts summed over the ranks (`global_sum` in models/router.py), so it matches too;
+- after the all-reduce every rank holds the same gradient, so clipping and Adam agree everywhere;
+- the same seed builds the same weights on every rank (DDP also broadcasts rank 0's). Dropout masks
+  differ per rank and cannot match one process's (rank 0 keeps the single-process random stream).
+Not exact: CL4KT's contrastive loss draws its negatives from the shard; a global batch with fewer
+rows than processes gives the surplus ranks a stand-in row of weight 0, whose routing still enters
+that step's selection counts.
+
+Validation, early stopping, checkpoints, history, TensorBoard and metrics are rank 0's
+(loop.train_fold, run.run_training): rank 0 evaluates and broadcasts its stop decision and which
+folds are done; the other ranks only train.
+
+Failure: a worker that dies (signal, exception) makes the launcher stop the others (SIGTERM: they
+exit through Python, so atomic writes remove their temporary files) and raise one UserError, e.g.
+"training process 1 died (signal 9, SIGKILL)". A fold without result.json is never complete and is
+trained again from scratch on resume (run.py).
+
+Test hook: env ROUTERKT_TEST_DIE_AFTER_STEPS="R:N" makes rank R SIGKILL itself after its N-th
+optimizer step (tests/integration/test_distributed_training.py); unset in normal use.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from routerkt.errors import UserError
+from training.batching import Batch
+
+JOB_ENV = "ROUTERKT_DIST_JOB"          # launcher -> worker: the run (config, out, progress) as JSON
+ERRORS_ENV = "ROUTERKT_DIST_ERRORS"    # launcher -> worker: folder for one-line UserError messages
+DIE_ENV = "ROUTERKT_TEST_DIE_AFTER_STEPS"
+PEER_LOST = 3                           # worker exit code: a collective failed because another process did
+GRACE_S = 3.0                           # after a failure, how long the others get to exit on their own
+TERM_WAIT_S = 10.0                      # SIGTERM -> SIGKILL
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+_CURRENT = RankInfo()
+_steps_taken = 0
+
+
+def current() -> RankInfo:
+    """This process's rank in the data-parallel run in progress (rank 0 of 1 outside one)."""
+    return _CURRENT
+
+
+def from_env() -> RankInfo | None:
+    """Rank info from torchrun's (or the launcher's) environment; None when not set."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return None
+    try:
+        info = RankInfo(rank=int(os.environ["RANK"]), world=int(os.environ["WORLD_SIZE"]),
+                        local_rank=int(os.environ.get("LOCAL_RANK", os.environ["RANK"])))
+    except ValueError:
+        raise UserError("RANK / WORLD_SIZE / LOCAL_RANK must be integers") from None
+    if not 0 <= info.rank < info.world:
+        raise UserError(f"RANK {info.rank} is not in [0, WORLD_SIZE={info.world})")
+    return info
+
+
+def backend(device: torch.device | None = None) -> str:
+    """The process-group backend for tensors on `device` (the training loop's: CPU, so gloo)."""
+    return "nccl" if device is not None and device.type == "cuda" else "gloo"
+
+
+@contextmanager
+def process_group(info: RankInfo) -> Iterator[RankInfo]:
+    """Join the process group of `info` (env:// rendezvous) for the block; a no-op for one process."""
+    global _CURRENT
+    if info.distributed:
+        try:
+            dist.init_process_group(backend(), rank=info.rank, world_size=info.world, timeout=timedelta(minutes=30))
+        except (RuntimeError, ValueError) as exc:
+            raise UserError(f"training process {info.rank}: cannot join the process group "
+                            f"({str(exc).splitlines()[0][:160]})") from None
+    _CURRENT = info
+    try:
+        yield info
+        if info.distributed:
+            dist.barrier()              # rank 0 finishes its test evaluation and metrics before anyone leaves
+    finally:
+        _CURRENT = RankInfo()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+# ----------------------------------------------------------------------------------------------
+# training-step helpers (all of them are identities for one process)
+
+@dataclass
+class Shard:
+    batch: Batch            # this rank's rows of the global batch (the whole batch for one process)
+    tokens: int | None      # scored tokens of the GLOBAL batch; None for one process (plain mean loss)
+    share: float            # this rank's fraction of those tokens (0 for a stand-in row)
+    grad_scale: float       # multiplies the loss before backward: world (DDP divides the sum by it), 0 for a stand-in
+    rows: int               # rows of the global batch (what the epoch's statistics count)
+
+
+def shard(batch: Batch, info: RankInfo | None = None) -> Shard:
+    """This rank's contiguous slice of the global batch's rows, with the weights that make the ranks'
+    losses add up to the global mean (module docstring). The batch's width is kept as is."""
+    info = info or _CURRENT
+    if not info.distributed:
+        return Shard(batch=batch, tokens=None, share=1.0, grad_scale=1.0, rows=batch.size)
+    rows = np.array_split(np.arange(batch.size), info.world)[info.rank]
+    stand_in = len(rows) == 0
+    if stand_in:                       # fewer rows than processes: compute on row 0, contribute nothing
+        rows = np.arange(1)
+    part = Batch(questions=batch.questions[rows], skills=batch.skills[rows], responses=batch.responses[rows],
+                 index=batch.index[rows])
+    tokens = int((batch.responses >= 0).sum())
+    mine = int((part.responses >= 0).sum())
+    share = 0.0 if stand_in else mine / max(tokens, 1)
+    return Shard(batch=part, tokens=max(tokens, 1), share=share, grad_scale=0.0 if stand_in else float(info.world),
+                 rows=batch.size)
+
+
+def wrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The module to train: DDP around `model` in a data-parallel run, `model` itself otherwise.
+    Evaluate and save `model` (never the wrapper: its forward takes part in collectives)."""
+    if not _CURRENT.distributed:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+    # the models' buffers are constants (no batch norm): synced once at init, not before every forward
+    return DistributedDataParallel(model, forward_sync_buffers=False)
+
+
+def seed_rank(seed: int) -> None:
+    """After the (identical) model init: a separate random stream per rank for dropout and augmentations;
+    rank 0 keeps the single-process stream."""
+    if _CURRENT.rank > 0:
+        torch.manual_seed(seed + 1_000_003 * _CURRENT.rank)
+
+
+def global_sum(t: Tensor) -> Tensor:
+    """Sum of `t` over the ranks (a detached copy); `t` itself for one process. Every rank must call it."""
+    if not _CURRENT.distributed:
+        return t
+    t = t.detach().clone()
+    dist.all_reduce(t)
+    return t
+
+
+def sum_over_ranks(values: dict[str, float]) -> dict[str, float]:
+    """Per-key sums of the ranks' dicts (the same keys on every rank)."""
+    if not _CURRENT.distributed or not values:
+        return values
+    keys = sorted(values)
+    total = global_sum(torch.tensor([values[k] for k in keys], dtype=torch.float64))
+    return dict(zip(keys, total.tolist()))
+
+
+def broadcast_flag(flag: bool) -> bool:
+    """Rank 0's `flag` on every rank (decisions: stop early, fold already done)."""
+    if not _CURRENT.distributed:
+        return flag
+    t = torch.tensor([int(flag)], dtype=torch.int64)
+    dist.broadcast(t, src=0)
+    return bool(t.item())
+
+
+def step_hook() -> None:
+    """Called after every optimizer step; only acts under the test hook (module docstring)."""
+    global _steps_taken
+    _steps_taken += 1
+    spec = os.environ.get(DIE_ENV)
+    if spec:
+        rank, steps = (int(x) for x in spec.split(":"))
+        if rank == _CURRENT.rank and _steps_taken >= steps:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _peer_failure(exc: BaseException) -> bool:
+    """Whether `exc` is a collective failing because another process went away."""
+    text = str(exc).lower()
+    return isinstance(exc, dist.DistError) or (isinstance(exc, RuntimeError) and any(
+        s in text for s in ("gloo", "connection closed", "connection reset", "broken pipe")))
+
+
+# ----------------------------------------------------------------------------------------------
+# entry points: one process, torchrun, or N workers started here
+
+def train(cfg, out: Path, nproc: int = 1, progress: bool = True) -> dict | None:
+    """Train `cfg` into `out` with `nproc` processes, or as one rank under torchrun. Returns the run's
+    metrics (None on ranks other than 0 under torchrun)."""
+    info = from_env()
+    if nproc < 1:
+        raise UserError("--nproc must be >= 1")
+    if nproc > 1 and (info is None or not info.distributed):
+        return launch(cfg, Path(out), nproc, progress)
+    from training.run import run_training
+    if info is not None and info.distributed:
+        if nproc > 1:
+            raise UserError("--nproc with torchrun: torchrun already started the processes; drop --nproc")
+        try:
+            with process_group(info):
+                metrics = run_training(cfg, Path(out), progress=progress and info.is_main)
+        except Exception as exc:
+            if _peer_failure(exc):
+                raise UserError(f"training process {info.rank}: lost contact with another training process "
+                                f"({str(exc).splitlines()[0][:160]})") from None
+            raise
+        return metrics if info.is_main else None
+    return run_training(cfg, Path(out), progress=progress)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(cfg, out: Path, nproc: int, progress: bool) -> dict:
+    """Run `cfg` in `nproc` worker processes on this host; rank 0's metrics.json once all succeeded."""
+    from training.config import to_dict
+    if cfg.train.threads <= 0:                      # share the cores instead of oversubscribing them
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, threads=max(1, cores // nproc)))
+    errors = Path(tempfile.mkdtemp(prefix="routerkt-dist-"))
+    base = dict(os.environ)
+    base.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(nproc),
+                 "LOCAL_WORLD_SIZE": str(nproc), ERRORS_ENV: str(errors),
+                 JOB_ENV: json.dumps({"config": to_dict(cfg), "out": str(out), "progress": progress})})
+    # workers run with the malloc setting of the training commands (routerkt/cli.py)
+    from routerkt.cli import MALLOC_TUNABLE
+    if MALLOC_TUNABLE not in base.get("GLIBC_TUNABLES", ""):
+        base["GLIBC_TUNABLES"] = ":".join(filter(None, [base.get("GLIBC_TUNABLES"), MALLOC_TUNABLE]))
+    code = "import sys; from training.distributed import _worker; sys.exit(_worker())"
+    procs: list[subprocess.Popen] = []
+    try:
+        for rank in range(nproc):
+            env = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank)}
+            procs.append(subprocess.Popen([sys.executable, "-c", code], env=env))
+        failed = _wait(procs)
+        if failed:
+            raise UserError(_describe(failed, errors))
+    finally:
+        _stop(procs)
+        shutil.rmtree(errors, ignore_errors=True)
+    return json.loads((out / "metrics.json").read_text())
+
+
+def _wait(procs: list[subprocess.Popen]) -> dict[int, int]:
+    """Wait for every worker; on the first failure, the exit codes of all that failed by themselves."""
+    while True:
+        codes = [p.poll() for p in procs]
+        if all(c == 0 for c in codes):
+            return {}
+        if any(c not in (None, 0) for c in codes):
+            deadline = time.monotonic() + GRACE_S          # the others notice the lost peer and exit
+            while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+                time.sleep(0.05)
+            return {r: p.returncode for r, p in enumerate(procs) if p.returncode not in (None, 0)}
+        time.sleep(0.1)
+
+
+def _describe(failed: dict[int, int], errors: Path) -> str:
+    """One line naming the process that failed first (a UserError's own message when there is one)."""
+    for rank in sorted(failed):
+        message = errors / f"rank-{rank}.txt"
+        if message.is_file():
+            return message.read_text().strip()
+    for rank, code in sorted(failed.items()):
+        if code < 0:
+            try:
+                name = f", {signal.Signals(-code).name}"
+            except ValueError:
+                name = ""
+            return f"training process {rank} died (signal {-code}{name})"
+    for rank, code in sorted(failed.items()):
+        if code != PEER_LOST:
+            return f"training process {rank} failed (exit code {code}; its error is above)"
+    rank = min(failed)
+    return f"training process {rank} lost contact with the other training processes"
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    alive = [p for p in procs if p.poll() is None]
+    for p in alive:
+        p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + TERM_WAIT_S
+    for p in alive:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)     # unwinds through atomic_path, which removes its temporary file
+
+
+def _worker() -> int:
+    """A worker process of `launch`: one rank of the run described by env JOB_ENV."""
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    info = from_env() or RankInfo()
+    job = json.loads(os.environ[JOB_ENV])
+    try:
+        from training.config import RunConfig, from_dict
+        from training.run import run_training
+        cfg = from_dict(RunConfig, job["config"])
+        with process_group(info):
+            run_training(cfg, Path(job["out"]), progress=job["progress"] and info.is_main)
+        return 0
+    except UserError as exc:             # reported once, by the launcher
+        (Path(os.environ[ERRORS_ENV]) / f"rank-{info.rank}.txt").write_text(str(exc))
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        if _peer_failure(exc):           # the launcher names the process that failed first
+            return PEER_LOST
+        raise
