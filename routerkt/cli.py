@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "synth": ("training.data.synthetic_cli", "write a synthetic learner dataset (canonical CSV)"),
     "train": ("training.train_cli", "train a preset with K-fold cross-validation"),
     "evaluate": ("training.evaluate_cli", "evaluate a run on a dataset and write plots"),
+    "audit": ("training.audit", "leak audit of a trained run: perturbation probe, visible answers, shuffled-label control"),
     "reproduce": ("training.reproduce", "run the paper's comparison grid, resumable"),
     "export": ("export.cli", "export a run to ONNX and the Triton model repository"),
     "serve": ("serving.cli_serve", "start tritonserver and the gRPC/HTTP gateway"),
@@ -53,7 +54,7 @@ GROUPS: dict[str, dict[str, tuple[str, str]]] = {"bench": BENCHES, "sessions": S
 # Commands that train with PyTorch: glibc returning memory through mmap made CPU training ~1.8x
 # slower here. The setting also keeps every freed block in the process, so inference benchmarks
 # (which hold several models and servers at once) and servers run without it.
-TRAINING_COMMANDS = {"train", "evaluate", "reproduce", "bench train"}
+TRAINING_COMMANDS = {"train", "evaluate", "audit", "reproduce", "bench train", "bench distributed"}
 MALLOC_TUNABLE = "glibc.malloc.mmap_max=0"
 
 

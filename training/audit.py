@@ -1,0 +1,275 @@
+"""`routerkt audit`: a leak audit of a trained run: perturbation probe, visible answers, shuffled-label control.
+
+The audited checkpoint is the run's best fold (highest validation AUC, as export serves) or
+`--fold K`. Its data are rebuilt by the one pipeline (training/data/pipeline.py) from `--data`
+(default: the run's recorded data.path) with the run's own DataConfig (protocol, window,
+collapse_repeats, ...) and vocabulary; the fold's learners come from DIR/folds.json (else the
+split is recomputed from the config). Three checks, each written to DIR/audit.json:
+
+(a) Perturbation probe on the trained weights (dropout off). For a seeded sample of the fold's test
+    windows (`--probe-windows`, only windows with >= 2 real positions) one cut t is drawn uniformly
+    among the real positions before the last. The copy of the window gets every response at
+    positions >= t flipped (the answer at t is the label of position t, so it must be invisible as
+    well) and every question and skill at positions > t replaced by a random real id. The check
+    value is max |p - p'| over the real positions <= t of every sampled window (probabilities,
+    float32). It must be <= 1e-6 (`PROBE_TOL`). The same maximum over the positions > t is reported
+    as `max_diff_after_cut`: it shows the probe moves predictions at all (0 there means the probe
+    proved nothing). A model config with `ModelConfig.leaks_future` (the paper's whole-window
+    routing) is not causal by design: its probe value is reported, and the verdict is
+    LEAKS BY DESIGN, never PASS.
+
+(b) Visible answers in the run's own test sequences. The model input at a scored position p holds
+    the question at p and the responses at positions < p; p's answer is visible when the
+    interaction at p is a copy of the one at p-1. Definition: a scored position p (real, not
+    padding) is VISIBLE when p-1 is a real position of the same window and
+        question[p] == question[p-1]  (a known question: not padding, not the unknown id),
+        response[p] == response[p-1], and
+        skill[p] != skill[p-1]
+    i.e. the same interaction written again under another skill tag: the rows that multi-skill
+    problems produce (assist2009) and that `data.collapse_repeats=true` removes
+    (training/data/csv_reader.py). `visible_share` = visible / scored positions of the test
+    sequences; it must be <= 0.1% (`VISIBLE_MAX_SHARE`, `--visible-threshold`).
+    A repeat with the same question, skill and answer cannot be told from a genuine immediate retry
+    (the canonical CSV has no timestamp; `order` strictly increases), and genuine retries are common
+    (the synthetic generator: ~5% of rows), so those are reported as `identical_repeat_share`
+    (with `identical_repeat_agreement`, the share of same-question same-skill consecutive pairs
+    whose answers agree) for a human to judge, and do not enter the verdict.
+
+(c) Shuffled-label control. The audited fold is trained again with the run's model and training
+    config (same protocol, seed, batch size; `--control-epochs` epochs, default 3) after the
+    `correct` values of its training sequences are permuted among their real positions (seeded),
+    and likewise, separately, those of its validation sequences (so early stopping cannot select on
+    real labels). Questions, skills, windows and padding stay as they were; the test sequences keep
+    their real answers. Without a leak no model can beat chance on them: the test AUC must lie in
+    0.5 +- 0.02 (`CONTROL_TOL`). `null_std` is the AUC's standard deviation under no signal
+    (Hanley-McNeil), for judging how sharp the check is on this test set. `--skip-control` leaves
+    it out; the verdict then covers (a) and (b) only and says so.
+
+Verdict: PASS when every check run passes; LEAKS BY DESIGN when the model config leaks by design and
+(b), (c) pass; else FAIL with the reasons. Exit code 0 for PASS, 1 for FAIL or LEAKS BY DESIGN, 2 for
+bad input (one line).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import math
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+PROBE_TOL = 1e-6
+VISIBLE_MAX_SHARE = 0.001
+CONTROL_TOL = 0.02
+PASS, FAIL, LEAKS = "PASS", "FAIL", "LEAKS BY DESIGN"
+FIRST_REAL_ID = 2            # ids 0 (padding) and 1 (unknown) are not real questions or skills
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--run", required=True, help="training run directory (written by `routerkt train`)")
+    p.add_argument("--data", default=None, help="the run's canonical CSV (default: the run's recorded data.path)")
+    p.add_argument("--fold", type=int, default=None, help="fold checkpoint (default: best validation AUC)")
+    p.add_argument("--probe-windows", type=int, default=256, help="test windows in the perturbation probe")
+    p.add_argument("--visible-threshold", type=float, default=VISIBLE_MAX_SHARE,
+                   help=f"largest passing share of visible answers (default {VISIBLE_MAX_SHARE})")
+    p.add_argument("--control-epochs", type=int, default=3, help="epochs of the shuffled-label control")
+    p.add_argument("--skip-control", action="store_true", help="leave out the shuffled-label control")
+    p.add_argument("--seed", type=int, default=0, help="seed of the probe sample and the label permutation")
+    p.add_argument("--batch-size", type=int, default=256)
+
+
+# ----------------------------------------------------------------------------------------------
+# (a) perturbation probe
+
+def perturbation_probe(model, seqs, n_questions: int, n_skills: int, n_windows: int, seed: int = 0,
+                       batch_size: int = 256) -> dict:
+    """Max |prediction change| at positions <= t when responses >= t and questions/skills > t change
+    (definition: module docstring, (a)); `n_questions`/`n_skills`: vocabulary sizes of the model."""
+    import torch
+
+    rng = np.random.default_rng(seed)
+    n_q, n_s = n_questions, n_skills
+    eligible = np.flatnonzero(seqs.lengths >= 2)
+    rows = np.sort(rng.choice(eligible, size=min(n_windows, eligible.size), replace=False))
+    W = seqs.window
+    q, s, r = seqs.questions[rows], seqs.skills[rows], seqs.responses[rows]
+    first = W - seqs.lengths[rows]
+    cut = rng.integers(first, W - 1)                             # in [first real, W-2]
+    pos = np.arange(W)[None, :]
+    real = r >= 0
+    flip = real & (pos >= cut[:, None])
+    later = real & (pos > cut[:, None])
+    r2 = np.where(flip, 1 - r, r)
+    q2 = np.where(later, rng.integers(FIRST_REAL_ID, max(n_q, FIRST_REAL_ID + 1), q.shape), q)
+    s2 = np.where(later, rng.integers(FIRST_REAL_ID, max(n_s, FIRST_REAL_ID + 1), s.shape), s)
+    model.eval()
+    before, after = 0.0, 0.0
+    with torch.no_grad():
+        for lo in range(0, rows.size, batch_size):
+            sl = slice(lo, lo + batch_size)
+            base = torch.sigmoid(model(*(torch.from_numpy(a[sl]) for a in (q, s, r))).logits.float()).numpy()
+            moved = torch.sigmoid(model(*(torch.from_numpy(a[sl]) for a in (q2, s2, r2))).logits.float()).numpy()
+            diff = np.abs(moved - base)
+            upto = real[sl] & ~later[sl]
+            before = max(before, float(diff[upto].max(initial=0.0)))
+            after = max(after, float(diff[later[sl]].max(initial=0.0)))
+    return {"windows": int(rows.size), "max_diff": before, "max_diff_after_cut": after, "tolerance": PROBE_TOL}
+
+
+# ----------------------------------------------------------------------------------------------
+# (b) visible answers
+
+def visible_answers(seqs) -> dict:
+    """Counts of scored positions whose answer the input shows (definition: module docstring, (b))."""
+    q, s, r = seqs.questions, seqs.skills, seqs.responses
+    real = r >= 0
+    pair = real[:, 1:] & real[:, :-1]                        # p and p-1 both real
+    same_q = pair & (q[:, 1:] == q[:, :-1]) & (q[:, 1:] >= FIRST_REAL_ID)
+    same_r = r[:, 1:] == r[:, :-1]
+    same_s = s[:, 1:] == s[:, :-1]
+    visible = same_q & same_r & ~same_s
+    identical = same_q & same_r & same_s
+    retries = same_q & same_s
+    scored = int(real.sum())
+    share = lambda n: float(n) / scored if scored else float("nan")
+    return {"scored": scored, "visible": int(visible.sum()), "visible_share": share(visible.sum()),
+            "identical_repeats": int(identical.sum()), "identical_repeat_share": share(identical.sum()),
+            "identical_repeat_agreement": float(identical.sum()) / int(retries.sum()) if retries.any() else None,
+            "same_question_other_answer": int((same_q & ~same_r).sum())}
+
+
+# ----------------------------------------------------------------------------------------------
+# (c) shuffled-label control
+
+def permute_labels(seqs, rng: np.random.Generator):
+    """`seqs` with the responses of its real positions permuted among them; all else unchanged."""
+    responses = seqs.responses.copy()
+    real = responses >= 0
+    responses[real] = rng.permutation(responses[real])
+    return dataclasses.replace(seqs, responses=responses)
+
+
+def null_auc_std(labels: np.ndarray) -> float:
+    n1 = int((labels >= 0.5).sum())
+    n0 = int(labels.size - n1)
+    return math.sqrt((n0 + n1 + 1) / (12.0 * n0 * n1)) if n0 and n1 else float("nan")
+
+
+def shuffled_control(cfg, vocab, train, valid, test, fold: int, epochs: int, seed: int, log) -> dict:
+    from training.checkpoint import load_checkpoint
+    from training.loop import FoldData, predict, train_fold
+    from training.metrics import summarize
+
+    cfg = copy.deepcopy(cfg)
+    cfg.train.epochs = epochs
+    rng = np.random.default_rng(seed)
+    data = FoldData(train=permute_labels(train, rng), valid=permute_labels(valid, rng), test=test)
+    with tempfile.TemporaryDirectory(prefix="routerkt-audit-") as tmp:
+        result = train_fold(cfg, vocab, data, Path(tmp) / "control", fold, "audit-control", log=log, progress=False)
+        model = load_checkpoint(Path(tmp) / "control").model
+        labels, probs = predict(model, test, cfg.train.batch_size)
+    metrics = summarize(labels, probs)
+    return {"epochs": epochs, "epochs_run": result["epochs_run"], "auc": metrics["auc"], "n": metrics["n"],
+            "null_std": null_auc_std(labels), "tolerance": CONTROL_TOL}
+
+
+# ----------------------------------------------------------------------------------------------
+
+def verdict(leaks_by_design: bool, probe: dict, visible: dict, threshold: float, control: dict | None) -> tuple[str, list[str]]:
+    reasons = []
+    if not leaks_by_design and not probe["max_diff"] <= PROBE_TOL:
+        reasons.append(f"(a) predictions at positions <= t change by {probe['max_diff']:.3g} > {PROBE_TOL:g} "
+                       f"when later answers/questions change")
+    if not visible["visible_share"] <= threshold:
+        reasons.append(f"(b) {visible['visible_share']:.3%} of scored answers are visible in the input "
+                       f"(> {threshold:.3%}; set data.collapse_repeats=true?)")
+    if control is not None and not abs(control["auc"] - 0.5) <= CONTROL_TOL:
+        reasons.append(f"(c) the shuffled-label control scores test AUC {control['auc']:.4f}, outside 0.5 +- {CONTROL_TOL}")
+    if reasons:
+        return FAIL, reasons
+    return (LEAKS if leaks_by_design else PASS), reasons
+
+
+def _fold_learners(run_dir: Path, index: int, dc, seqs):
+    from routerkt.errors import UserError
+    from training.data.pipeline import split_folds
+    path = run_dir / "folds.json"
+    if path.is_file():
+        try:
+            for entry in json.loads(path.read_text()):
+                if int(entry["fold"]) == index:
+                    return (np.asarray(entry["train"], dtype=np.int64), np.asarray(entry["valid"], dtype=np.int64),
+                            np.asarray(entry["test"], dtype=np.int64))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise UserError(f"{path}: unreadable folds file ({exc})") from None
+        raise UserError(f"{path}: no fold {index}")
+    folds = split_folds(dc, seqs)
+    if index >= len(folds):
+        raise UserError(f"{run_dir}: fold {index} is not among the {len(folds)} folds of its config")
+    return folds[index].train, folds[index].valid, folds[index].test
+
+
+def run(args: argparse.Namespace) -> int:
+    from routerkt.atomic import atomic_write_json
+    from routerkt.errors import UserError
+    from training.checkpoint import load_checkpoint
+    from training.config import to_dict
+    from training.data.pipeline import load_sequences
+    from training.run import best_fold_dir
+
+    run_dir = Path(args.run)
+    if not run_dir.is_dir():
+        raise UserError(f"--run {run_dir}: not a directory")
+    if args.probe_windows < 1 or args.control_epochs < 1:
+        raise UserError("--probe-windows and --control-epochs must be >= 1")
+    fold_dir = run_dir / f"fold-{args.fold}" if args.fold is not None else best_fold_dir(run_dir)
+    ckpt = load_checkpoint(fold_dir)
+    index = int(ckpt.meta.get("fold", args.fold if args.fold is not None else fold_dir.name.split("-")[-1]))
+    data_path = str(args.data) if args.data else ckpt.config.data.path
+    dc = dataclasses.replace(ckpt.config.data, path=data_path)
+    _, seqs = load_sequences(dc, ckpt.vocab)
+    train_ids, valid_ids, test_ids = _fold_learners(run_dir, index, dc, seqs)
+    test = seqs.select_learners(test_ids)
+    if len(test) == 0:
+        raise UserError(f"{data_path}: holds none of fold {index}'s test learners; is it the run's data?")
+    if not (test.lengths >= 2).any():
+        raise UserError(f"{data_path}: no test window of fold {index} has two interactions to probe")
+    leaks_by_design = ckpt.config.model.leaks_future
+    log = lambda m: print(m, file=sys.stderr)
+
+    probe = perturbation_probe(ckpt.model, test, ckpt.config.model.n_questions, ckpt.config.model.n_skills,
+                               args.probe_windows, args.seed, args.batch_size)
+    probe["leaks_by_design"] = leaks_by_design
+    visible = visible_answers(test)
+    visible["threshold"] = args.visible_threshold
+    visible["collapse_repeats"] = dc.collapse_repeats
+    control = None
+    if not args.skip_control:
+        control = shuffled_control(ckpt.config, ckpt.vocab, seqs.select_learners(train_ids),
+                                   seqs.select_learners(valid_ids), test, index, args.control_epochs, args.seed, log)
+    result, reasons = verdict(leaks_by_design, probe, visible, args.visible_threshold, control)
+    report = {"verdict": result, "reasons": reasons, "checkpoint": str(fold_dir), "fold": index, "data": data_path,
+              "preset": ckpt.config.preset, "model": to_dict(ckpt.config.model), "test_sequences": len(test),
+              "probe": probe, "visible_answers": visible,
+              "control": control if control is not None else {"skipped": True}}
+    atomic_write_json(run_dir / "audit.json", report)
+
+    tag = " (leaks by design: ModelConfig.leaks_future)" if leaks_by_design else ""
+    print(f"(a) probe: {probe['windows']} test windows, max |diff| at positions <= t {probe['max_diff']:.3g} "
+          f"(tolerance {PROBE_TOL:g}; after t {probe['max_diff_after_cut']:.3g}){tag}")
+    print(f"(b) visible answers: {visible['visible']} of {visible['scored']} scored positions "
+          f"({visible['visible_share']:.4%}, threshold {args.visible_threshold:.4%}); identical repeats "
+          f"(not judged) {visible['identical_repeat_share']:.4%}")
+    if control is None:
+        print("(c) shuffled-label control: skipped")
+    else:
+        print(f"(c) shuffled-label control: test AUC {control['auc']:.4f} on {control['n']} positions after "
+              f"{control['epochs_run']} epoch(s) (must be 0.5 +- {CONTROL_TOL}; null std {control['null_std']:.4f})")
+    for reason in reasons:
+        print(f"  FAIL {reason}")
+    print(f"verdict: {result}{' (control skipped)' if control is None else ''}  -> {run_dir / 'audit.json'}")
+    return 0 if result == PASS else 1
