@@ -3,6 +3,10 @@ returned survives a crash of the process (and of the machine).
 
     learners(learner PK, next_seq, count, last_seen_ms)
     events(learner, seq, event_key, question, skill, correct, ts)   PK (learner, seq), UNIQUE (learner, event_key)
+
+and, in a file of its own beside it (`<name>.served<suffix>`, its own thread and connection, WAL with
+synchronous=NORMAL: a cache, so no fsync, and its writes never wait behind or block an event append):
+
     served(owner, question, model, version, probability, expires_ms)  PK (owner, question, model, version)
 
 One writer thread and one reader thread, each with its own connection (sqlite3 connections stay in
@@ -29,6 +33,8 @@ SCHEMA = (
     "PRIMARY KEY (learner, seq)) WITHOUT ROWID",
     "CREATE UNIQUE INDEX IF NOT EXISTS events_by_key ON events (learner, event_key)",
     "CREATE INDEX IF NOT EXISTS learners_by_last_seen ON learners (last_seen_ms)",
+)
+SERVED_SCHEMA = (
     "CREATE TABLE IF NOT EXISTS served (owner TEXT NOT NULL, question INTEGER NOT NULL, model TEXT NOT NULL, "
     "version INTEGER NOT NULL, probability REAL NOT NULL, expires_ms INTEGER NOT NULL, "
     "PRIMARY KEY (owner, question, model, version)) WITHOUT ROWID",
@@ -46,15 +52,17 @@ class SqliteStore:
         self._local = threading.local()
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-writer")
         self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-reader")
-        self._connections: list[sqlite3.Connection] = []
+        self._served = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-served")
+        self.served_path = self.path.with_name(f"{self.path.stem}.served{self.path.suffix}")
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         await self._run(self._writer, self._create)
+        await self._run(self._served, self._create_served)
 
     async def close(self) -> None:
-        for pool in (self._writer, self._reader):
+        for pool in (self._writer, self._reader, self._served):
             await asyncio.get_running_loop().run_in_executor(pool, self._close_local)
             pool.shutdown(wait=False)              # its queue is empty: never block the event loop
 
@@ -67,7 +75,25 @@ class SqliteStore:
             self._local.conn = conn
         return conn
 
+    def _served_connection(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "served", None)
+        if conn is None:
+            conn = sqlite3.connect(self.served_path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            self._local.served = conn
+        return conn
+
+    def _create_served(self) -> None:
+        conn = self._served_connection()
+        for statement in SERVED_SCHEMA:
+            conn.execute(statement)
+
     def _close_local(self) -> None:
+        served = getattr(self._local, "served", None)
+        if served is not None:
+            served.close()
+            self._local.served = None
         conn = getattr(self._local, "conn", None)
         if conn is not None:
             conn.close()
@@ -150,14 +176,16 @@ class SqliteStore:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 deleted = conn.execute("DELETE FROM events WHERE learner = ?", (learner_key,)).rowcount
-                conn.execute("DELETE FROM served WHERE owner = ?", (learner_key,))
                 existed = conn.execute("DELETE FROM learners WHERE learner = ?", (learner_key,)).rowcount > 0
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
             return existed or deleted > 0, deleted
-        return await self._run(self._writer, delete)
+        result = await self._run(self._writer, delete)
+        await self._run(self._served, lambda: self._served_connection().execute(
+            "DELETE FROM served WHERE owner = ?", (learner_key,)))
+        return result
 
     async def expire(self, now_ms: int) -> int:
         """Delete learners inactive for longer than the TTL; returns how many (0 without a TTL)."""
@@ -187,26 +215,22 @@ class SqliteStore:
         return await self._run(self._reader, keys)
 
     # -- served predictions (outcome tracking) -----------------------------------------------------
-    def _unsynced(self, conn: sqlite3.Connection, work):
-        """One IMMEDIATE transaction committed without fsync (served entries are a cache)."""
-        conn.execute("PRAGMA synchronous=NORMAL")
+    def _served_transaction(self, work):
+        conn = self._served_connection()
+        conn.execute("BEGIN IMMEDIATE")
         try:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                result = work(conn)
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-        finally:
-            conn.execute("PRAGMA synchronous=FULL")
+            result = work(conn)
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
         return result
 
     async def remember_served(self, entries: list[ServedEntry], expires_ms: int) -> None:
         rows = [(e.owner, e.question_id, e.model, e.version, e.probability, expires_ms) for e in entries]
-        await self._run(self._writer, lambda: self._unsynced(self._connection(), lambda conn: conn.executemany(
+        await self._run(self._served, self._served_transaction, lambda conn: conn.executemany(
             "INSERT OR REPLACE INTO served (owner, question, model, version, probability, expires_ms) "
-            "VALUES (?, ?, ?, ?, ?, ?)", rows)))
+            "VALUES (?, ?, ?, ?, ?, ?)", rows))
 
     async def take_served(self, owner: str, questions: list[int], now_ms: int) -> list[ServedEntry]:
         questions = sorted(set(questions))
@@ -222,9 +246,9 @@ class SqliteStore:
             return [ServedEntry(owner, q, m, v, p) for q, m, v, p, expires in rows if expires > now_ms]
         if not questions:
             return []
-        return await self._run(self._writer, lambda: self._unsynced(self._connection(), take))
+        return await self._run(self._served, self._served_transaction, take)
 
     async def sweep_served(self, now_ms: int) -> int:
         """Delete expired served entries; returns how many."""
-        return await self._run(self._writer, lambda: self._unsynced(self._connection(), lambda conn: conn.execute(
-            "DELETE FROM served WHERE expires_ms <= ?", (now_ms,)).rowcount))
+        return await self._run(self._served, self._served_transaction, lambda conn: conn.execute(
+            "DELETE FROM served WHERE expires_ms <= ?", (now_ms,)).rowcount)

@@ -4,6 +4,7 @@ Observe is idempotent and all-or-nothing, bad input names its field, ForgetLearn
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import grpc
 import httpx
@@ -182,8 +183,9 @@ def test_forget_learner_leaves_nothing_and_the_raw_id_is_nowhere(gateway, kt_rep
     assert all("learner-7f3a" not in k for k in gw.call(store.learner_keys()))
     if url.startswith("sqlite:///"):
         import sqlite3
-        with sqlite3.connect(url[len("sqlite:///"):]) as conn:
-            dump = "\n".join(conn.iterdump())
-        assert "learner-7f3a" not in dump and key not in dump
+        for path in (Path(url[len("sqlite:///"):]), store.served_path):   # events, and served predictions
+            with sqlite3.connect(path) as conn:
+                dump = "\n".join(conn.iterdump())
+            assert "learner-7f3a" not in dump and key not in dump, path
     ready = httpx.get(f"http://127.0.0.1:{gw.http_port}/readyz", timeout=10.0, trust_env=False).json()
     assert ready["store"]["up"] is True
