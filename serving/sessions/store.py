@@ -15,9 +15,9 @@ Served predictions (outcome tracking, serving/outcomes/): `remember_served` keep
 served to an owner (a learner key, or "p" + a prediction id) per question, model and version until
 `expires_ms`; a newer prediction of the same question by the same version replaces the older one.
 `take_served` returns and deletes the unexpired entries of some questions (each is joined with an
-answer at most once). These are a bounded cache, not a log: SQLite keeps them in a file of their own
-written without fsync, so a
-crash may lose the last moments of it, never a stored event. `forget` deletes them too.
+answer at most once). These are a bounded cache, not a log: SQLite keeps them in a file of their
+own written without fsync, so a crash may lose the last moments of it, never a stored event.
+`forget` deletes them too.
 
 URLs: `sqlite:///relative/path.sqlite3`, `sqlite:////absolute/path.sqlite3`, `redis://HOST:PORT/DB`.
 """
