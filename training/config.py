@@ -38,6 +38,15 @@ class RoutingScope(str, enum.Enum):
     TOKEN = "token"        # each position uses its own routing weights (ablation)
 
 
+class RouterScoring(str, enum.Enum):
+    """How the router scores the dynamic experts of a token (before top-K and aggregation)."""
+    LEARNED = "learned"        # g = softmax(W_g h_t), a learned linear gate (RouterAKT / RouterSimpleKT)
+    QUERY_NORM = "query_norm"  # RouterCL4KT's: no router parameter; logit_i = ||q_t of head i||_2 divided by the
+                               # unbiased std over the dynamic heads (no centring, no temperature), then softmax;
+                               # the std is floored so equal norms give uniform gates (the reference gives NaN).
+                               # Attention-head experts only (FFN experts have no per-head query)
+
+
 class ExpertKind(str, enum.Enum):
     HEADS = "heads"  # attention heads are the experts (RouterKT)
     FFN = "ffn"      # dense attention, the feed-forward block is a mixture of FFN experts (ablation)
@@ -78,6 +87,11 @@ class ModelConfig:
     attention: AttentionKind = AttentionKind.STANDARD
     heads: HeadMode = HeadMode.DENSE
     routing_scope: RoutingScope = RoutingScope.PREFIX
+    router_scoring: RouterScoring = RouterScoring.LEARNED
+    # prefix scope only. False: top-K per token, then the prefix mean of the selected gates (default).
+    # True: the paper's text, top-K per person: at each t, the K dynamic heads with the highest prefix
+    # mean (valid positions <= t) of the router gates are selected, weighted by that mean; still causal
+    person_topk: bool = False
     experts: ExpertKind = ExpertKind.HEADS
     d_model: int = 64               # embedding / hidden width
     n_blocks: int = 2               # AKT: encoder depth (retriever stack has 2x); CL4KT: depth of each stack

@@ -2,6 +2,7 @@
 the leaking routing scope, and one-line errors that leave the repository untouched."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from export.onnx_export import ExportError, check_parity, example_inputs, export_onnx
-from training.config import RoutingScope
+from training.config import RouterScoring, RoutingScope
 from training.models.registry import PRESETS, build_model, preset_config, with_vocab
 
 pytestmark = pytest.mark.integration
@@ -32,6 +33,26 @@ def test_onnx_parity_every_preset(name, tmp_path):
                           shapes=((1, 50), (5, 13), (33, 50), (2, 2), (128, 50)))
     assert report.ok, report.cases
     assert len(report.cases) == 6
+
+
+# router options that are no preset of their own, at tiny widths (fast)
+TINY = {"d_model": 32, "n_blocks": 1, "d_ff": 32, "final_fc": 32, "final_fc2": 16, "max_len": 30}
+ROUTER_OPTIONS = [
+    pytest.param("routerkt-akt", {"person_topk": True}, id="routerkt-akt+person_topk"),
+    pytest.param("routerkt-cl4kt-qn", {"person_topk": True}, id="routerkt-cl4kt-qn+person_topk"),
+    pytest.param("routerkt-akt", {"router_scoring": RouterScoring.QUERY_NORM}, id="routerkt-akt+query_norm"),
+]
+
+
+@pytest.mark.parametrize(("name", "opts"), ROUTER_OPTIONS)
+def test_onnx_parity_router_options(name, opts, tmp_path):
+    torch.manual_seed(0)
+    cfg = dataclasses.replace(with_vocab(preset_config(name), 60, 14), **TINY, **opts)
+    model = build_model(cfg)
+    export_onnx(model, tmp_path / "m.onnx")
+    real_like = [example_inputs(60, 14, 16, 30, seed=9, min_len=1)]
+    report = check_parity(model, tmp_path / "m.onnx", batches=real_like, shapes=((1, 30), (5, 13), (2, 2)))
+    assert report.ok, report.cases
 
 
 def test_sequence_scope_is_refused():

@@ -1,13 +1,20 @@
 """Exact causality for every preset (dropout off): the prediction at position t must not change when
 the response at t, any later question or skill, or the amount of left padding changes. Also for
 every variant of `routerkt reproduce` (training/variants.py), the explicit (non-fused) attention
-path and a non-zero Rasch difficulty term (zero at initialisation, so untested otherwise)."""
+path, a non-zero Rasch difficulty term (zero at initialisation, so untested otherwise) and the router
+options that are no preset (person-level top-K, query-norm scoring elsewhere)."""
 import dataclasses
 
 import pytest
 import torch
 
-from training.config import ModelConfig, RoutingScope, RunConfig, apply_overrides
+from training.config import (
+    ModelConfig,
+    RouterScoring,
+    RoutingScope,
+    RunConfig,
+    apply_overrides,
+)
 from training.models.registry import PRESETS, build_model, preset_config, with_vocab
 from training.variants import GROUPS
 
@@ -128,6 +135,33 @@ def test_every_reproduce_variant_is_causal(variant, fused):
         r2[:, 20:] = 1 - r2[:, 20:].clamp(min=0)
         assert (_probs(model, q, s, r2) - _probs(model, q, s, r))[:, :20].abs().max().item() > TOL
         return
+    _assert_no_leak(model)
+    _assert_padding_free(model)
+
+
+# router options that are no preset of their own (issue 15): query-norm scoring on other backbones
+# and scopes, and the person-level top-K of the prefix scope
+ROUTER_OPTIONS = [
+    ("routerkt-akt", {"person_topk": True}),
+    ("routerkt-cl4kt", {"person_topk": True}),
+    ("routerkt-cl4kt-qn", {"person_topk": True}),
+    ("routerkt-simplekt", {"person_topk": True, "n_selected": 1}),
+    ("routerkt-akt", {"router_scoring": RouterScoring.QUERY_NORM}),
+    ("routerkt-cl4kt-qn", {"routing_scope": RoutingScope.TOKEN}),
+]
+
+
+def _option_id(name: str, opts: dict) -> str:
+    return "+".join([name, *(f"{k}={getattr(v, 'value', v)}" for k, v in opts.items())])
+
+
+OPTION_CASES = [pytest.param(name, opts, fused, id=f"{_option_id(name, opts)}-{'fused' if fused else 'explicit'}")
+                for name, opts in ROUTER_OPTIONS for fused in (True, False)]
+
+
+@pytest.mark.parametrize(("name", "opts", "fused"), OPTION_CASES)
+def test_router_options_stay_causal(name, opts, fused):
+    model = _tiny(preset_config(name), _has_difficulty(name), fused_attention=fused, **opts)
     _assert_no_leak(model)
     _assert_padding_free(model)
 

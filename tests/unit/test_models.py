@@ -7,7 +7,14 @@ import pytest
 import torch
 
 from routerkt.errors import UserError
-from training.config import AttentionKind, ExpertKind, HeadMode, ModelConfig, RoutingScope
+from training.config import (
+    AttentionKind,
+    ExpertKind,
+    HeadMode,
+    ModelConfig,
+    RouterScoring,
+    RoutingScope,
+)
 from training.models.biases import alibi_slopes, alibi_table
 from training.models.context import MaskKind, SequenceContext
 from training.models.registry import PRESETS, build_model, preset_config, with_vocab
@@ -44,6 +51,68 @@ def test_router_shared_heads_weight_one_and_k_selected(scope):
         b, t = 1, 10
         ref = out.token_weights[b, 4:t + 1].mean(0)
         assert torch.allclose(out.weights[b, t], ref, atol=1e-6)
+
+
+def test_query_norm_scores_are_standardised_head_norms_without_parameters():
+    torch.manual_seed(0)
+    router = Router(d_model=16, n_experts=8, n_shared=2, n_selected=3, scope=RoutingScope.TOKEN,
+                    scoring=RouterScoring.QUERY_NORM)
+    assert list(router.parameters()) == []                            # no router parameter
+    h = torch.randn(3, 5, 16)
+    norms = h.view(3, 5, 8, 2)[:, :, 2:].norm(dim=-1)                  # dynamic heads' query norms
+    ref = torch.softmax(norms / norms.std(-1, unbiased=True, keepdim=True), dim=-1)   # the reference formula
+    assert torch.allclose(router.scores(h), ref, atol=1e-6)
+    _, s, _ = _inputs(L=5)
+    out = router(h, SequenceContext.build(s))
+    assert torch.all(out.selected.sum(-1) == 3)
+
+
+def test_query_norm_equal_norms_give_uniform_gates_and_finite_gradients():
+    """The reference divides by a zero std (NaN); ours floors it: equal norms -> uniform gates."""
+    for n_shared in (1, 7):                                           # D = 7, and D = 1 (std of one value)
+        router = Router(d_model=16, n_experts=8, n_shared=n_shared, n_selected=1, scope=RoutingScope.TOKEN,
+                        scoring=RouterScoring.QUERY_NORM)
+        for h in (torch.ones(1, 4, 16), torch.zeros(1, 4, 16)):
+            h = h.requires_grad_()
+            gates = router.scores(h)
+            D = 8 - n_shared
+            assert torch.allclose(gates, torch.full_like(gates, 1.0 / D))
+            (gates * torch.arange(D, dtype=gates.dtype)).sum().backward()
+            assert torch.isfinite(h.grad).all()
+
+
+def test_person_topk_selects_from_the_prefix_mean_gate():
+    torch.manual_seed(0)
+    router = Router(d_model=16, n_experts=8, n_shared=2, n_selected=3, scope=RoutingScope.PREFIX, person_topk=True)
+    _, s, _ = _inputs()
+    ctx = SequenceContext.build(s)
+    out = router(torch.randn(3, 16, 16), ctx)
+    valid = ctx.valid
+    assert torch.all(out.weights[..., :2][valid] == 1.0)
+    assert torch.all(out.selected.sum(-1) == 3)
+    assert torch.all((out.weights[..., 2:][valid] > 0).sum(-1) == 3)   # exactly K dynamic heads per person and t
+    b, t = 1, 10                                                        # row 1 has 4 padding positions
+    person = out.token_weights[b, 4:t + 1, 2:].mean(0)                  # prefix mean of the gates
+    top = person.topk(3).indices
+    expected = torch.zeros(6).index_fill(0, top, 1.0) * person
+    assert torch.allclose(out.weights[b, t, 2:], expected, atol=1e-6)
+    # per person, not per token: the selection at t is generally not the token's own top-K
+    token_top = out.token_weights[..., 2:].topk(3, dim=-1).indices.sort(-1).values
+    person_top = out.weights[..., 2:].topk(3, dim=-1).indices.sort(-1).values
+    assert (token_top != person_top)[valid].any()
+
+
+@pytest.mark.parametrize("scope", [RoutingScope.TOKEN, RoutingScope.SEQUENCE])
+def test_person_topk_needs_the_prefix_scope(scope):
+    with pytest.raises(ValueError, match="person_topk"):
+        Router(d_model=16, n_experts=8, n_shared=1, n_selected=2, scope=scope, person_topk=True)
+
+
+def test_query_norm_is_refused_for_ffn_experts():
+    cfg = with_vocab(ModelConfig(heads=HeadMode.ROUTER, experts=ExpertKind.FFN,
+                                 router_scoring=RouterScoring.QUERY_NORM), 30, 10)
+    with pytest.raises(ValueError, match="FFN experts"):
+        build_model(cfg)
 
 
 def test_balance_loss_uniform_routing_equals_one_over_dynamic():
@@ -142,5 +211,13 @@ def test_presets_and_registry():
     cfg = preset_config("routerkt-akt")
     assert (cfg.heads, cfg.attention, cfg.n_shared, cfg.n_selected, cfg.balance_beta) == \
         (HeadMode.ROUTER, AttentionKind.STANDARD, 1, 2, 0.01)
+    cl4kt, standard = preset_config("cl4kt"), preset_config("cl4kt-standard")
+    assert (standard.backbone, standard.attention, standard.heads) == (cl4kt.backbone, AttentionKind.STANDARD,
+                                                                       HeadMode.DENSE)
+    assert standard.contrastive and standard.dropout == cl4kt.dropout
+    # query-norm routing is its own preset; every other preset keeps the learned gate
+    assert preset_config("routerkt-cl4kt-qn").router_scoring is RouterScoring.QUERY_NORM
+    assert {n for n in PRESETS if preset_config(n).router_scoring is not RouterScoring.LEARNED} == {"routerkt-cl4kt-qn"}
+    assert not any(preset_config(n).person_topk for n in PRESETS)
     with pytest.raises(UserError, match="unknown preset"):
         preset_config("nope")

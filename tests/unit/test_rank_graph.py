@@ -17,12 +17,12 @@ NQ, NS, WINDOW = 40, 12, 12
 HISTORY_LENGTHS = (0, 1, 5, WINDOW - 2, WINDOW - 1, WINDOW, WINDOW + 9)   # shorter, equal to, longer
 
 
-def _model(name: str, fused: bool = True, seed: int = 0):
+def _model(name: str, fused: bool = True, seed: int = 0, **opts):
     """A tiny model with random weights and a non-zero question-difficulty term."""
     torch.manual_seed(seed)
     cfg = with_vocab(preset_config(name), NQ, NS)
     tiny = {"d_model": 16, "n_blocks": 1, "n_heads": 4, "d_ff": 32, "final_fc": 32, "final_fc2": 16,
-            "lstm_hidden": 16, "max_len": WINDOW, "fused_attention": fused}
+            "lstm_hidden": 16, "max_len": WINDOW, "fused_attention": fused, **opts}
     for key, value in tiny.items():
         setattr(cfg, key, value)
     model = build_model(cfg).eval()
@@ -84,6 +84,17 @@ def test_rank_equals_per_candidate_windows(name):
     flipped = [[(q, s, 1 - r) for q, s, r in h] for h in histories]  # the test can fail: history matters
     moved = _rank(model, _history_tensors(flipped), cq, cs)
     assert (moved - _rank(model, history, cq, cs)).abs().max().item() > 1e-4
+
+
+@pytest.mark.parametrize("name", ["routerkt-akt", "routerkt-cl4kt-qn"])
+def test_rank_equals_windows_with_person_topk(name):
+    """The person-level top-K reads the prefix mean, which the rank layout takes over [history, candidate]."""
+    histories = _histories()
+    history = _history_tensors(histories)
+    model = _model(name, person_topk=True)
+    for n in (1, 5):
+        cq, cs = _candidates(len(histories), n, seed=n)
+        assert (_rank(model, history, cq, cs) - _windows_reference(model, histories, cq, cs)).abs().max().item() < TOL
 
 
 @pytest.mark.parametrize("name", list(PRESETS))

@@ -72,7 +72,8 @@ class MultiHeadAttention(nn.Module):
         self.qk = nn.Linear(d, d)
         self.v = nn.Linear(d, d)
         self.out = nn.Linear(d, d)
-        self.router = Router(d, H, cfg.n_shared, cfg.n_selected, cfg.routing_scope) if routed else None
+        self.router = Router(d, H, cfg.n_shared, cfg.n_selected, cfg.routing_scope, scoring=cfg.router_scoring,
+                             person_topk=cfg.person_topk) if routed else None
         if self.kind is AttentionKind.MONOTONIC:
             self.gamma = nn.Parameter(torch.empty(H, 1, 1))
             nn.init.xavier_uniform_(self.gamma)

@@ -8,7 +8,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from training.config import ExpertKind, HeadMode, ModelConfig
+from training.config import ExpertKind, HeadMode, ModelConfig, RouterScoring
 from training.models.attention import MultiHeadAttention
 from training.models.context import MaskKind, SequenceContext
 from training.models.outputs import Collector
@@ -35,7 +35,11 @@ class MixtureFeedForward(nn.Module):
         super().__init__()
         self.experts = nn.ModuleList(FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout, activation)
                                      for _ in range(cfg.n_heads))
-        self.router = Router(cfg.d_model, cfg.n_heads, cfg.n_shared, cfg.n_selected, cfg.routing_scope)
+        if cfg.router_scoring is not RouterScoring.LEARNED:
+            raise ValueError(f"router_scoring={cfg.router_scoring.value} scores attention heads by their query; "
+                             "FFN experts need router_scoring=learned")
+        self.router = Router(cfg.d_model, cfg.n_heads, cfg.n_shared, cfg.n_selected, cfg.routing_scope,
+                             person_topk=cfg.person_topk)
 
     def forward(self, x: Tensor, ctx: SequenceContext, collect: Collector) -> Tensor:
         routing = self.router(x, ctx)

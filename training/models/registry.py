@@ -31,8 +31,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     "routerkt-akt": {"backbone": "akt", **_ROUTER},
     # CL4KT backbone (contrastive loss on, as in CL4KT and RouterCL4KT)
     "cl4kt": {**_CL4KT, "attention": "monotonic"},
+    "cl4kt-standard": {**_CL4KT, "attention": "standard"},      # dense standard attention: the control
     "folibi-cl4kt": {**_CL4KT, "attention": "alibi"},
-    "routerkt-cl4kt": {**_CL4KT, **_ROUTER},
+    "routerkt-cl4kt": {**_CL4KT, **_ROUTER},                     # learned gate (what results/ was trained with)
+    # RouterCL4KT's own scoring (opt.yaml / CLI default routing_mode=query_norm): head query norms, no gate
+    "routerkt-cl4kt-qn": {**_CL4KT, **_ROUTER, "router_scoring": "query_norm"},
     # SimpleKT backbone
     "simplekt": {**_SIMPLEKT, "attention": "standard"},
     "folibi-simplekt": {**_SIMPLEKT, "attention": "alibi"},
