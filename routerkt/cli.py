@@ -112,8 +112,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The console entry (argv None: sys.argv) may re-exec a training command with the malloc
+    setting; a call with an explicit argv (tests, other programs) never replaces the process."""
+    from_command_line = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
-    _maybe_reexec(argv)
+    if from_command_line:
+        _maybe_reexec(argv)
     parser, modules = build_parser()
     if not argv or argv[0] in ("-h", "--help", "--version"):
         if argv[:1] == ["--version"]:
