@@ -83,6 +83,9 @@ def read_arm(run_dir: Path) -> dict | None:
     out = {"test_auc": r["test"]["auc"], "test_acc": r["test"]["acc"], "test_rmse": r["test"]["rmse"],
            "valid_auc": r["valid_auc"], "best_epoch": r["best_epoch"], "epochs_run": r["epochs_run"],
            "steps": r.get("steps"), "fold_seconds": r["seconds"], "train_seq_per_s": r["train_seq_per_s"]}
+    history = run_dir / "fold-0" / "history.json"
+    if history.is_file():
+        out["valid_auc_curve"] = [h["valid_auc"] for h in json.loads(history.read_text())]
     timing = run_dir / "ab_wall.json"
     if timing.is_file():
         out.update(json.loads(timing.read_text()))
@@ -108,25 +111,27 @@ def write_tables(out: Path, rows: list[dict], meta: dict) -> Path:
         "",
         ("fold std: sample std (n-1) of the 5 per-fold test AUCs recorded in results/ (length-bucketed "
          "batches, no min_steps); recorded fold 0: that run's fold-0 test AUC. Wall: the fold's training "
-         "+ evaluation seconds. Speed ratio: fast / eager median training sequences per second."),
+         "+ evaluation seconds. Speed ratio: fast / eager median training sequences per second. Same curve: "
+         "the two arms' per-epoch validation AUCs are identical (bit for bit)."),
         "",
         ("| dataset | preset | fast AUC | eager AUC | fast - eager | fold std | recorded fold 0 "
          "| fast wall s | eager wall s | eager/fast wall | fast seq/s | eager seq/s | speed ratio "
-         "| epochs (best) fast | epochs (best) eager |"),
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+         "| epochs (best) fast | epochs (best) eager | same curve |"),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         fast, eager, noise = r.get("fast") or {}, r.get("eager") or {}, r.get("fold_noise") or {}
         diff = fast["test_auc"] - eager["test_auc"] if fast and eager else None
         wall = eager["fold_seconds"] / fast["fold_seconds"] if fast and eager else None
         speed = fast["train_seq_per_s"] / eager["train_seq_per_s"] if fast and eager else None
+        same = "yes" if fast and eager and fast.get("valid_auc_curve") == eager.get("valid_auc_curve") else "no"
         lines.append(
             f"| {r['dataset']} | {r['preset']} | {_f(fast.get('test_auc'), '.4f')} | {_f(eager.get('test_auc'), '.4f')} "
-            f"| {_f(diff, '+.4f')} | {_f(noise.get('auc_sample_std'), '.4f')} | {_f(noise.get('fold0_auc'), '.4f')} "
+            f"| {_f(diff, '+.5f')} | {_f(noise.get('auc_sample_std'), '.4f')} | {_f(noise.get('fold0_auc'), '.4f')} "
             f"| {_f(fast.get('fold_seconds'), '.0f')} | {_f(eager.get('fold_seconds'), '.0f')} | {_f(wall, '.2f')} "
             f"| {_f(fast.get('train_seq_per_s'), '.0f')} | {_f(eager.get('train_seq_per_s'), '.0f')} | {_f(speed, '.2f')} "
             f"| {fast.get('epochs_run', '')} ({fast.get('best_epoch', '')}) | {eager.get('epochs_run', '')} "
-            f"({eager.get('best_epoch', '')}) |")
+            f"({eager.get('best_epoch', '')}) | {same if fast and eager else ''} |")
     (out / "ab.md").write_text("\n".join(lines) + "\n")
     return out / "ab.md"
 
@@ -182,13 +187,19 @@ def main(argv: list[str] | None = None) -> int:
                 row["auc_fast_minus_eager"] = row["fast"]["test_auc"] - row["eager"]["test_auc"]
                 row["speed_ratio"] = row["fast"]["train_seq_per_s"] / row["eager"]["train_seq_per_s"]
                 row["wall_ratio_eager_over_fast"] = row["eager"]["fold_seconds"] / row["fast"]["fold_seconds"]
+                row["same_valid_curve"] = row["fast"].get("valid_auc_curve") == row["eager"].get("valid_auc_curve")
             rows.append(row)
     first = configs[0]
-    meta = {"command": "python -m training.fidelity_ab " + " ".join(argv if argv is not None else sys.argv[1:]),
+    given = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--report"]    # the training command
+    meta = {"command": "python -m training.fidelity_ab " + " ".join(given),
             "arms": {a: COMMON + ARMS[a] for a in arms}, "seed": first.train.seed, "threads": args.threads,
             "bf16_kernels": bf16_available(), "epochs": args.epochs, "min_steps": first.train.min_steps,
             "patience": first.train.patience}
     path = write_tables(out, rows, meta)
+    for row in rows:                                  # the curves only decide "same curve"; kept out of ab.json
+        for arm in arms:
+            (row.get(arm) or {}).pop("valid_auc_curve", None)
+    atomic_write_json(out / "ab.json", {**meta, "rows": rows})
     print(f"wrote {path}")
     return 0
 
