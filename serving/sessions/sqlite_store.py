@@ -66,23 +66,21 @@ class SqliteStore:
             await asyncio.get_running_loop().run_in_executor(pool, self._close_local)
             pool.shutdown(wait=False)              # its queue is empty: never block the event loop
 
-    def _connection(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
+    def _thread_connection(self, name: str, path: Path, synchronous: str) -> sqlite3.Connection:
+        """This thread's connection `name` to `path` (WAL), made on first use."""
+        conn = getattr(self._local, name, None)
         if conn is None:
-            conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
             conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=FULL")
-            self._local.conn = conn
+            conn.execute(f"PRAGMA synchronous={synchronous}")
+            setattr(self._local, name, conn)
         return conn
 
+    def _connection(self) -> sqlite3.Connection:
+        return self._thread_connection("conn", self.path, "FULL")
+
     def _served_connection(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "served", None)
-        if conn is None:
-            conn = sqlite3.connect(self.served_path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            self._local.served = conn
-        return conn
+        return self._thread_connection("served", self.served_path, "NORMAL")
 
     def _create_served(self) -> None:
         conn = self._served_connection()
@@ -90,14 +88,11 @@ class SqliteStore:
             conn.execute(statement)
 
     def _close_local(self) -> None:
-        served = getattr(self._local, "served", None)
-        if served is not None:
-            served.close()
-            self._local.served = None
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
-            conn.close()
-            self._local.conn = None
+        for name in ("conn", "served"):
+            conn = getattr(self._local, name, None)
+            if conn is not None:
+                conn.close()
+                setattr(self._local, name, None)
 
     def _create(self) -> None:
         conn = self._connection()
