@@ -136,3 +136,19 @@ def test_signature_names_the_rank_graph():
     assert rank.output_names == (signature.CANDIDATE_PROBS,) == ("candidate_probs",)
     assert [t.axes for t in rank.inputs][2:4] == [("batch", "history"), ("batch", "candidates")]
     assert signature.RANK_ONNX_FILE == "rank.onnx" != signature.ONNX_FILE
+
+
+@pytest.mark.parametrize("name", [n for n in PRESETS if preset_config(n).backbone.value != "dkt"])
+def test_rank_runs_the_prediction_mlp_on_candidates_only(name):
+    """Serving reads the candidates alone, so the prediction MLP sees [B, N] positions, not H + N."""
+    model = _model(name)
+    seen: list[tuple[int, ...]] = []
+    handle = model.head.register_forward_hook(lambda module, inputs, output: seen.append(tuple(inputs[0].shape)))
+    history = _history_tensors(_histories())
+    cq, cs = _candidates(len(HISTORY_LENGTHS), 3)
+    with torch.no_grad():
+        model.rank(*history, cq, cs)
+        model(*history)
+    handle.remove()
+    assert seen == [(len(HISTORY_LENGTHS), 3, model.config.d_model), (len(HISTORY_LENGTHS), WINDOW - 1,
+                                                                     model.config.d_model)]

@@ -40,7 +40,7 @@ class AKT(KTModel):
         self.reset_parameters()
 
     def compute(self, questions: Tensor, skills: Tensor, responses: Tensor, ctx: SequenceContext,
-                collect: Collector) -> tuple[Tensor, dict]:
+                collect: Collector, read_from: int = 0) -> tuple[Tensor, dict]:
         mu = self.difficulty(questions)                                      # [B, L, 1]
         c, dvar = self.skill(skills), self.skill_var(skills)                 # [B, L, d]
         x = c + mu * dvar
@@ -51,5 +51,5 @@ class AKT(KTModel):
         for question_layer, retriever_layer in zip(self.question_encoder, self.retriever):
             h = question_layer(h, h, h, ctx, collect)
             h = retriever_layer(h, h, y, ctx, collect)
-        logits = self.head(h, x)                                             # [B, L]
+        logits = self.head(h[:, read_from:], x[:, read_from:])               # [B, L - read_from]
         return logits, {"rasch_l2": (self.config.rasch_l2, masked_mean(mu.squeeze(-1) ** 2, ctx.valid))}

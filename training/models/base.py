@@ -8,7 +8,9 @@ weighted auxiliary loss, and on request attention maps and routing weights. Subc
 `rank` scores N candidate questions after one shared history in one forward: the candidates are N
 extra positions that each see the history and themselves (SequenceContext.build_rank), so
 rank(...)[:, j] equals forward([history, candidate_j]).logits[:, -1]. Backbones whose layers read
-positions only through the context get it for free; others (DKT) override `rank`.
+positions only through the context get it for free; others (DKT) override `rank`. The prediction
+MLP runs on the candidate positions only (`compute(read_from=H)`): served graphs compute only what
+is read, while `forward` (training, the score graph) keeps every position.
 """
 from __future__ import annotations
 
@@ -66,8 +68,10 @@ class KTModel(nn.Module):
                     m.weight[m.padding_idx].zero_()
 
     def compute(self, questions: Tensor, skills: Tensor, responses: Tensor, ctx: SequenceContext,
-                collect: Collector) -> tuple[Tensor, dict[str, tuple[float, Tensor]]]:
-        """Return logits [B, L] and auxiliary terms {name: (weight, unweighted scalar)}."""
+                collect: Collector, read_from: int = 0) -> tuple[Tensor, dict[str, tuple[float, Tensor]]]:
+        """Return logits [B, L - read_from] of positions read_from.. and auxiliary terms {name:
+        (weight, unweighted scalar)}. Positions before `read_from` still feed the attention; only
+        their prediction MLP is skipped (serving reads the candidates alone)."""
         raise NotImplementedError
 
     def forward(self, questions: Tensor, skills: Tensor, responses: Tensor, *,
@@ -103,8 +107,8 @@ class KTModel(nn.Module):
         skills = torch.cat([history_skills, candidate_skills], dim=1)
         responses = torch.cat([history_responses.clamp(0, 1),
                                torch.full_like(candidate_skills, CANDIDATE_RESPONSE)], dim=1)
-        logits, _ = self.compute(questions, skills, responses, ctx, Collector())           # [B, H+N]
-        return logits[:, H:].float()                                                        # [B, N]
+        logits, _ = self.compute(questions, skills, responses, ctx, Collector(), read_from=H)  # [B, N]
+        return logits.float()
 
     def freeze_biases(self) -> None:
         """Precompute learner-independent attention biases as constants (before export)."""

@@ -52,14 +52,14 @@ class CL4KT(KTModel):
         return self._encode(self.interaction_encoder, y, ctx, collect or Collector())
 
     def compute(self, questions: Tensor, skills: Tensor, responses: Tensor, ctx: SequenceContext,
-                collect: Collector) -> tuple[Tensor, dict]:
+                collect: Collector, read_from: int = 0) -> tuple[Tensor, dict]:
         x = self.skill(skills)                                               # [B, L, d]
         y = self.interaction(skills + (self.config.n_skills + 1) * responses)
         h = self._encode(self.question_encoder, x, ctx, collect)
         values = self._encode(self.interaction_encoder, y, ctx, collect)
         for layer in self.retriever:
             h = layer(h, h, values, ctx, collect)
-        logits = self.head(h, x)                                             # [B, L]
+        logits = self.head(h[:, read_from:], x[:, read_from:])               # [B, L - read_from]
         terms: dict = {}
         if self.training and self.config.contrastive:
             terms["contrastive"] = (self.config.cl_weight, contrastive_loss(

@@ -31,7 +31,7 @@ class DKT(KTModel):
         self.reset_parameters()
 
     def compute(self, questions: Tensor, skills: Tensor, responses: Tensor, ctx: SequenceContext,
-                collect: Collector) -> tuple[Tensor, dict]:
+                collect: Collector, read_from: int = 0) -> tuple[Tensor, dict]:
         B = skills.shape[0]
         steps, length, pad = _rotation(ctx.valid)
         to_right = torch.remainder(steps + pad, length)                      # right[j] = left[j + pad]
@@ -41,7 +41,7 @@ class DKT(KTModel):
         h, _ = self.lstm(inputs)                                             # [B, L, hidden]
         scores = self.out(self.drop(h)).gather(-1, s.unsqueeze(-1)).squeeze(-1)   # [B, L]
         logits = scores.gather(1, torch.remainder(steps - pad, length))     # back to left padding
-        return logits, {}
+        return logits[:, read_from:], {}
 
     def rank(self, history_questions: Tensor, history_skills: Tensor, history_responses: Tensor,
              candidate_questions: Tensor, candidate_skills: Tensor) -> Tensor:

@@ -33,7 +33,7 @@ class SimpleKT(KTModel):
         self.reset_parameters()
 
     def compute(self, questions: Tensor, skills: Tensor, responses: Tensor, ctx: SequenceContext,
-                collect: Collector) -> tuple[Tensor, dict]:
+                collect: Collector, read_from: int = 0) -> tuple[Tensor, dict]:
         c = self.skill(skills)                                               # [B, L, d]
         mu = self.difficulty(questions)                                      # [B, L, d]
         x = c + mu * self.skill_var(skills)
@@ -42,5 +42,5 @@ class SimpleKT(KTModel):
         h, values = x + pe, y + pe
         for layer in self.blocks:
             h = layer(h, h, values, ctx, collect)
-        logits = self.head(h, x)                                             # [B, L]
+        logits = self.head(h[:, read_from:], x[:, read_from:])               # [B, L - read_from]
         return logits, {"rasch_l2": (self.config.rasch_l2, masked_mean(mu ** 2, ctx.valid))}
