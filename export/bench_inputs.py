@@ -9,7 +9,7 @@ import numpy as np
 
 from routerkt.contract.signature import FIRST_ID, SCORE
 
-DEFAULT_PRESETS = ("akt-standard", "routerkt-akt", "folibi-akt", "rkt-akt", "akt")
+DEFAULT_PRESETS = ("akt-standard", "routerkt-akt", "alibi-akt", "relative-akt", "akt")
 N_QUESTIONS, N_SKILLS = 17_000, 120          # assist2009-sized vocabularies
 
 

@@ -1,7 +1,7 @@
 """The GPU check to run once on a host with a CUDA GPU: parity of each exported model with PyTorch
 on the GPU, and GPU throughput at batch 512, length 100.
 
-    python -m export.gpu_check [--presets akt-standard,routerkt-akt,folibi-akt,rkt-akt,akt] [--out DIR]
+    python -m export.gpu_check [--presets akt-standard,routerkt-akt,alibi-akt,relative-akt,akt] [--out DIR]
 
 For each preset (random weights; speed and parity do not depend on them): export to ONNX, run the
 batch through CPU onnxruntime (the reference), through PyTorch CUDA eager and through a captured

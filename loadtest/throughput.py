@@ -28,10 +28,10 @@ import numpy as np
 from export.bench_inputs import DEFAULT_PRESETS, N_QUESTIONS, N_SKILLS, make_batch
 
 LEVELS = ("pytorch", "onnxruntime", "triton")
-LABELS = {"akt-standard": "standard", "routerkt-akt": "RouterKT", "folibi-akt": "ALiBi (FoLiBi)",
-          "rkt-akt": "relative (RKT)", "akt": "monotonic (AKT)"}
-PAPER_RATIO = {"akt-standard": "1.00", "routerkt-akt": "0.87-0.89", "folibi-akt": "0.75",
-               "rkt-akt": "0.73", "akt": "0.31"}
+LABELS = {"akt-standard": "standard", "routerkt-akt": "RouterKT", "alibi-akt": "ALiBi (all layers)",
+          "relative-akt": "relative (RKT-style)", "akt": "monotonic (AKT)"}
+PAPER_RATIO = {"akt-standard": "1.00", "routerkt-akt": "0.87-0.89", "alibi-akt": "0.75",
+               "relative-akt": "0.73", "akt": "0.31"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -25,7 +25,7 @@ MODES = {
     "eager": ["model.fused_attention=false", "model.attn_dropout=0.05", "train.batching=random", "train.trim_padding=false",
               "train.bf16=false"],
 }
-DEFAULT_PRESETS = "routerkt-akt,akt-standard,folibi-akt,rkt-akt,akt"
+DEFAULT_PRESETS = "routerkt-akt,akt-standard,alibi-akt,relative-akt,akt"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

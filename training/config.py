@@ -27,6 +27,14 @@ class AttentionKind(str, enum.Enum):
     ALIBI = "alibi"          # FoLiBi/ALiBi: softmax(QK^T/sqrt(d) - m_h*(i-j) + M)
 
 
+class EncoderAttention(str, enum.Enum):
+    """Attention of the encoder stacks (AKT: knowledge and question encoders; CL4KT: question and
+    interaction encoders); the retriever always uses `attention`. SimpleKT and DKT have no encoder."""
+    SAME = "same"            # every stack uses `attention`
+    MONOTONIC = "monotonic"  # FoLiBi's placement: `attention` (ALiBi) in the retriever only, AKT's monotonic
+                             # decay (with gradient) in the encoders (FoLiBi's choose_enc="f")
+
+
 class HeadMode(str, enum.Enum):
     DENSE = "dense"    # every head always on, weight 1
     ROUTER = "router"  # RouterKT: shared heads + top-K routed dynamic heads
@@ -85,6 +93,7 @@ class DataConfig:
 class ModelConfig:
     backbone: Backbone = Backbone.AKT
     attention: AttentionKind = AttentionKind.STANDARD
+    encoder_attention: EncoderAttention = EncoderAttention.SAME
     heads: HeadMode = HeadMode.DENSE
     routing_scope: RoutingScope = RoutingScope.PREFIX
     router_scoring: RouterScoring = RouterScoring.LEARNED
@@ -118,6 +127,13 @@ class ModelConfig:
     lstm_hidden: int = 128          # DKT only
     n_questions: int = 0            # vocabulary sizes (padding and unknown rows included); set from the data
     n_skills: int = 0
+
+    @property
+    def encoder_kind(self) -> AttentionKind:
+        """The attention kind of the encoder stacks (see EncoderAttention)."""
+        if self.encoder_attention is EncoderAttention.SAME:
+            return self.attention
+        return AttentionKind(self.encoder_attention.value)
 
     @property
     def leaks_future(self) -> bool:

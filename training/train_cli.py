@@ -18,7 +18,7 @@ from training.config import RunConfig
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, help="canonical CSV user_id,order,question_id,skill_id,correct (.csv or .csv.gz)")
-    p.add_argument("--preset", required=True, help="model preset, e.g. routerkt-akt, akt, folibi-akt, dkt")
+    p.add_argument("--preset", required=True, help="model preset, e.g. routerkt-akt, akt, alibi-akt, dkt")
     p.add_argument("--folds", type=int, default=5, help="K of K-fold cross-validation over learners (1 = one 80/20 split)")
     p.add_argument("--epochs", type=int, default=None, help="maximum epochs per fold (default 300, early stopping)")
     p.add_argument("--out", default=None, help="run directory (default runs/<preset>-<timestamp>); an existing run resumes")

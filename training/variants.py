@@ -48,9 +48,9 @@ def _routerkt_akt(*overrides: str) -> tuple[Variant, ...]:
 DKT_SMALL_BATCH = Variant("dkt", ("train.batch_size=64",))
 BASELINE = Variant("routerkt-akt")          # what the ablations and the grid change one thing of
 GROUPS: dict[str, tuple[Variant, ...]] = {
-    "main": _presets("akt", "akt-standard", "folibi-akt", "rkt-akt", "routerkt-akt", "cl4kt", "routerkt-cl4kt",
+    "main": _presets("akt", "akt-standard", "alibi-akt", "folibi-akt", "relative-akt", "routerkt-akt", "cl4kt", "routerkt-cl4kt",
                      "simplekt", "routerkt-simplekt", "dkt") + (DKT_SMALL_BATCH,),
-    "akt-family": _presets("akt", "akt-standard", "folibi-akt", "rkt-akt", "routerkt-akt", "dkt") + (DKT_SMALL_BATCH,),
+    "akt-family": _presets("akt", "akt-standard", "alibi-akt", "folibi-akt", "relative-akt", "routerkt-akt", "dkt") + (DKT_SMALL_BATCH,),
     "ablations": _routerkt_akt(
         "model.routing_scope=token",          # person-wise (prefix) vs token-wise
         "model.experts=ffn",                  # heads vs FFN experts

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 NQ, NS, WINDOW = 60, 14, 12
 
 # monotonic (AKT), alibi (CL4KT), relative (AKT), standard + prefix routing + positions (SimpleKT), LSTM
-REPRESENTATIVE = ["akt", "folibi-cl4kt", "rkt-akt", "routerkt-simplekt", "dkt"]
+REPRESENTATIVE = ["akt", "alibi-cl4kt", "relative-akt", "routerkt-simplekt", "dkt"]
 
 
 def _tiny(name: str):

@@ -169,7 +169,7 @@ def test_fused_equals_explicit_attention(attention, heads):
 
 
 def test_relative_frozen_kernel_equals_learned():
-    cfg = with_vocab(preset_config("rkt-akt"), 30, 10)
+    cfg = with_vocab(preset_config("relative-akt"), 30, 10)
     model = build_model(cfg).eval()
     q, s, r = _inputs()
     with torch.no_grad():
@@ -206,8 +206,8 @@ def test_ffn_experts_variant_routes_ffn_not_heads():
 
 
 def test_presets_and_registry():
-    assert {"routerkt-akt", "routerkt-cl4kt", "routerkt-simplekt", "akt", "akt-standard", "folibi-akt",
-            "rkt-akt", "cl4kt", "simplekt", "dkt"} <= set(PRESETS)
+    assert {"routerkt-akt", "routerkt-cl4kt", "routerkt-simplekt", "akt", "akt-standard", "alibi-akt",
+            "folibi-akt", "folibi-cl4kt", "relative-akt", "cl4kt", "simplekt", "dkt"} <= set(PRESETS)
     cfg = preset_config("routerkt-akt")
     assert (cfg.heads, cfg.attention, cfg.n_shared, cfg.n_selected, cfg.balance_beta) == \
         (HeadMode.ROUTER, AttentionKind.STANDARD, 1, 2, 0.01)
@@ -221,3 +221,30 @@ def test_presets_and_registry():
     assert not any(preset_config(n).person_topk for n in PRESETS)
     with pytest.raises(UserError, match="unknown preset"):
         preset_config("nope")
+
+
+@pytest.mark.parametrize(("name", "encoders", "retriever"), [
+    ("folibi-akt", ("knowledge_encoder", "question_encoder"), "retriever"),
+    ("folibi-cl4kt", ("question_encoder", "interaction_encoder"), "retriever"),
+])
+def test_folibi_puts_alibi_in_the_retriever_and_monotonic_encoders(name, encoders, retriever):
+    """FoLiBi's placement (choose_enc="f"): ALiBi only in the retriever; the alibi-* preset has it everywhere."""
+    folibi = build_model(with_vocab(preset_config(name), 30, 10))
+    everywhere = build_model(with_vocab(preset_config(name.replace("folibi", "alibi")), 30, 10))
+    for stack in encoders:
+        assert {layer.attn.kind for layer in getattr(folibi, stack)} == {AttentionKind.MONOTONIC}
+        assert {layer.attn.kind for layer in getattr(everywhere, stack)} == {AttentionKind.ALIBI}
+    assert {layer.attn.kind for layer in getattr(folibi, retriever)} == {AttentionKind.ALIBI}
+    # the monotonic encoders train their decay: gamma gets a gradient
+    q, s, r = _inputs()
+    folibi(q, s, r).logits.sum().backward()
+    gammas = [layer.attn.gamma.grad for stack in encoders for layer in getattr(folibi, stack)]
+    assert all(g is not None and g.abs().sum() > 0 for g in gammas)
+
+
+def test_configs_recorded_without_encoder_attention_load_as_every_stack():
+    from training.config import EncoderAttention, from_dict, to_dict
+    recorded = to_dict(preset_config("alibi-akt"))
+    del recorded["encoder_attention"]
+    cfg = from_dict(ModelConfig, recorded)
+    assert cfg.encoder_attention is EncoderAttention.SAME and cfg.encoder_kind is AttentionKind.ALIBI

@@ -5,6 +5,8 @@ Knowledge encoder: n_blocks layers, CURRENT mask, q=k=v=y, with FFN.
 Then 2*n_blocks layers alternating: question self-attention (CURRENT, q=k=v=h, no FFN) and the
 knowledge retriever (PAST, q=k=h, v=encoded y, with FFN). Prediction: MLP(concat[h_t, x_t]).
 With heads=router and standard attention this is RouterKT's RouterAKT (every layer routed).
+`encoder_attention=monotonic` gives the encoders (knowledge and question) AKT's monotonic attention
+while the retriever keeps `attention` (FoLiBi: ALiBi in the retriever only).
 """
 from __future__ import annotations
 
@@ -31,9 +33,11 @@ class AKT(KTModel):
         self.response = nn.Embedding(2, d)                                   # g_r
         self.response_var = nn.Embedding(2, d)                               # h_r
         self.knowledge_encoder = nn.ModuleList(
-            TransformerLayer(cfg, MaskKind.CURRENT, ffn=True, name=f"knowledge_encoder.{i}") for i in range(cfg.n_blocks))
+            TransformerLayer(cfg, MaskKind.CURRENT, ffn=True, name=f"knowledge_encoder.{i}", kind=cfg.encoder_kind)
+            for i in range(cfg.n_blocks))
         self.question_encoder = nn.ModuleList(
-            TransformerLayer(cfg, MaskKind.CURRENT, ffn=False, name=f"question_encoder.{i}") for i in range(cfg.n_blocks))
+            TransformerLayer(cfg, MaskKind.CURRENT, ffn=False, name=f"question_encoder.{i}", kind=cfg.encoder_kind)
+            for i in range(cfg.n_blocks))
         self.retriever = nn.ModuleList(
             TransformerLayer(cfg, MaskKind.PAST, ffn=True, name=f"retriever.{i}") for i in range(cfg.n_blocks))
         self.head = PredictionHead(cfg)

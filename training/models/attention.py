@@ -61,12 +61,12 @@ def recency_weights(distance: Tensor, tau: Tensor, mask: MaskKind) -> Tensor:
 
 
 class MultiHeadAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, routed: bool, name: str = ""):
+    def __init__(self, cfg: ModelConfig, routed: bool, name: str = "", kind: AttentionKind | None = None):
         super().__init__()
         if cfg.d_model % cfg.n_heads:
             raise ValueError(f"d_model {cfg.d_model} is not divisible by n_heads {cfg.n_heads}")
         d, H = cfg.d_model, cfg.n_heads
-        self.name, self.kind, self.n_heads, self.d_k = name, cfg.attention, H, d // H
+        self.name, self.kind, self.n_heads, self.d_k = name, kind or cfg.attention, H, d // H
         self.max_len, self.dropout, self.fused = cfg.max_len, cfg.attn_dropout, cfg.fused_attention
         self.recompute = cfg.recompute_attention
         self.qk = nn.Linear(d, d)

@@ -5,13 +5,14 @@ mask, on x), an interaction encoder (CURRENT mask, on y) and the knowledge retri
 q=k=h starting from the encoded questions, v=encoded interactions), n_blocks layers each, GELU FFNs.
 Prediction: MLP(concat[h_t, x_t]) with GELU. With `contrastive`, the InfoNCE loss of
 training/models/contrastive.py is added during training (causal encoders, as RouterCL4KT does).
+`encoder_attention=monotonic`: the two encoders use monotonic attention, the retriever `attention`.
 """
 from __future__ import annotations
 
 from torch import Tensor, nn
 
 from routerkt.contract.signature import PAD_ID
-from training.config import Backbone, ModelConfig
+from training.config import AttentionKind, Backbone, ModelConfig
 from training.models.base import KTModel, register
 from training.models.context import MaskKind, SequenceContext
 from training.models.contrastive import contrastive_loss
@@ -28,12 +29,12 @@ class CL4KT(KTModel):
         self.skill = nn.Embedding(n + 1, d, padding_idx=PAD_ID)
         self.interaction = nn.Embedding(2 * (n + 1), d, padding_idx=PAD_ID)  # index s + (n+1) r
 
-        def stack(name: str, mask: MaskKind) -> nn.ModuleList:
-            return nn.ModuleList(TransformerLayer(cfg, mask, ffn=True, activation="gelu", name=f"{name}.{i}")
+        def stack(name: str, mask: MaskKind, kind: AttentionKind) -> nn.ModuleList:
+            return nn.ModuleList(TransformerLayer(cfg, mask, ffn=True, activation="gelu", name=f"{name}.{i}", kind=kind)
                                  for i in range(cfg.n_blocks))
-        self.question_encoder = stack("question_encoder", MaskKind.CURRENT)
-        self.interaction_encoder = stack("interaction_encoder", MaskKind.CURRENT)
-        self.retriever = stack("retriever", MaskKind.PAST)
+        self.question_encoder = stack("question_encoder", MaskKind.CURRENT, cfg.encoder_kind)
+        self.interaction_encoder = stack("interaction_encoder", MaskKind.CURRENT, cfg.encoder_kind)
+        self.retriever = stack("retriever", MaskKind.PAST, cfg.attention)
         self.head = PredictionHead(cfg, activation="gelu")
         self.reset_parameters()
 

@@ -8,7 +8,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from training.config import ExpertKind, HeadMode, ModelConfig, RouterScoring
+from training.config import AttentionKind, ExpertKind, HeadMode, ModelConfig, RouterScoring
 from training.models.attention import MultiHeadAttention
 from training.models.context import MaskKind, SequenceContext
 from training.models.outputs import Collector
@@ -51,13 +51,15 @@ class MixtureFeedForward(nn.Module):
 
 
 class TransformerLayer(nn.Module):
-    """x <- LN(query + Drop(MHA(query, key, value))); then, if ffn: x <- LN(x + Drop(FFN(x)))."""
+    """x <- LN(query + Drop(MHA(query, key, value))); then, if ffn: x <- LN(x + Drop(FFN(x))).
+    `kind`: this layer's attention kind (default cfg.attention; encoders pass cfg.encoder_kind)."""
 
-    def __init__(self, cfg: ModelConfig, mask: MaskKind, ffn: bool, activation: str = "relu", name: str = ""):
+    def __init__(self, cfg: ModelConfig, mask: MaskKind, ffn: bool, activation: str = "relu", name: str = "",
+                 kind: AttentionKind | None = None):
         super().__init__()
         routed = cfg.heads is HeadMode.ROUTER
         self.mask = mask
-        self.attn = MultiHeadAttention(cfg, routed=routed and cfg.experts is ExpertKind.HEADS, name=name)
+        self.attn = MultiHeadAttention(cfg, routed=routed and cfg.experts is ExpertKind.HEADS, name=name, kind=kind)
         self.norm1 = nn.LayerNorm(cfg.d_model)
         self.drop1 = nn.Dropout(cfg.dropout)
         self.ffn: nn.Module | None = None

@@ -26,19 +26,24 @@ PRESETS: dict[str, dict[str, Any]] = {
     # AKT backbone: the attention-bias comparison of the RouterKT paper
     "akt": {"backbone": "akt", "attention": "monotonic"},
     "akt-standard": {"backbone": "akt", "attention": "standard"},
-    "folibi-akt": {"backbone": "akt", "attention": "alibi"},
-    "rkt-akt": {"backbone": "akt", "attention": "relative"},
+    "alibi-akt": {"backbone": "akt", "attention": "alibi"},              # ALiBi on all six layers
+    # FoLiBi as its paper: ALiBi in the knowledge retriever, monotonic (AKT) encoders with gradient
+    "folibi-akt": {"backbone": "akt", "attention": "alibi", "encoder_attention": "monotonic"},
+    # RKT-style recency mixture (learned per-head lambda and tau); NO question-relation matrix, so
+    # it is not RKT itself (models.md section 7)
+    "relative-akt": {"backbone": "akt", "attention": "relative"},
     "routerkt-akt": {"backbone": "akt", **_ROUTER},
     # CL4KT backbone (contrastive loss on, as in CL4KT and RouterCL4KT)
     "cl4kt": {**_CL4KT, "attention": "monotonic"},
     "cl4kt-standard": {**_CL4KT, "attention": "standard"},      # dense standard attention: the control
-    "folibi-cl4kt": {**_CL4KT, "attention": "alibi"},
+    "alibi-cl4kt": {**_CL4KT, "attention": "alibi"},                       # ALiBi in every stack
+    "folibi-cl4kt": {**_CL4KT, "attention": "alibi", "encoder_attention": "monotonic"},   # FoLiBi's placement
     "routerkt-cl4kt": {**_CL4KT, **_ROUTER},                     # learned gate (what results/ was trained with)
     # RouterCL4KT's own scoring (opt.yaml / CLI default routing_mode=query_norm): head query norms, no gate
     "routerkt-cl4kt-qn": {**_CL4KT, **_ROUTER, "router_scoring": "query_norm"},
     # SimpleKT backbone
     "simplekt": {**_SIMPLEKT, "attention": "standard"},
-    "folibi-simplekt": {**_SIMPLEKT, "attention": "alibi"},
+    "alibi-simplekt": {**_SIMPLEKT, "attention": "alibi"},                 # its one stack is the retriever
     "routerkt-simplekt": {**_SIMPLEKT, **_ROUTER},
     # the classic reference point
     "dkt": {"backbone": "dkt", "dropout": 0.2},
