@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from export.triton_config import TritonModelOptions
 from routerkt.errors import UserError
 
 
@@ -24,15 +25,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--serve-versions", type=int, default=2, help="newest versions Triton serves (version policy)")
     p.add_argument("--max-batch-size", type=int, default=1024)
     p.add_argument("--instances", type=int, default=1, help="model instances")
-    p.add_argument("--threads", type=int, default=2, help="onnxruntime intra-op threads per instance")
-    p.add_argument("--queue-delay-us", type=int, default=2000, help="dynamic batcher max queue delay")
+    p.add_argument("--threads", type=int, default=TritonModelOptions.ort_intra_op_threads,
+                   help="onnxruntime intra-op threads per instance (default chosen by `routerkt bench cost`)")
+    p.add_argument("--queue-delay-us", type=int, default=TritonModelOptions.max_queue_delay_us,
+                   help="dynamic batcher max queue delay (default chosen by `routerkt bench cost`)")
     p.add_argument("--preferred-batch-sizes", default="8,32,128", help="comma-separated")
     p.add_argument("--no-warmup", action="store_true", help="no warm-up request at model load")
 
 
 def run(args: argparse.Namespace) -> int:
     from export.exporter import export_run
-    from export.triton_config import TritonModelOptions
     try:
         preferred = [int(x) for x in args.preferred_batch_sizes.split(",") if x.strip()]
     except ValueError:

@@ -61,9 +61,17 @@ class TritonModelOptions:
     window: int = 100                   # fixed sequence length (second dim) the gateway sends
     graph: str = "score"                # the contract's graph this model serves (rank: the gateway's path)
     preferred_batch_sizes: list[int] = field(default_factory=lambda: [8, 32, 128])
-    max_queue_delay_us: int = 2000      # dynamic batcher: how long a request may wait for company
-    instance_count: int = 1             # model instances (2 cores here: 1 instance x 2 ORT threads)
-    ort_intra_op_threads: int = 2       # ORT intra-op threads per instance
+    # The next three by measurement: `routerkt bench cost` (bench/cost/cost.json, 2-core machine,
+    # 1 / 8 / 32 callers, Predict with history 99 and 1 candidate, delays 0/100/500/2000 us x 1/2
+    # threads): 500 us with 1 thread had the best calls/s at 8 callers (Triton 241, gateway 192 vs
+    # 184 / 167 at the former 2000 us x 2 threads... per-cell noise about 15%) and the best gateway
+    # calls/s at 32 (156 vs 135); at 1 caller 2000 us costs ~2 ms of waiting (p50 9.3 vs 7.7 ms).
+    # One ORT thread leaves the other core to the gateway and the stub; in-process batch-1 latency
+    # was 3.18 ms with 1 thread vs 3.92 with 2 (batch 512: 228 vs 303 samples/s; pass --threads 2
+    # for offline bulk scoring). Spinning is off in model.py (session.intra_op.allow_spinning=0).
+    max_queue_delay_us: int = 500       # dynamic batcher: how long a request may wait for company
+    instance_count: int = 1             # model instances (2 cores here: 1 instance x 1 ORT thread)
+    ort_intra_op_threads: int = 1       # ORT intra-op threads per instance
     ort_mem_arena: bool = False         # ORT's CPU arena keeps each instance's peak (~2 GB at batch 512): off
     warmup: bool = True                 # one zero-filled batch-1 request at load (0 = padding id)
     fp16: bool = False                  # ONNXRUNTIME: TensorRT accelerator in FP16

@@ -25,8 +25,7 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-import numpy as np
-
+from loadtest.closed_loop import run_phase, summary
 from loadtest.learners import load_vocabulary
 from routerkt.atomic import atomic_write_json
 from routerkt.errors import UserError
@@ -106,45 +105,6 @@ class _Gateway:
         terminate(self.process)
 
 
-def _phase(stub, request, callers: int, seconds: float) -> tuple[list[float], list[str], float]:
-    """(latencies s, failure codes, wall s) of `callers` threads calling Predict for `seconds`."""
-    import grpc
-
-    latencies: list[float] = []
-    failures: list[str] = []
-    lock = threading.Lock()
-    end = time.monotonic() + seconds
-
-    def caller() -> None:
-        mine, bad = [], []
-        while time.monotonic() < end:
-            started = time.perf_counter()
-            try:
-                stub.Predict(request, timeout=CALL_TIMEOUT_S)
-                mine.append(time.perf_counter() - started)
-            except grpc.RpcError as exc:
-                bad.append(exc.code().name)
-        with lock:
-            latencies.extend(mine)
-            failures.extend(bad)
-
-    threads = [threading.Thread(target=caller) for _ in range(callers)]
-    started = time.monotonic()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return latencies, failures, time.monotonic() - started
-
-
-def _summary(latencies: list[float], failures: list[str], wall: float) -> dict:
-    ms = np.asarray(latencies) * 1e3
-    return {"calls": len(latencies), "failures": len(failures), "seconds": round(wall, 3),
-            "calls_per_s": len(latencies) / wall if wall > 0 else 0.0,
-            "p50_ms": float(np.percentile(ms, 50)) if len(ms) else None,
-            "p99_ms": float(np.percentile(ms, 99)) if len(ms) else None}
-
-
 def format_table(results: dict[str, dict]) -> str:
     def cell(value: float | None) -> str:
         return "-" if value is None else f"{value:.1f}"
@@ -222,7 +182,8 @@ def run(args: argparse.Namespace) -> int:
         before = gateways[SETUPS[1]].replica_inferences()
         for round_ in range(args.rounds):
             for setup in SETUPS:
-                latencies, failures, wall = _phase(stubs[setup], request, args.callers, args.seconds)
+                latencies, failures, wall = run_phase(lambda stub=stubs[setup]: stub.Predict(request, timeout=CALL_TIMEOUT_S),
+                                                     args.callers, args.seconds)
                 all_latencies, all_failures, total = collected[setup]
                 all_latencies.extend(latencies)
                 all_failures.extend(failures)
@@ -230,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"round {round_ + 1} {setup}: {len(latencies) / wall:.1f} calls/s, "
                       f"{len(failures)} failed", file=sys.stderr)
         after = gateways[SETUPS[1]].replica_inferences()
-    results = {setup: _summary(*collected[setup]) for setup in SETUPS}
+    results = {setup: summary(*collected[setup]) for setup in SETUPS}
     one, two = (results[s]["calls_per_s"] for s in SETUPS)
     ratio = two / one if one else None
     split = {replica: after.get(replica, 0.0) - before.get(replica, 0.0) for replica in sorted(after)}

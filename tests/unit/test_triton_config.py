@@ -79,10 +79,10 @@ def test_defaults_match_the_measured_setup() -> None:
     config = _round_trip("kt", options)
     assert config.max_batch_size == 1024
     assert list(config.input[0].dims) == [100]
-    assert config.parameters[PARAM_ORT_INTRA_OP_THREADS].string_value == "2"
+    assert config.parameters[PARAM_ORT_INTRA_OP_THREADS].string_value == "1"      # `routerkt bench cost`
     assert config.instance_group[0].count == 1
     assert config.version_policy.latest.num_versions == 2
-    assert config.dynamic_batching.max_queue_delay_microseconds == 2000
+    assert config.dynamic_batching.max_queue_delay_microseconds == 500
 
 
 def test_warmup_is_one_zero_filled_batch_of_every_input() -> None:
@@ -108,7 +108,7 @@ def test_onnxruntime_backend_targets_gpu_with_tensorrt_accelerator(fp16: bool, p
     assert [a.name for a in accelerators] == ["tensorrt"]
     assert accelerators[0].parameters["precision_mode"] == precision
     assert accelerators[0].parameters["max_workspace_size_bytes"] == str(1 << 28)
-    assert config.parameters["intra_op_thread_count"].string_value == "2"
+    assert config.parameters["intra_op_thread_count"].string_value == str(TritonModelOptions().ort_intra_op_threads)
 
 
 def test_tensorrt_backend_serves_a_plan_on_gpu() -> None:

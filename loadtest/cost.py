@@ -1,0 +1,240 @@
+"""`routerkt bench cost`: what one Predict costs at each layer, and the Triton settings that cut it,
+side by side in one run.
+
+    routerkt bench cost [--repository model_repository] [--model NAME] [--candidates 1]
+                        [--queue-delays 0,100,500,2000] [--ort-threads 1,2] [--callers 1,8,32]
+                        [--seconds 5] [--rounds 2] [--out bench/cost]
+
+One request shape (a full history of window - 1 interactions, `--candidates` candidates) measured at
+three levels:
+  onnxruntime  the served rank graph in this process (spinning off, `--ort-threads` intra-op
+               threads): batch-1 latency, and samples/s at batch 512 (512 learners, one candidate);
+  triton       tritonclient gRPC straight to Triton, `--callers` threads back to back;
+  gateway      a `routerkt serve` process (no session store) over that Triton, stateless Predict.
+Every Triton setting (`--queue-delays` x `--ort-threads`: a copy of the repository with those two
+values in config.pbtxt) runs as its own tritonserver + gateway at once, and the phases are
+interleaved round by round (setting, callers, level), so machine drift hits every cell alike.
+The same run measures the CPU's float32 matmul peak (numpy, 2048^2) to put samples/s against.
+Writes OUT/cost.json and prints the table; the chosen settings live in export/triton_config.py.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import numpy as np
+
+from loadtest.closed_loop import run_phase, summary
+from loadtest.learners import load_vocabulary
+from loadtest.replicas import _Gateway
+from routerkt.atomic import atomic_write_json
+from routerkt.errors import UserError
+
+READY_TIMEOUT_S = 180.0
+CALL_TIMEOUT_S = 10.0
+LEVELS = ("triton", "gateway")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--repository", type=Path, default=Path("model_repository"))
+    p.add_argument("--model", default=None, help="model name (default: the repository's only model)")
+    p.add_argument("--candidates", type=int, default=1, help="candidates per request")
+    p.add_argument("--queue-delays", default="0,100,500,2000", help="dynamic batcher max_queue_delay_us values")
+    p.add_argument("--ort-threads", default="1,2", help="onnxruntime intra-op threads per Triton instance")
+    p.add_argument("--callers", default="1,8,32", help="concurrent caller threads per phase")
+    p.add_argument("--seconds", type=float, default=5.0, help="length of each phase")
+    p.add_argument("--rounds", type=int, default=2, help="interleaved rounds (results pooled)")
+    p.add_argument("--out", type=Path, default=Path("bench/cost"), help="output folder")
+
+
+def _ints(text: str, flag: str, low: int) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UserError(f"{flag} takes comma-separated integers, got {text!r}") from None
+    if not values or min(values) < low:
+        raise UserError(f"{flag} needs integers >= {low}, got {text!r}")
+    return values
+
+
+def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
+    """Best-of-`repeats` float32 n x n matmul rate of numpy's BLAS, GFLOP/s."""
+    a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+    b = np.random.default_rng(1).standard_normal((n, n), dtype=np.float32)
+    a @ b
+    best = min(_timed(lambda: a @ b) for _ in range(repeats))
+    return 2 * n ** 3 / best / 1e9
+
+
+def _timed(fn) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def setting_repository(source: Path, model: str, out: Path, delay_us: int, threads: int) -> Path:
+    """A copy of `source` holding only `model`, with the two settings replaced in its config.pbtxt."""
+    repo = out / f"repo-d{delay_us}-t{threads}"
+    if repo.exists():
+        shutil.rmtree(repo)
+    shutil.copytree(source / model, repo / model, ignore=shutil.ignore_patterns("__pycache__"))
+    config = repo / model / "config.pbtxt"
+    text = config.read_text()
+    text, n_delay = re.subn(r"max_queue_delay_microseconds: \d+", f"max_queue_delay_microseconds: {delay_us}", text)
+    text, n_threads = re.subn(r'(key: "ORT_INTRA_OP_THREADS"\s*value \{\s*string_value: )"\d+"',
+                              rf'\1"{threads}"', text)
+    if n_delay != 1 or n_threads != 1:
+        raise UserError(f"{config}: expected one max_queue_delay_microseconds and one ORT_INTRA_OP_THREADS "
+                        "(re-export with `routerkt export`)")
+    config.write_text(text)
+    return repo
+
+
+def rank_feeds(version_dir: Path, history: list[tuple[int, int]], candidates: list[int]) -> dict[str, np.ndarray]:
+    """The rank graph's inputs [1, window - 1] / [1, C] for raw (question, correct) pairs and raw
+    candidate questions, encoded with the version's vocabulary (the gateway's mapping)."""
+    from routerkt.contract import signature
+    from routerkt.contract.vocab import Vocab
+
+    vocab = Vocab.load(version_dir / signature.VOCAB_FILE)
+    hq = np.asarray([q for q, _ in history], dtype=np.int64)
+    cq = np.asarray(candidates, dtype=np.int64)
+    arrays = [vocab.encode_questions(hq), vocab.encode_skills(vocab.skills_of_questions(hq)),
+              np.asarray([c for _, c in history], dtype=np.int64), vocab.encode_questions(cq),
+              vocab.encode_skills(vocab.skills_of_questions(cq))]
+    return {name: a.reshape(1, -1) for name, a in zip(signature.RANK.input_names, arrays)}
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def ort_level(rank_path: Path, feeds: dict[str, np.ndarray], threads: int) -> dict:
+    """In-process onnxruntime on the rank graph: batch-1 p50 and batch-512 samples/s."""
+    from routerkt.contract import signature
+    from routerkt.contract.onnx_session import cpu_session
+
+    session = cpu_session(rank_path, threads=threads)
+    one = {k: v[:1] for k, v in feeds.items()}
+    for _ in range(20):
+        session.run([signature.CANDIDATE_PROBS], one)
+    times = [_timed(lambda: session.run([signature.CANDIDATE_PROBS], one)) for _ in range(300)]
+    big = {k: np.repeat(v[:1], 512, axis=0) for k, v in feeds.items()}
+    session.run([signature.CANDIDATE_PROBS], big)
+    best = min(_timed(lambda: session.run([signature.CANDIDATE_PROBS], big)) for _ in range(5))
+    return {"batch1_p50_ms": statistics.median(times) * 1e3, "batch512_samples_per_s": 512 / best}
+
+
+def run(args: argparse.Namespace) -> int:
+    import tritonclient.grpc as triton_grpc
+
+    from routerkt.contract import signature
+    from serving.api import knowledge_tracing_pb2 as pb
+    from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
+    from serving.client import connect
+    from serving.triton_launcher import TritonServer
+
+    delays = _ints(args.queue_delays, "--queue-delays", 0)
+    threads_list = _ints(args.ort_threads, "--ort-threads", 1)
+    callers_list = _ints(args.callers, "--callers", 1)
+    if args.seconds <= 0 or args.rounds < 1 or args.candidates < 1:
+        raise UserError("--seconds must be > 0, --rounds and --candidates >= 1")
+    vocabulary = load_vocabulary(args.repository, args.model)
+    source, out = args.repository.resolve(), args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    version_dir = source / vocabulary.model / str(vocabulary.version)
+    rank_path = version_dir / signature.RANK_ONNX_FILE
+    if not rank_path.is_file():
+        raise UserError(f"{rank_path} not found: this benchmark needs the rank graph (re-export the model)")
+    window = int(json.loads((version_dir / signature.INFO_FILE).read_text())["window"])
+    q = vocabulary.questions
+    pairs = [(q[(7 * i) % len(q)], i % 2) for i in range(window - 1)]
+    asked = [q[(3 * j) % len(q)] for j in range(args.candidates)]
+    request = pb.PredictRequest(model=vocabulary.model, candidates=[pb.Candidate(question_id=c) for c in asked],
+                                history=[pb.Interaction(question_id=a, correct=c) for a, c in pairs])
+    feeds = rank_feeds(version_dir, pairs, asked)
+
+    print(f"model {vocabulary.model} v{vocabulary.version}, history {window - 1}, {args.candidates} candidate(s); "
+          f"{os.cpu_count()} CPUs", file=sys.stderr)
+    peak = matmul_peak_gflops()
+    ort = {t: ort_level(rank_path, feeds, t) for t in threads_list}
+    settings = [(d, t) for t in threads_list for d in delays]
+    cells: dict[tuple, tuple[list[float], list[str], float]] = {}
+    with ExitStack() as stack:
+        previous = signal.signal(signal.SIGTERM, _interrupt)
+        stack.callback(signal.signal, signal.SIGTERM, previous)
+        calls = {}
+        for delay, threads in settings:
+            repo = setting_repository(source, vocabulary.model, out, delay, threads)
+            name = f"d{delay}-t{threads}"
+            triton = TritonServer(repo, log_path=out / f"triton-{name}.log", exit_timeout_s=5)
+            stack.callback(triton.stop)
+            triton.start(timeout=READY_TIMEOUT_S)
+            gateway = _Gateway(repo, triton.grpc_url, out / f"gateway-{name}.log")
+            stack.callback(gateway.stop)
+            gateway.wait_ready(1)
+            client = triton_grpc.InferenceServerClient(triton.grpc_url)
+            stack.callback(client.close)
+            inputs = []
+            for spec in signature.RANK.inputs:
+                tensor = triton_grpc.InferInput(spec.name, list(feeds[spec.name][:1].shape), spec.onnx_dtype)
+                tensor.set_data_from_numpy(feeds[spec.name][:1])
+                inputs.append(tensor)
+            stub = pb_grpc.KnowledgeTracingServiceStub(stack.enter_context(connect(gateway.target)))
+            model, version = vocabulary.model, str(vocabulary.version)
+            calls[(delay, threads)] = {
+                "triton": lambda c=client, i=inputs: c.infer(model, i, model_version=version,
+                                                             client_timeout=CALL_TIMEOUT_S),
+                "gateway": lambda s=stub: s.Predict(request, timeout=CALL_TIMEOUT_S)}
+            for call in calls[(delay, threads)].values():     # warm-up: connections, first inferences
+                for _ in range(20):
+                    call()
+            print(f"setting {name}: ready", file=sys.stderr)
+        for round_ in range(args.rounds):
+            for setting in settings:
+                for callers in callers_list:
+                    for level in LEVELS:
+                        latencies, failures, wall = run_phase(calls[setting][level], callers, args.seconds)
+                        pooled = cells.get((*setting, callers, level), ([], [], 0.0))
+                        cells[(*setting, callers, level)] = (pooled[0] + latencies, pooled[1] + failures,
+                                                             pooled[2] + wall)
+            print(f"round {round_ + 1}/{args.rounds} done", file=sys.stderr)
+    results = {f"{level} d{d} t{t} c{c}": summary(*cells[(d, t, c, level)])
+               for d, t in settings for c in callers_list for level in LEVELS}
+    report = {"model": vocabulary.model, "version": vocabulary.version, "matmul_peak_gflops": peak,
+              "onnxruntime": {str(t): v for t, v in ort.items()}, "results": results,
+              "settings": {"candidates": args.candidates, "history": window - 1, "seconds": args.seconds,
+                           "rounds": args.rounds, "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%dT%H:%M:%S")}}
+    atomic_write_json(out / "cost.json", report)
+    print(format_report(report, settings, callers_list))
+    print(f"wrote {out / 'cost.json'}")
+    return 1 if any(r["failures"] for r in results.values()) else 0
+
+
+def format_report(report: dict, settings: list[tuple[int, int]], callers_list: list[int]) -> str:
+    lines = [f"float32 matmul peak (numpy 2048^2): {report['matmul_peak_gflops']:.0f} GFLOP/s"]
+    for t, v in report["onnxruntime"].items():
+        lines.append(f"onnxruntime in-process, {t} thread(s): batch 1 p50 {v['batch1_p50_ms']:.2f} ms, "
+                     f"batch 512 {v['batch512_samples_per_s']:.0f} samples/s")
+    head = f"{'delay us':>8} {'threads':>7} {'callers':>7} | {'triton/s':>8} {'p50':>6} {'p99':>6} | " \
+           f"{'gateway/s':>9} {'p50':>6} {'p99':>6} | {'gw/triton':>9} {'gw p50/ort':>10}"
+    lines += [head, "-" * len(head)]
+    for d, t in settings:
+        ort_p50 = report["onnxruntime"][str(t)]["batch1_p50_ms"]
+        for c in callers_list:
+            tr, gw = (report["results"][f"{level} d{d} t{t} c{c}"] for level in LEVELS)
+            ratio = gw["calls_per_s"] / tr["calls_per_s"] if tr["calls_per_s"] else float("nan")
+            over = (gw["p50_ms"] or float("nan")) / ort_p50
+            lines.append(f"{d:>8} {t:>7} {c:>7} | {tr['calls_per_s']:>8.1f} {tr['p50_ms'] or 0:>6.1f} "
+                         f"{tr['p99_ms'] or 0:>6.1f} | {gw['calls_per_s']:>9.1f} {gw['p50_ms'] or 0:>6.1f} "
+                         f"{gw['p99_ms'] or 0:>6.1f} | {ratio:>8.2f}x {over:>9.2f}x")
+    return "\n".join(lines)
