@@ -98,6 +98,50 @@ def _stalled_folds(out: Path) -> list[str]:
     return rows
 
 
+def paired_difference(variant: list[float], control: list[float]) -> dict:
+    """Per-fold variant - control differences (same folds, in fold order): mean, sample std (n-1),
+    paired t statistic and its two-sided p-value (Student t, n-1 degrees of freedom)."""
+    from scipy import stats
+
+    n = min(len(variant), len(control))
+    diffs = [a - b for a, b in zip(variant[:n], control[:n])]
+    mean = sum(diffs) / n if n else math.nan
+    if n < 2:
+        return {"n": n, "mean": mean, "std": math.nan, "t": math.nan, "p": math.nan}
+    std = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
+    if std == 0.0:
+        return {"n": n, "mean": mean, "std": 0.0, "t": math.nan, "p": 1.0 if mean == 0.0 else 0.0}
+    t = mean / (std / math.sqrt(n))
+    return {"n": n, "mean": mean, "std": std, "t": t, "p": float(2 * stats.t.sf(abs(t), n - 1))}
+
+
+def _stalled(metrics: dict) -> list[int]:
+    """Folds whose best validation epoch is <= 2 (stopped before learning)."""
+    return [k for k, epoch in enumerate(metrics.get("best_epochs", [])) if epoch <= 2]
+
+
+def _paired_rows(runs: dict[str, dict[str, dict]], leaks: set[str]) -> list[str]:
+    """One row per (dataset, run) whose preset has a dense control run in the same dataset. A run
+    whose routing reads the future is compared by its history-only score (none cached: no row)."""
+    from training.models.registry import dense_control
+
+    rows = []
+    for d in sorted(runs):
+        for v, m in sorted(runs[d].items()):
+            control = dense_control(m.get("preset", ""))
+            scores = (m.get("history_only") or {}) if v in leaks else m
+            if control is None or control not in runs[d] or "folds" not in scores.get("auc", {}):
+                continue
+            c = runs[d][control]
+            v = v + ", history only" if v in leaks else v
+            r = paired_difference(scores["auc"]["folds"], c["auc"]["folds"])
+            stalled = sorted(set(_stalled(m)) | set(_stalled(c)))
+            flag = ", ".join(str(k) for k in stalled) if stalled else "-"
+            rows.append(f"| {d} | {v} | {control} | {r['n']} | {r['mean']:+.4f} | {r['std']:.4f} | "
+                        f"{r['t']:.2f} | {r['p']:.3f} | {flag} |")
+    return rows
+
+
 def render_report(out: Path) -> str:
     """The text of OUT/RESULTS.md from the runs in OUT."""
     out = Path(out)
@@ -130,6 +174,9 @@ def render_report(out: Path) -> str:
                     same_folds.append(text["same_folds"].format(dataset=d, n=n, baseline=ablations[0],
                                                                 auc=sum(same) / len(same)))
         lines += (same_folds + [""]) if same_folds else []
+    paired = _paired_rows(runs, leaks)
+    if paired:
+        lines += [text["paired"]] + paired + [""]
     stalled = _stalled_folds(out)
     if stalled:
         lines += [text["stalled"]] + stalled + [""]

@@ -40,3 +40,27 @@ def test_leaking_runs_are_known_from_their_config(tmp_path):
         (tmp_path / "toy" / name / "metrics.json").write_text(json.dumps({"folds": 5}))
     _, leaky = report._load(tmp_path)
     assert leaky == {"renamed"}
+
+
+def test_paired_difference_matches_a_paired_t_test():
+    from scipy import stats
+    variant, control = [0.75, 0.76, 0.74, 0.77, 0.75], [0.74, 0.74, 0.74, 0.75, 0.73]
+    r = report.paired_difference(variant, control)
+    expected = stats.ttest_rel(variant, control)
+    assert r["n"] == 5 and abs(r["mean"] - 0.014) < 1e-12
+    assert abs(r["t"] - expected.statistic) < 1e-9 and abs(r["p"] - expected.pvalue) < 1e-9
+    diffs = [a - b for a, b in zip(variant, control)]
+    assert abs(r["std"] - stats.tstd(diffs)) < 1e-12          # sample std (n - 1)
+    assert report.paired_difference([0.7], [0.6])["n"] == 1
+
+
+def test_paired_rows_use_history_only_scores_of_leaking_runs_and_flag_stalled_folds():
+    control = {"preset": "akt-standard", "auc": {"folds": [0.70, 0.71, 0.72]}, "best_epochs": [5, 1, 9]}
+    leaky = {"preset": "routerkt-akt", "auc": {"folds": [0.80, 0.81, 0.82]}, "best_epochs": [4, 4, 4],
+             "history_only": {"auc": {"folds": [0.69, 0.70, 0.73]}}}
+    dkt = {"preset": "dkt", "auc": {"folds": [0.7, 0.7, 0.7]}}
+    rows = report._paired_rows({"toy": {"akt-standard": control, "seq": leaky, "dkt": dkt}}, leaks={"seq"})
+    assert len(rows) == 1                                        # dkt has no control; the control is no row
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    assert cells[:5] == ["toy", "seq, history only", "akt-standard", "3", "-0.0033"]
+    assert cells[-1] == "1"                                      # the control's fold 1 stopped at epoch 1

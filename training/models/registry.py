@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from routerkt.errors import UserError
-from training.config import ModelConfig, RunConfig, apply_overrides, from_dict, to_dict
+from training.config import Backbone, ModelConfig, RunConfig, apply_overrides, from_dict, to_dict
 from training.models import akt, cl4kt, dkt, simplekt  # noqa: F401  (registration side effect)
 from training.models.base import MODELS, KTModel
 
@@ -48,6 +48,19 @@ PRESETS: dict[str, dict[str, Any]] = {
     # the classic reference point
     "dkt": {"backbone": "dkt", "dropout": 0.2},
 }
+
+# Each attention backbone's dense standard-attention control: what a variant is compared with
+# fold by fold (training/report.py). DKT has none.
+DENSE_CONTROLS: dict[Backbone, str] = {Backbone.AKT: "akt-standard", Backbone.CL4KT: "cl4kt-standard",
+                                       Backbone.SIMPLEKT: "simplekt"}
+
+
+def dense_control(preset: str) -> str | None:
+    """The preset a variant of `preset` is compared with (None: no control, or it is the control)."""
+    if preset not in PRESETS:
+        return None
+    control = DENSE_CONTROLS.get(preset_config(preset).backbone)
+    return None if control == preset else control
 
 
 def preset_config(name: str) -> ModelConfig:
