@@ -1,6 +1,7 @@
 """RESULTS.md from a `routerkt reproduce` results directory: AUC / ACC / RMSE (mean +- std over the
 folds that ran) per dataset x preset with the best per dataset in bold, the ablation and grid
-tables, the attention-diversity table, wall times and the published reference numbers.
+tables, paired differences to each backbone's dense control, leak-audit verdicts where a run was
+audited, the attention-diversity table, wall times and the published reference numbers.
 
 The prose is in report_template.md and the published numbers in published_numbers.json, both next
 to this file; this module only computes and lays out the tables.
@@ -142,6 +143,19 @@ def _paired_rows(runs: dict[str, dict[str, dict]], leaks: set[str]) -> list[str]
     return rows
 
 
+def _audit_rows(out: Path) -> list[str]:
+    """One row per run with an audit.json (`routerkt audit --run RUN`)."""
+    rows = []
+    for path in sorted(out.glob("*/*/audit.json")):
+        a = json.loads(path.read_text())
+        probe, visible, control = a.get("probe", {}), a.get("visible_answers", {}), a.get("control") or {}
+        shown = f"{control['auc']:.4f}" if "auc" in control else "skipped"
+        rows.append(f"| {path.parent.parent.name} | {path.parent.name} | {a.get('fold', '-')} | "
+                    f"{probe.get('max_diff', math.nan):.1e} | {visible.get('visible', '-')} / {visible.get('scored', '-')} | "
+                    f"{shown} | {a.get('verdict', '-')} |")
+    return rows
+
+
 def render_report(out: Path) -> str:
     """The text of OUT/RESULTS.md from the runs in OUT."""
     out = Path(out)
@@ -177,6 +191,9 @@ def render_report(out: Path) -> str:
     paired = _paired_rows(runs, leaks)
     if paired:
         lines += [text["paired"]] + paired + [""]
+    audits = _audit_rows(out)
+    if audits:
+        lines += [text["audit"]] + audits + [""]
     stalled = _stalled_folds(out)
     if stalled:
         lines += [text["stalled"]] + stalled + [""]

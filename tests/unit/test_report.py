@@ -64,3 +64,12 @@ def test_paired_rows_use_history_only_scores_of_leaking_runs_and_flag_stalled_fo
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
     assert cells[:5] == ["toy", "seq, history only", "akt-standard", "3", "-0.0033"]
     assert cells[-1] == "1"                                      # the control's fold 1 stopped at epoch 1
+
+
+def test_audited_runs_get_a_row_with_their_verdict(tmp_path):
+    run = tmp_path / "toy" / "routerkt-akt"
+    run.mkdir(parents=True)
+    (run / "audit.json").write_text(json.dumps({
+        "verdict": "PASS", "fold": 2, "probe": {"max_diff": 0.0}, "visible_answers": {"visible": 0, "scored": 10},
+        "control": {"auc": 0.4982}}))
+    assert report._audit_rows(tmp_path) == ["| toy | routerkt-akt | 2 | 0.0e+00 | 0 / 10 | 0.4982 | PASS |"]
