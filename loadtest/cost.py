@@ -35,7 +35,7 @@ import numpy as np
 
 from loadtest.closed_loop import run_phase, summary
 from loadtest.learners import load_vocabulary
-from loadtest.replicas import _Gateway
+from loadtest.replicas import gateway_over, wait_replicas
 from routerkt.atomic import atomic_write_json
 from routerkt.errors import UserError
 
@@ -179,9 +179,9 @@ def run(args: argparse.Namespace) -> int:
             triton = TritonServer(repo, log_path=out / f"triton-{name}.log", exit_timeout_s=5)
             stack.callback(triton.stop)
             triton.start(timeout=READY_TIMEOUT_S)
-            gateway = _Gateway(repo, triton.grpc_url, out / f"gateway-{name}.log")
+            gateway = gateway_over(repo, triton.grpc_url, out / f"gateway-{name}").start()
             stack.callback(gateway.stop)
-            gateway.wait_ready(1)
+            wait_replicas(gateway, 1)
             client = triton_grpc.InferenceServerClient(triton.grpc_url)
             stack.callback(client.close)
             inputs = []
@@ -189,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
                 tensor = triton_grpc.InferInput(spec.name, list(feeds[spec.name][:1].shape), spec.onnx_dtype)
                 tensor.set_data_from_numpy(feeds[spec.name][:1])
                 inputs.append(tensor)
-            stub = pb_grpc.KnowledgeTracingServiceStub(stack.enter_context(connect(gateway.target)))
+            stub = pb_grpc.KnowledgeTracingServiceStub(stack.enter_context(connect(gateway.address)))
             model, version = vocabulary.model, str(vocabulary.version)
             calls[(delay, threads)] = {
                 "triton": lambda c=client, i=inputs: c.infer(model, i, model_version=version,

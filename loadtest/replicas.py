@@ -15,21 +15,22 @@ on this machine: with few cores the replicas share them, so expect a small ratio
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import re
 import signal
-import subprocess
 import sys
 import threading
 import time
 from contextlib import ExitStack
 from pathlib import Path
 
+import httpx
+
 from loadtest.closed_loop import run_phase, summary
+from loadtest.gateway_process import GatewayProcess
 from loadtest.learners import load_vocabulary
 from routerkt.atomic import atomic_write_json
 from routerkt.errors import UserError
-from serving.processes import terminate
 
 READY_TIMEOUT_S = 180.0
 CALL_TIMEOUT_S = 5.0
@@ -47,62 +48,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=Path("bench/replicas"), help="output folder")
 
 
-class _Gateway:
+def gateway_over(repository: Path, triton_url: str, folder: Path) -> GatewayProcess:
     """`routerkt serve --triton-url URLS --store none` as a child process (stopped by PID)."""
+    return GatewayProcess(repository, folder, ["--triton-url", triton_url, "--store", "none"])
 
-    def __init__(self, repository: Path, triton_url: str, log: Path) -> None:
-        from serving.triton_launcher import free_port
 
-        self.grpc_port, self.http_port = free_port(), free_port()
-        self.log = log
-        command = [sys.executable, "-m", "routerkt.cli", "serve", "--repository", str(repository),
-                   "--triton-url", triton_url, "--store", "none", "--grpc-port", str(self.grpc_port),
-                   "--http-port", str(self.http_port), "--state-dir", str(log.parent / "state"),
-                   "--log-format", "json", "--grace-period", "2"]
-        with open(log, "ab") as handle:
-            self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=handle, stderr=handle,
-                                            start_new_session=True)
+def wait_replicas(gateway: GatewayProcess, replicas: int) -> None:
+    """/readyz says ready and every one of `replicas` replicas serves (bounded)."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if gateway.process is None or gateway.process.poll() is not None:
+            raise UserError(f"the gateway exited (log {gateway.log})")
+        try:
+            status, text = gateway.get("/readyz")
+            body = json.loads(text)
+            served = [r["serving"] for r in body.get("replicas", [])] or [body.get("ready", False)]
+            if status == 200 and len(served) == replicas and all(served):
+                return
+        except (OSError, ValueError, KeyError, TypeError, httpx.HTTPError):
+            pass                                     # not listening yet
+        time.sleep(0.3)
+    raise UserError(f"the gateway over {replicas} Triton(s) was not ready within {READY_TIMEOUT_S:.0f} s "
+                    f"(log {gateway.log})")
 
-    @property
-    def target(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
 
-    def _get(self, path: str) -> tuple[int, str]:
-        import httpx
-        response = httpx.get(f"http://127.0.0.1:{self.http_port}{path}", timeout=5.0, trust_env=False)
-        return response.status_code, response.text
-
-    def wait_ready(self, replicas: int) -> None:
-        """/readyz says ready and every replica serves (bounded)."""
-        import json
-
-        import httpx
-
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise UserError(f"the gateway exited with code {self.process.returncode} (log {self.log})")
-            try:
-                status, text = self._get("/readyz")
-                body = json.loads(text)
-                served = [r["serving"] for r in body.get("replicas", [])] or [body.get("ready", False)]
-                if status == 200 and len(served) == replicas and all(served):
-                    return
-            except (httpx.HTTPError, ValueError, KeyError, TypeError):
-                time.sleep(0.3)                      # not listening yet
-                continue
-            time.sleep(0.3)
-        raise UserError(f"the gateway over {replicas} Triton(s) was not ready within {READY_TIMEOUT_S:.0f} s "
-                        f"(log {self.log})")
-
-    def replica_inferences(self) -> dict[str, float]:
-        """routerkt_triton_replica_inferences_total per replica index."""
-        _, text = self._get("/metrics")
-        return {m.group(1): float(m.group(2)) for m in re.finditer(
-            r'^routerkt_triton_replica_inferences_total\{replica="(\d+)"\} (\S+)$', text, re.MULTILINE)}
-
-    def stop(self) -> None:
-        terminate(self.process)
+def replica_inferences(gateway: GatewayProcess) -> dict[str, float]:
+    """routerkt_triton_replica_inferences_total per replica index."""
+    return {str(i): gateway.metric("routerkt_triton_replica_inferences_total", replica=str(i)) for i in range(2)}
 
 
 def format_table(results: dict[str, dict]) -> str:
@@ -161,14 +133,14 @@ def run(args: argparse.Namespace) -> int:
             raise errors[0]
         gateways = {}
         for setup, urls in zip(SETUPS, (tritons[0].grpc_url, ",".join(t.grpc_url for t in tritons))):
-            gateway = _Gateway(repository, urls, out / f"gateway-{setup.split()[0]}.log")
+            gateway = gateway_over(repository, urls, out / f"gateway-{setup.split()[0]}").start()
             stack.callback(gateway.stop)
             gateways[setup] = gateway
         for replicas, gateway in enumerate(gateways.values(), start=1):
-            gateway.wait_ready(replicas)
+            wait_replicas(gateway, replicas)
         stubs = {}
         for setup, gateway in gateways.items():
-            channel = stack.enter_context(connect(gateway.target))
+            channel = stack.enter_context(connect(gateway.address))
             stubs[setup] = pb_grpc.KnowledgeTracingServiceStub(channel)
             try:
                 for _ in range(20):                       # warm-up (connections, first inferences)
@@ -179,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
               f"phase, {args.rounds} round(s), Predict with {args.history} interactions and {args.candidates} "
               f"candidates; {os.cpu_count()} CPUs", file=sys.stderr)
         collected: dict[str, tuple[list[float], list[str], float]] = {s: ([], [], 0.0) for s in SETUPS}
-        before = gateways[SETUPS[1]].replica_inferences()
+        before = replica_inferences(gateways[SETUPS[1]])
         for round_ in range(args.rounds):
             for setup in SETUPS:
                 latencies, failures, wall = run_phase(lambda stub=stubs[setup]: stub.Predict(request, timeout=CALL_TIMEOUT_S),
@@ -190,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
                 collected[setup] = (all_latencies, all_failures, total + wall)
                 print(f"round {round_ + 1} {setup}: {len(latencies) / wall:.1f} calls/s, "
                       f"{len(failures)} failed", file=sys.stderr)
-        after = gateways[SETUPS[1]].replica_inferences()
+        after = replica_inferences(gateways[SETUPS[1]])
     results = {setup: summary(*collected[setup]) for setup in SETUPS}
     one, two = (results[s]["calls_per_s"] for s in SETUPS)
     ratio = two / one if one else None

@@ -6,106 +6,39 @@ calls; the restarted Triton (same ports) gets inferences again, the restarted ga
 gets calls again."""
 from __future__ import annotations
 
-import os
-import re
-import subprocess
-import sys
+import json
 import threading
 import time
 from collections import Counter
 from pathlib import Path
 
 import grpc
-import httpx
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from loadtest.gateway_process import GatewayProcess
 from serving.api import knowledge_tracing_pb2 as pb
 from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
 from serving.client import connect_balanced
-from serving.processes import kill, terminate
 from serving.sessions.keys import SECRET_ENV
 from serving.sessions.redis_server import RedisServer
-from serving.triton_launcher import TritonServer, free_port
+from serving.triton_launcher import TritonServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 SECRET = "replica-test-secret-of-32-bytes!"
-ROUTERKT = Path(sys.executable).with_name("routerkt")
 CALL_TIMEOUT_S = 5.0
 CALLERS = 3
+SERVICES = ("", "routerkt.v1.Sessions")           # the gateway's health services, both must be SERVING
 
 
-class Gateway:
-    """`routerkt serve --triton-url A,B --store redis://...` as a child process (stopped by PID);
-    the same ports on every (re)start."""
+def gateway(repository: Path, triton_urls: str, store_url: str, folder: Path) -> GatewayProcess:
+    """`routerkt serve --triton-url A,B --store redis://...` (same ports on every restart)."""
+    return GatewayProcess(repository, folder, ["--triton-url", triton_urls, "--store", store_url],
+                          env={SECRET_ENV: SECRET})
 
-    def __init__(self, repository: Path, triton_urls: str, store_url: str, folder: Path) -> None:
-        self.repository, self.triton_urls, self.store_url, self.folder = repository, triton_urls, store_url, folder
-        self.grpc_port, self.http_port = free_port(), free_port()
-        self.process: subprocess.Popen | None = None
-        self.starts = 0
 
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
-
-    @property
-    def log(self) -> Path:
-        return self.folder / f"gateway-{self.grpc_port}-{self.starts}.log"
-
-    def start(self) -> Gateway:
-        self.starts += 1
-        command = [str(ROUTERKT), "serve", "--repository", str(self.repository), "--triton-url", self.triton_urls,
-                   "--store", self.store_url, "--grpc-port", str(self.grpc_port), "--http-port", str(self.http_port),
-                   "--state-dir", str(self.folder / "state"), "--log-format", "json", "--grace-period", "2"]
-        with open(self.log, "ab") as log:
-            self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                            env={**os.environ, SECRET_ENV: SECRET})
-        return self
-
-    def wait_serving(self, timeout: float = 60.0) -> Gateway:
-        deadline = time.monotonic() + timeout
-        with grpc.insecure_channel(self.address, options=[("grpc.enable_http_proxy", 0)]) as channel:
-            health = health_pb2_grpc.HealthStub(channel)
-            while time.monotonic() < deadline:
-                assert self.process is not None and self.process.poll() is None, self.tail()
-                try:
-                    statuses = [health.Check(health_pb2.HealthCheckRequest(service=s), timeout=1.0).status
-                                for s in ("", "routerkt.v1.Sessions")]
-                    if statuses == [health_pb2.HealthCheckResponse.SERVING] * 2:
-                        return self
-                except grpc.RpcError:
-                    pass
-                time.sleep(0.2)
-        raise AssertionError(f"gateway {self.address} not SERVING within {timeout:.0f}s:\n{self.tail()}")
-
-    def metric(self, name: str, **labels: str) -> float:
-        """The sum of `name`'s samples with these labels, from /metrics (0 when absent)."""
-        text = httpx.get(f"http://127.0.0.1:{self.http_port}/metrics", timeout=5.0, trust_env=False).text
-        total = 0.0
-        for line in text.splitlines():
-            match = re.fullmatch(rf"{name}(?:\{{(.*)\}})? (\S+)", line)
-            if match:
-                found = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1) or ""))
-                if all(found.get(k) == v for k, v in labels.items()):
-                    total += float(match.group(2))
-        return total
-
-    def readyz(self) -> dict:
-        return httpx.get(f"http://127.0.0.1:{self.http_port}/readyz", timeout=5.0, trust_env=False).json()
-
-    def kill(self) -> None:
-        kill(self.process)
-
-    def stop(self) -> None:
-        terminate(self.process)
-
-    def tail(self, chars: int = 3000) -> str:
-        try:
-            return self.log.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
+def readyz(gw: GatewayProcess) -> dict:
+    return json.loads(gw.get("/readyz")[1])
 
 
 class Load:
@@ -178,7 +111,7 @@ def test_killed_triton_and_gateway_cost_no_call_and_rejoin(kt_repository, tmp_pa
     repository = kt_repository.path
     tritons = [TritonServer(repository, log_path=tmp_path / f"triton-{i}.log", exit_timeout_s=3) for i in range(2)]
     redis = RedisServer(tmp_path / "redis")
-    gateways: list[Gateway] = []
+    gateways: list[GatewayProcess] = []
     load: Load | None = None
     try:
         starting = [threading.Thread(target=t.start, kwargs={"timeout": 120}) for t in tritons]
@@ -189,14 +122,13 @@ def test_killed_triton_and_gateway_cost_no_call_and_rejoin(kt_repository, tmp_pa
             thread.join()
         assert all(t.is_running() for t in tritons), [t.log_tail(20) for t in tritons]
         urls = ",".join(t.grpc_url for t in tritons)
-        gateways = [Gateway(repository, urls, redis.url, tmp_path / f"gw{i}") for i in range(2)]
+        gateways = [gateway(repository, urls, redis.url, tmp_path / f"gw{i}") for i in range(2)]
         for gw in gateways:
-            gw.folder.mkdir()
             gw.start()
         for gw in gateways:
-            gw.wait_serving()
+            gw.wait_serving(SERVICES, timeout=60.0)
             wait_for(f"both replicas ready in {gw.address}", lambda gw=gw: all(
-                r["serving"] for r in gw.readyz()["replicas"]), 30, gw.tail)
+                r["serving"] for r in readyz(gw)["replicas"]), 30, gw.tail)
 
         load = Load([gw.address for gw in gateways]).start()
         wait_for("calls under load", lambda: load.ok_in("warm") >= 30, 30)
@@ -207,12 +139,12 @@ def test_killed_triton_and_gateway_cost_no_call_and_rejoin(kt_repository, tmp_pa
         load.phase = "triton killed"
         tritons[0].kill()
         wait_for("replica 0 marked down", lambda: all(
-            not gw.readyz()["replicas"][0]["triton"] for gw in gateways), 15)
+            not readyz(gw)["replicas"][0]["triton"] for gw in gateways), 15)
         down = [gw.metric("routerkt_triton_replica_inferences_total", replica="0") for gw in gateways]
         mark = load.ok_in("triton killed")
         wait_for("calls with one Triton", lambda: load.ok_in("triton killed") >= mark + 30, 30)
         assert [gw.metric("routerkt_triton_replica_inferences_total", replica="0") for gw in gateways] == down
-        assert all(gw.readyz()["ready"] for gw in gateways)
+        assert all(readyz(gw)["ready"] for gw in gateways)
 
         # -- restart it on the same ports: it rejoins ----------------------------------------------
         load.phase = "triton restarted"
@@ -233,7 +165,7 @@ def test_killed_triton_and_gateway_cost_no_call_and_rejoin(kt_repository, tmp_pa
 
         # -- restart it on the same ports: it serves again -----------------------------------------
         load.phase = "gateway restarted"
-        gateways[0].start().wait_serving()
+        gateways[0].start().wait_serving(SERVICES, timeout=60.0)
         served = wait_for("calls on the restarted gateway", lambda: gateways[0].metric(
             "grpc_server_handled_total", grpc_method="Predict", grpc_code="OK") >= 10, 20, gateways[0].tail)
         mark = load.ok_in("gateway restarted")

@@ -4,9 +4,6 @@ and the redis-server killed under load (session calls UNAVAILABLE in time, state
 real Triton unaffected, recovery without restarting the gateway)."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -15,54 +12,41 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from loadtest.gateway_process import GatewayProcess
 from serving.api import knowledge_tracing_pb2 as pb
 from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
-from serving.processes import kill, terminate
 from serving.sessions.keys import SECRET_ENV, LearnerKeys
 from serving.sessions.redis_server import RedisServer
 from serving.sessions.store import open_store
-from serving.triton_launcher import TritonServer, free_port
+from serving.triton_launcher import TritonServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 SECRET = "process-test-secret-of-32-bytes!"
-ROUTERKT = Path(sys.executable).with_name("routerkt")
 
 
-class Gateway:
-    """`routerkt serve` as a child process (stopped by PID)."""
+class Gateway(GatewayProcess):
+    """`routerkt serve` with a session store as a child process (stopped by PID), started at once,
+    with a channel to it."""
 
-    def __init__(self, repository: Path, store_url: str, log: Path, triton_url: str | None = None) -> None:
-        self.port = free_port()
+    def __init__(self, repository: Path, store_url: str, folder: Path, triton_url: str | None = None) -> None:
         backend = ["--triton-url", triton_url] if triton_url else ["--backend", "onnxruntime"]
-        command = [str(ROUTERKT), "serve", "--repository", str(repository), "--grpc-port", str(self.port),
-                   "--http-port", "-1", "--store", store_url, "--log-format", "json",
-                   "--store-keep", "1000000", *backend]        # keep everything: the tests count every event
-        self.log = log
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=open(log, "ab"),
-                                        env={**os.environ, SECRET_ENV: SECRET})
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
+        super().__init__(repository, folder, ["--store", store_url, "--store-keep", "1000000", *backend],
+                         env={SECRET_ENV: SECRET}, http=False)   # keep everything: the tests count every event
+        self.start()
+        self.channel = grpc.insecure_channel(self.address)
         self.stub = pb_grpc.KnowledgeTracingServiceStub(self.channel)
 
     def wait_ready(self, service: str, timeout: float = 90.0) -> "Gateway":
-        health = health_pb2_grpc.HealthStub(self.channel)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, self.log.read_text()[-2000:]
-            try:
-                if health.Check(health_pb2.HealthCheckRequest(service=service), timeout=1.0).status == 1:
-                    return self
-            except grpc.RpcError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError(f"gateway not SERVING {service!r}: {self.log.read_text()[-2000:]}")
+        self.wait_serving((service,), timeout)
+        return self
 
     def kill(self) -> None:
-        kill(self.process)
+        super().kill()
         self.channel.close()
 
     def stop(self) -> None:
-        terminate(self.process)
+        super().stop()
         self.channel.close()
 
 
@@ -115,7 +99,7 @@ def redis(tmp_path):
 
 
 def test_two_gateways_share_one_redis_exactly_once_in_order(kt_repository, redis, tmp_path) -> None:
-    gateways = [Gateway(kt_repository.path, redis.url, tmp_path / f"gw{i}.log") for i in range(2)]
+    gateways = [Gateway(kt_repository.path, redis.url, tmp_path / f"gw{i}") for i in range(2)]
     try:
         for gw in gateways:
             gw.wait_ready("routerkt.v1.Sessions")
@@ -143,7 +127,7 @@ def test_kill_9_of_the_gateway_loses_no_acknowledged_event(kt_repository, tmp_pa
     server = RedisServer(tmp_path / "redis").start() if kind == "redis" else None
     url = server.url if server else f"sqlite:///{tmp_path / 'sessions.sqlite3'}"
     try:
-        gw = Gateway(kt_repository.path, url, tmp_path / "gw.log").wait_ready("routerkt.v1.Sessions")
+        gw = Gateway(kt_repository.path, url, tmp_path / "gw").wait_ready("routerkt.v1.Sessions")
         acked: list = []
         stop = threading.Event()
         load = threading.Thread(target=observe_load, args=([gw.stub], 6, 4, 8.0, acked, stop))
@@ -153,7 +137,7 @@ def test_kill_9_of_the_gateway_loses_no_acknowledged_event(kt_repository, tmp_pa
         stop.set()
         load.join()
         assert len(acked) > 10
-        again = Gateway(kt_repository.path, url, tmp_path / "gw2.log").wait_ready("routerkt.v1.Sessions")
+        again = Gateway(kt_repository.path, url, tmp_path / "gw2").wait_ready("routerkt.v1.Sessions")
         try:
             for learner, _, _, _, events in acked:                   # every acknowledged event is there
                 reply = again.stub.Observe(pb.ObserveRequest(learner_id=f"learner-{learner}", events=events),
@@ -170,7 +154,7 @@ def test_a_killed_redis_gives_unavailable_in_time_and_the_gateway_recovers(kt_re
     triton = TritonServer(kt_repository.path, log_path=tmp_path / "triton.log", exit_timeout_s=3)
     triton.start(timeout=120)
     redis = RedisServer(tmp_path / "redis").start()
-    gw = Gateway(kt_repository.path, redis.url, tmp_path / "gw.log", triton_url=triton.grpc_url)
+    gw = Gateway(kt_repository.path, redis.url, tmp_path / "gw", triton_url=triton.grpc_url)
     try:
         gw.wait_ready("routerkt.v1.Sessions").wait_ready("")
         stateless = pb.PredictRequest(model="kt", candidates=[pb.Candidate(question_id=1)],
