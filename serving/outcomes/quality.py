@@ -130,6 +130,17 @@ def bin_label(i: int) -> str:
     return f"{low:.1f}-{CALIBRATION_BUCKETS[i]:.1f}"
 
 
+@dataclass
+class _Series:
+    """The labelled metric children of one (model, version)."""
+
+    outcomes: object
+    log_loss: object
+    brier: object
+    probability: object
+    correct: list            # one counter per CALIBRATION_BUCKETS bound, in order
+
+
 class OutcomeQuality:
     """The outcome metrics of one gateway (see the module docstring); thread-safe."""
 
@@ -150,6 +161,7 @@ class OutcomeQuality:
         self._clock = clock
         self._windows: dict[tuple[str, str], RollingWindow] = {}
         self._totals: dict[tuple[str, int], list[float]] = {}     # (model, version) -> [count, log-loss sum]
+        self._children: dict[tuple[str, str], _Series] = {}
         self._lock = threading.Lock()
         registry.register(_WindowCollector(self))
 
@@ -157,18 +169,14 @@ class OutcomeQuality:
         p, correct = float(p), int(correct)
         labels = (model, str(version))
         loss = log_loss(p, correct)
-        self.outcomes.labels(*labels).inc()
-        self.log_loss.labels(*labels).observe(loss)
-        self.brier.labels(*labels).observe(brier(p, correct))
-        self.probability.labels(*labels).observe(p)
-        first = calibration_bin(p)
-        for bound in CALIBRATION_BUCKETS[first:]:
-            counter = self.correct.labels(*labels, _le(bound))
-            if correct:
+        series = self._series(labels)
+        series.outcomes.inc()
+        series.log_loss.observe(loss)
+        series.brier.observe(brier(p, correct))
+        series.probability.observe(p)
+        if correct:
+            for counter in series.correct[calibration_bin(p):]:
                 counter.inc()
-        if first > 0:                         # expose zeros for the lower bounds too
-            for bound in CALIBRATION_BUCKETS[:first]:
-                self.correct.labels(*labels, _le(bound))
         with self._lock:
             window = self._windows.get(labels)
             if window is None:
@@ -177,6 +185,18 @@ class OutcomeQuality:
             total = self._totals.setdefault((model, int(version)), [0.0, 0.0])
             total[0] += 1
             total[1] += loss
+
+    def _series(self, labels: tuple[str, str]) -> _Series:
+        """The labelled children of one (model, version), looked up once (every correct{le} bound
+        exists from the first pair on, zeros included, like a histogram's buckets)."""
+        series = self._children.get(labels)
+        if series is None:
+            made = _Series(self.outcomes.labels(*labels), self.log_loss.labels(*labels),
+                           self.brier.labels(*labels), self.probability.labels(*labels),
+                           [self.correct.labels(*labels, _le(bound)) for bound in CALIBRATION_BUCKETS])
+            with self._lock:
+                series = self._children.setdefault(labels, made)
+        return series
 
     def totals(self, model: str, version: int) -> tuple[int, float]:
         """(pairs recorded, their log-loss sum) since the gateway started."""
