@@ -54,6 +54,7 @@ class SessionService:
         self.metrics = metrics
         self.tracker: OutcomeTracker | None = None        # set by create_server when outcomes are tracked
         self.up = False
+        self._known_skills: tuple[object, np.ndarray | None] = (None, None)   # (catalog table, its skill ids)
 
     async def start(self) -> None:
         try:
@@ -158,13 +159,16 @@ class SessionService:
         return result
 
     def _skill_known(self, raw_skills: np.ndarray) -> np.ndarray:
-        versions = [v for by_version in self.catalog.snapshot().values() for v in by_version.values()]
-        if not versions:
+        """Whether each raw skill id is known to some version of the catalog (all True while it is
+        empty). The union of the versions' skill ids is rebuilt only when the catalog's table changes."""
+        table = self.catalog.snapshot()
+        if self._known_skills[0] is not table:
+            ids = [np.fromiter(v.vocab.skills, dtype=np.int64) for versions in table.values() for v in versions.values()]
+            self._known_skills = (table, np.unique(np.concatenate(ids)) if ids else None)
+        known = self._known_skills[1]
+        if known is None:
             return np.ones(raw_skills.shape, dtype=bool)       # nothing to check against yet
-        known = np.zeros(raw_skills.shape, dtype=bool)
-        for version in versions:
-            known |= version.vocab.encode_skills(raw_skills) != UNK_ID
-        return known
+        return np.isin(raw_skills, known)
 
 
 class SessionHistory:
