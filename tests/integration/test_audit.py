@@ -120,7 +120,7 @@ def test_verdict_rules():
 
 def test_shuffled_label_control_is_computed(run_copy: Path, synthetic_csv: Path):
     """On the tiny test set (~600 positions) chance alone moves the AUC by ~0.02, so this checks the
-    control is trained on permuted answers and scored on the real test fold, not the 0.5 +- 0.02 bound
+    control is trained and scored on permuted answers over the whole test fold, not the 0.5 +- 0.02 bound
     (test_verdict_rules checks the bound)."""
     import dataclasses
 
