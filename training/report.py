@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 from routerkt.atomic import atomic_write_bytes
-from training.config import RunConfig, from_dict
+from training.config import Batching, RunConfig, from_dict
 from training.history_score import cached_history_only
 from training.variants import BASELINE, GROUPS
 
@@ -156,6 +156,22 @@ def _audit_rows(out: Path) -> list[str]:
     return rows
 
 
+def _configs(out: Path) -> list[RunConfig]:
+    return [from_dict(RunConfig, json.loads(path.read_text())) for path in sorted(out.glob("*/*/config.json"))]
+
+
+def _split(configs: list[RunConfig]) -> str:
+    """How the runs chose their test learners, for the protocol line."""
+    files = sorted({c.data.folds_file for c in configs if c.data.folds_file})
+    kfold = any(not c.data.folds_file for c in configs)
+    parts = (["5-fold cross-validation over learners with 10% of training learners for validation (seed 12405)"]
+             if kfold else [])
+    if files:
+        parts.append("test learners of each fold from " + ", ".join(f"`{f}`" for f in files)
+                     + " (the other learners train, 10% of them for validation)")
+    return "; ".join(parts) or "no runs"
+
+
 def render_report(out: Path) -> str:
     """The text of OUT/RESULTS.md from the runs in OUT."""
     out = Path(out)
@@ -163,7 +179,13 @@ def render_report(out: Path) -> str:
     text = _template()
     main = [v.folder for v in GROUPS["main"]]
     ablations = [v.folder for v in (BASELINE, *GROUPS["ablations"], *GROUPS["grid"])]
+    configs = _configs(out)
     lines = [text["intro"], ""]
+    if any(c.train.batching is Batching.LENGTH_BUCKETED for c in configs):
+        lines += [text["biased"], ""]
+    lines += [text["protocol"].format(split=_split(configs)), ""]
+    commands = out / "REGENERATE.md"           # this folder's own commands, else those of results/
+    lines += [commands.read_text().rstrip("\n") if commands.exists() else text["regenerate"], ""]
     for key, title, higher in (("auc", "AUC", True), ("acc", "ACC", True), ("rmse", "RMSE", False)):
         lines += [f"## {title}", ""] + _table(runs, [v for v in main if any(v in r for r in runs.values())], key, higher) + [""]
     abl_runs = {d: dict(r) for d, r in runs.items() if any(v in r for v in ablations[1:])}
