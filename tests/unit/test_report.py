@@ -73,3 +73,23 @@ def test_audited_runs_get_a_row_with_their_verdict(tmp_path):
         "verdict": "PASS", "fold": 2, "probe": {"max_diff": 0.0}, "visible_answers": {"visible": 0, "scored": 10},
         "control": {"auc": 0.4982}}))
     assert report._audit_rows(tmp_path) == ["| toy | routerkt-akt | 2 | 0.0e+00 | 0 / 10 | 0.4982 | PASS |"]
+
+
+def test_intro_follows_the_runs_split_batching_and_commands(tmp_path):
+    from training.config import RunConfig, to_dict
+    run = tmp_path / "toy" / "akt-standard"
+    run.mkdir(parents=True)
+    cfg = to_dict(RunConfig(preset="akt-standard"))
+    cfg["data"]["folds_file"] = "toy/peer_folds.json"
+    (run / "config.json").write_text(json.dumps(cfg))
+    scores = {"mean": 0.7, "std": 0.0, "folds": [0.7]}
+    (run / "metrics.json").write_text(json.dumps({"folds": 1, "preset": "akt-standard", "auc": scores,
+                                                  "acc": scores, "rmse": scores}))
+    (tmp_path / "REGENERATE.md").write_text("run the toy commands\n")
+    text = report.render_report(tmp_path)
+    assert "test learners of each fold from `toy/peer_folds.json`" in text and "5-fold cross-validation" not in text
+    assert "former default" not in text                                  # neutral batching: no biased note
+    assert "run the toy commands" in text and "--presets main" not in text
+    cfg["train"]["batching"] = "length_bucketed"
+    (run / "config.json").write_text(json.dumps(cfg))
+    assert "former default" in report.render_report(tmp_path)
