@@ -24,7 +24,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import statistics
 import sys
 import time
@@ -35,11 +34,11 @@ import numpy as np
 
 from loadtest.closed_loop import run_phase, summary
 from loadtest.learners import load_vocabulary
-from loadtest.replicas import gateway_over, wait_replicas
+from loadtest.gateway_process import stop_children_on_sigterm
+from loadtest.replicas import READY_TIMEOUT_S, gateway_over, wait_replicas
 from routerkt.atomic import atomic_write_json
 from routerkt.errors import UserError
 
-READY_TIMEOUT_S = 180.0
 CALL_TIMEOUT_S = 10.0
 LEVELS = ("triton", "gateway")
 
@@ -99,23 +98,21 @@ def setting_repository(source: Path, model: str, out: Path, delay_us: int, threa
     return repo
 
 
-def rank_feeds(version_dir: Path, history: list[tuple[int, int]], candidates: list[int]) -> dict[str, np.ndarray]:
-    """The rank graph's inputs [1, window - 1] / [1, C] for raw (question, correct) pairs and raw
-    candidate questions, encoded with the version's vocabulary (the gateway's mapping)."""
-    from routerkt.contract import signature
-    from routerkt.contract.vocab import Vocab
+def rank_feeds(repository: Path, request, name: str, version: int):
+    """(model version, the rank graph's inputs for `request`) encoded exactly as the gateway does
+    (validation, vocabulary mapping, candidate padding: serving/features.py)."""
+    from serving.catalog import ModelCatalog
+    from serving.features import WindowEncoder
+    from serving.grpc_api import predict_query
+    from serving.settings import Settings
+    from serving.validation import validate_query
 
-    vocab = Vocab.load(version_dir / signature.VOCAB_FILE)
-    hq = np.asarray([q for q, _ in history], dtype=np.int64)
-    cq = np.asarray(candidates, dtype=np.int64)
-    arrays = [vocab.encode_questions(hq), vocab.encode_skills(vocab.skills_of_questions(hq)),
-              np.asarray([c for _, c in history], dtype=np.int64), vocab.encode_questions(cq),
-              vocab.encode_skills(vocab.skills_of_questions(cq))]
-    return {name: a.reshape(1, -1) for name, a in zip(signature.RANK.input_names, arrays)}
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+    catalog = ModelCatalog(repository)
+    catalog.refresh()
+    model = catalog.get(name, version)
+    encoder = WindowEncoder()
+    learner = validate_query(predict_query(request), Settings(repository=repository))[0]
+    return model, encoder.inferences([encoder.encode(learner, model)], model, 1)[0].feeds
 
 
 def ort_level(rank_path: Path, feeds: dict[str, np.ndarray], threads: int) -> dict:
@@ -124,11 +121,10 @@ def ort_level(rank_path: Path, feeds: dict[str, np.ndarray], threads: int) -> di
     from routerkt.contract.onnx_session import cpu_session
 
     session = cpu_session(rank_path, threads=threads)
-    one = {k: v[:1] for k, v in feeds.items()}
     for _ in range(20):
-        session.run([signature.CANDIDATE_PROBS], one)
-    times = [_timed(lambda: session.run([signature.CANDIDATE_PROBS], one)) for _ in range(300)]
-    big = {k: np.repeat(v[:1], 512, axis=0) for k, v in feeds.items()}
+        session.run([signature.CANDIDATE_PROBS], feeds)
+    times = [_timed(lambda: session.run([signature.CANDIDATE_PROBS], feeds)) for _ in range(300)]
+    big = {k: np.repeat(v, 512, axis=0) for k, v in feeds.items()}                  # feeds are [1, ...]
     session.run([signature.CANDIDATE_PROBS], big)
     best = min(_timed(lambda: session.run([signature.CANDIDATE_PROBS], big)) for _ in range(5))
     return {"batch1_p50_ms": statistics.median(times) * 1e3, "batch512_samples_per_s": 512 / best}
@@ -157,11 +153,10 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"{rank_path} not found: this benchmark needs the rank graph (re-export the model)")
     window = int(json.loads((version_dir / signature.INFO_FILE).read_text())["window"])
     q = vocabulary.questions
-    pairs = [(q[(7 * i) % len(q)], i % 2) for i in range(window - 1)]
-    asked = [q[(3 * j) % len(q)] for j in range(args.candidates)]
-    request = pb.PredictRequest(model=vocabulary.model, candidates=[pb.Candidate(question_id=c) for c in asked],
-                                history=[pb.Interaction(question_id=a, correct=c) for a, c in pairs])
-    feeds = rank_feeds(version_dir, pairs, asked)
+    request = pb.PredictRequest(
+        model=vocabulary.model, candidates=[pb.Candidate(question_id=q[(3 * j) % len(q)]) for j in range(args.candidates)],
+        history=[pb.Interaction(question_id=q[(7 * i) % len(q)], correct=i % 2) for i in range(window - 1)])
+    _, feeds = rank_feeds(source, request, vocabulary.model, vocabulary.version)
 
     print(f"model {vocabulary.model} v{vocabulary.version}, history {window - 1}, {args.candidates} candidate(s); "
           f"{os.cpu_count()} CPUs", file=sys.stderr)
@@ -170,8 +165,7 @@ def run(args: argparse.Namespace) -> int:
     settings = [(d, t) for t in threads_list for d in delays]
     cells: dict[tuple, tuple[list[float], list[str], float]] = {}
     with ExitStack() as stack:
-        previous = signal.signal(signal.SIGTERM, _interrupt)
-        stack.callback(signal.signal, signal.SIGTERM, previous)
+        stop_children_on_sigterm(stack)
         calls = {}
         for delay, threads in settings:
             repo = setting_repository(source, vocabulary.model, out, delay, threads)
@@ -186,8 +180,8 @@ def run(args: argparse.Namespace) -> int:
             stack.callback(client.close)
             inputs = []
             for spec in signature.RANK.inputs:
-                tensor = triton_grpc.InferInput(spec.name, list(feeds[spec.name][:1].shape), spec.onnx_dtype)
-                tensor.set_data_from_numpy(feeds[spec.name][:1])
+                tensor = triton_grpc.InferInput(spec.name, list(feeds[spec.name].shape), spec.onnx_dtype)
+                tensor.set_data_from_numpy(feeds[spec.name])
                 inputs.append(tensor)
             stub = pb_grpc.KnowledgeTracingServiceStub(stack.enter_context(connect(gateway.address)))
             model, version = vocabulary.model, str(vocabulary.version)

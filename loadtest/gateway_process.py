@@ -9,20 +9,35 @@ gateway in its own process (kill -9, restarts, several gateways, a profiler-free
 
 Ports are picked once; each start appends to its own log (`gateway-<grpc port>-<start>.log` in
 `folder`). `env` adds variables (e.g. the session-key secret).
+
+`stop_children_on_sigterm(stack)`: a benchmark that starts servers under an ExitStack turns SIGTERM
+into KeyboardInterrupt while the stack is open, so the stack's callbacks stop what it started.
 """
 from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Sequence
 
 from serving.processes import kill, terminate
 
 ROUTERKT = [sys.executable, "-m", "routerkt.cli"]
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def stop_children_on_sigterm(stack: ExitStack) -> None:
+    """SIGTERM raises KeyboardInterrupt until `stack` closes (then the old handler is back)."""
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    stack.callback(signal.signal, signal.SIGTERM, previous)
 
 
 class GatewayProcess:

@@ -38,6 +38,7 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from loadtest.gateway_process import stop_children_on_sigterm
 from loadtest.learners import (DEFAULT_WEIGHTS, USER_RPCS, Vocabulary, format_user_mix, load_vocabulary,
                                loopback_target, parse_user_mix)
 from routerkt.atomic import atomic_write_json
@@ -320,10 +321,6 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait(timeout=10.0)
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def _log_tail(path: Path, lines: int = 15) -> str:
     try:
         return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
@@ -366,8 +363,7 @@ def run(args: argparse.Namespace) -> int:
         stale.unlink()
     timeout_s = duration + STARTUP_MARGIN_S + 0.1 * duration
     with ExitStack() as stack:
-        previous = signal.signal(signal.SIGTERM, _interrupt)     # SIGTERM: stop what we started, too
-        stack.callback(signal.signal, signal.SIGTERM, previous)
+        stop_children_on_sigterm(stack)                          # SIGTERM: stop what we started, too
         if args.target is None:
             target = start_servers(stack, args.repository.resolve(), vocabulary.model, out)
         else:

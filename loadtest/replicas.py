@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 import threading
 import time
@@ -27,7 +26,7 @@ from pathlib import Path
 import httpx
 
 from loadtest.closed_loop import run_phase, summary
-from loadtest.gateway_process import GatewayProcess
+from loadtest.gateway_process import GatewayProcess, stop_children_on_sigterm
 from loadtest.learners import load_vocabulary
 from routerkt.atomic import atomic_write_json
 from routerkt.errors import UserError
@@ -87,10 +86,6 @@ def format_table(results: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def run(args: argparse.Namespace) -> int:
     import grpc
 
@@ -111,8 +106,7 @@ def run(args: argparse.Namespace) -> int:
         history=[pb.Interaction(question_id=q[(7 * i) % len(q)], correct=i % 2) for i in range(args.history)],
         candidates=[pb.Candidate(question_id=q[(3 * j) % len(q)]) for j in range(args.candidates)])
     with ExitStack() as stack:
-        previous = signal.signal(signal.SIGTERM, _interrupt)     # SIGTERM: stop what we started, too
-        stack.callback(signal.signal, signal.SIGTERM, previous)
+        stop_children_on_sigterm(stack)                          # SIGTERM: stop what we started, too
         tritons = [TritonServer(repository, log_path=out / f"triton-{i}.log", exit_timeout_s=5) for i in range(2)]
         for triton in tritons:
             stack.callback(triton.stop)

@@ -38,14 +38,15 @@ def _published_table() -> list[str]:
     return lines
 
 
-def _leaks_future(run: Path) -> bool:
-    """Whether the run's own config.json routes over the whole window (reads the future)."""
-    config = run / "config.json"
-    return config.exists() and from_dict(RunConfig, json.loads(config.read_text())).model.leaks_future
+def _configs(out: Path) -> dict[Path, RunConfig]:
+    """Each run folder's own config.json."""
+    return {path.parent: from_dict(RunConfig, json.loads(path.read_text())) for path in sorted(out.glob("*/*/config.json"))}
 
 
-def _load(out: Path) -> tuple[dict[str, dict[str, dict]], set[str]]:
-    """{dataset: {run folder: metrics}} and the run folders whose routing leaks the future."""
+def _load(out: Path, configs: dict[Path, RunConfig] | None = None) -> tuple[dict[str, dict[str, dict]], set[str]]:
+    """{dataset: {run folder: metrics}} and the run folders whose routing leaks the future (by
+    their config.json; `configs`: those already read by `_configs`)."""
+    configs = _configs(out) if configs is None else configs
     runs: dict[str, dict[str, dict]] = {}
     leaky: set[str] = set()
     for path in sorted(out.glob("*/*/metrics.json")):
@@ -54,7 +55,7 @@ def _load(out: Path) -> tuple[dict[str, dict[str, dict]], set[str]]:
         if scored := cached_history_only(path.parent):     # stale caches (older scoring, other folds): left out
             metrics["history_only"] = scored
         runs.setdefault(dataset, {})[variant] = metrics
-        if _leaks_future(path.parent):
+        if path.parent in configs and configs[path.parent].model.leaks_future:
             leaky.add(variant)
     return runs, leaky
 
@@ -156,10 +157,6 @@ def _audit_rows(out: Path) -> list[str]:
     return rows
 
 
-def _configs(out: Path) -> list[RunConfig]:
-    return [from_dict(RunConfig, json.loads(path.read_text())) for path in sorted(out.glob("*/*/config.json"))]
-
-
 def _split(configs: list[RunConfig]) -> str:
     """How the runs chose their test learners, for the protocol line."""
     files = sorted({c.data.folds_file for c in configs if c.data.folds_file})
@@ -175,11 +172,12 @@ def _split(configs: list[RunConfig]) -> str:
 def render_report(out: Path) -> str:
     """The text of OUT/RESULTS.md from the runs in OUT."""
     out = Path(out)
-    runs, leaks = _load(out)
+    by_run = _configs(out)
+    configs = list(by_run.values())
+    runs, leaks = _load(out, by_run)
     text = _template()
     main = [v.folder for v in GROUPS["main"]]
     ablations = [v.folder for v in (BASELINE, *GROUPS["ablations"], *GROUPS["grid"])]
-    configs = _configs(out)
     lines = [text["intro"], ""]
     if any(c.train.batching is Batching.LENGTH_BUCKETED for c in configs):
         lines += [text["biased"], ""]
