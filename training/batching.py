@@ -37,6 +37,13 @@ class Batch:
     def size(self) -> int:
         return self.questions.shape[0]
 
+    def to(self, device: torch.device) -> "Batch":
+        """The same rows with their tensors on `device` (itself when they already are)."""
+        if self.questions.device == device:
+            return self
+        return Batch(questions=self.questions.to(device), skills=self.skills.to(device),
+                     responses=self.responses.to(device), index=self.index)
+
 
 def batch_order(lengths: np.ndarray, batch_size: int, shuffle: bool, batching: Batching,
                 rng: np.random.Generator | None) -> list[np.ndarray]:

@@ -69,6 +69,12 @@ class Batching(str, enum.Enum):
     LENGTH_BUCKETED = "length_bucketed"  # groups of 50 batches sorted by length (faster, CHANGES results)
 
 
+class Device(str, enum.Enum):
+    AUTO = "auto"   # CUDA when this torch build sees a GPU (rank r of a data-parallel run: cuda:r), else CPU
+    CPU = "cpu"
+    CUDA = "cuda"   # an error when no GPU is visible
+
+
 class Protocol(str, enum.Enum):
     RECENT = "recent"  # the paper's: the most recent `window` interactions per learner
     CHUNKS = "chunks"  # split each history into consecutive `window`-long pieces (uses all data)
@@ -154,8 +160,9 @@ class TrainConfig:
                                     # step per epoch, so patience alone can stop it before it learns); capped by `epochs`; 0 = off
     seed: int = 12405
     threads: int = 0                # torch intra-op threads (0 = all cores)
-    bf16: bool = True               # bfloat16 autocast for training steps, used only on CPUs with bf16 kernels (AVX512-BF16/AMX; loop.bf16_available); weights, attention and evaluation stay float32
+    bf16: bool = True               # bfloat16 autocast for training steps, used only on CPUs with bf16 kernels (AVX512-BF16/AMX; loop.bf16_available; never on CUDA); weights, attention and evaluation stay float32
     batching: Batching = Batching.RANDOM  # batch composition; length_bucketed is an opt-in that changes results (see Batching)
+    device: Device = Device.AUTO    # where training runs (training/device.py); float32 on CUDA (bf16 autocast is CPU-only)
     trim_padding: bool = True       # drop the columns that are padding in every row of a batch (exact: models are invariant
                                     # to left padding; speed only); false pads every batch to the full window (the plain path)
 

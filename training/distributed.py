@@ -7,7 +7,9 @@ Launch:
   LOCAL_RANK), waits for them and fails the run with one line when one of them fails;
 - `torchrun --nproc-per-node N -m routerkt.cli train ... --out DIR`: torchrun sets those variables,
   `from_env()` detects them and each process is one rank.
-Backend: gloo. The training loop runs on CPU; `backend()` would name NCCL for CUDA tensors.
+Backend: gloo on CPU, NCCL when train.device resolves to CUDA (training/device.py: rank r on GPU
+`local_rank`, one GPU per process). The collectives below put their small tensors on that device
+(NCCL takes no CPU tensors). Only the gloo path runs on this project's CPU machine.
 
 Why the update equals the single-process one (same preset, seed and train.batch_size), up to float error:
 - every rank draws the same global batch (same seed, same order) and trains on its contiguous slice
@@ -66,6 +68,7 @@ from torch import Tensor
 
 from routerkt.errors import UserError
 from training.batching import Batch
+from training.device import resolve as resolve_device
 
 JOB_ENV = "ROUTERKT_DIST_JOB"          # launcher -> worker: the run (config, out, progress) as JSON
 ERRORS_ENV = "ROUTERKT_DIST_ERRORS"    # launcher -> worker: folder for one-line UserError messages
@@ -91,6 +94,7 @@ class RankInfo:
 
 
 _CURRENT = RankInfo()
+_DEVICE = torch.device("cpu")      # the device of the process group's collectives (process_group)
 _steps_taken = 0
 
 
@@ -114,27 +118,31 @@ def from_env() -> RankInfo | None:
 
 
 def backend(device: torch.device | None = None) -> str:
-    """The process-group backend for tensors on `device` (the training loop's: CPU, so gloo)."""
+    """The process-group backend for tensors on `device`: NCCL for CUDA, gloo otherwise."""
     return "nccl" if device is not None and device.type == "cuda" else "gloo"
 
 
 @contextmanager
-def process_group(info: RankInfo) -> Iterator[RankInfo]:
-    """Join the process group of `info` (env:// rendezvous) for the block; a no-op for one process."""
-    global _CURRENT
+def process_group(info: RankInfo, device: torch.device = torch.device("cpu")) -> Iterator[RankInfo]:
+    """Join the process group of `info` (env:// rendezvous) for the block, with the backend for
+    `device` (the rank's training device); a no-op for one process."""
+    global _CURRENT, _DEVICE
     if info.distributed:
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
         try:
-            dist.init_process_group(backend(), rank=info.rank, world_size=info.world, timeout=timedelta(minutes=30))
+            dist.init_process_group(backend(device), rank=info.rank, world_size=info.world,
+                                    timeout=timedelta(minutes=30))
         except (RuntimeError, ValueError) as exc:
             raise UserError(f"training process {info.rank}: cannot join the process group "
                             f"({str(exc).splitlines()[0][:160]})") from None
-    _CURRENT = info
+    _CURRENT, _DEVICE = info, device
     try:
         yield info
         if info.distributed:
             dist.barrier()              # rank 0 finishes its test evaluation and metrics before anyone leaves
     finally:
-        _CURRENT = RankInfo()
+        _CURRENT, _DEVICE = RankInfo(), torch.device("cpu")
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -176,8 +184,9 @@ def wrap(model: torch.nn.Module) -> torch.nn.Module:
     if not _CURRENT.distributed:
         return model
     from torch.nn.parallel import DistributedDataParallel
+    ids = [_DEVICE.index] if _DEVICE.type == "cuda" else None
     # the models' buffers are constants (no batch norm): synced once at init, not before every forward
-    return DistributedDataParallel(model, forward_sync_buffers=False)
+    return DistributedDataParallel(model, device_ids=ids, forward_sync_buffers=False)
 
 
 def seed_rank(seed: int) -> None:
@@ -191,7 +200,7 @@ def global_sum(t: Tensor) -> Tensor:
     """Sum of `t` over the ranks (a detached copy); `t` itself for one process. Every rank must call it."""
     if not _CURRENT.distributed:
         return t
-    t = t.detach().clone()
+    t = t.detach().to(_DEVICE, copy=True)
     dist.all_reduce(t)
     return t
 
@@ -202,14 +211,14 @@ def sum_over_ranks(values: dict[str, float]) -> dict[str, float]:
         return values
     keys = sorted(values)
     total = global_sum(torch.tensor([values[k] for k in keys], dtype=torch.float64))
-    return dict(zip(keys, total.tolist()))
+    return dict(zip(keys, total.cpu().tolist()))
 
 
 def broadcast_flag(flag: bool) -> bool:
     """Rank 0's `flag` on every rank (decisions: stop early, fold already done)."""
     if not _CURRENT.distributed:
         return flag
-    t = torch.tensor([int(flag)], dtype=torch.int64)
+    t = torch.tensor([int(flag)], dtype=torch.int64, device=_DEVICE)
     dist.broadcast(t, src=0)
     return bool(t.item())
 
@@ -248,7 +257,7 @@ def train(cfg, out: Path, nproc: int = 1, progress: bool = True) -> dict | None:
         if nproc > 1:
             raise UserError("--nproc with torchrun: torchrun already started the processes; drop --nproc")
         try:
-            with process_group(info):
+            with process_group(info, resolve_device(cfg.train.device, info.local_rank)):
                 metrics = run_training(cfg, Path(out), progress=progress and info.is_main)
         except Exception as exc:
             if _peer_failure(exc):
@@ -355,7 +364,7 @@ def _worker() -> int:
         from training.config import RunConfig, from_dict
         from training.run import run_training
         cfg = from_dict(RunConfig, job["config"])
-        with process_group(info):
+        with process_group(info, resolve_device(cfg.train.device, info.local_rank)):
             run_training(cfg, Path(job["out"]), progress=job["progress"] and info.is_main)
         return 0
     except UserError as exc:             # reported once, by the launcher

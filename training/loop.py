@@ -1,6 +1,7 @@
-"""Training and evaluation of one fold: Adam, gradient clipping, optional bf16 autocast, early
+"""Training and evaluation of one fold: Adam, gradient clipping, optional bf16 autocast (CPU), early
 stopping on validation AUC, best checkpoint written atomically, TensorBoard scalars, per-epoch
-history. Scored positions are all real (non-padding) positions of each window."""
+history. Scored positions are all real (non-padding) positions of each window. The model lives on
+train.device (training/device.py); batches follow it, predictions come back to the CPU."""
 from __future__ import annotations
 
 import functools
@@ -18,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from training import device as devices
 from training import distributed
 from training.batching import Batch, iterate
 from routerkt.atomic import atomic_write_json
@@ -47,9 +49,15 @@ def bf16_available() -> bool:
         return False
 
 
-def autocast(bf16: bool):
-    """bf16 autocast when asked for (train.bf16) and the CPU supports it; float32 otherwise."""
-    return torch.autocast("cpu", dtype=torch.bfloat16) if bf16 and bf16_available() else nullcontext()
+def autocast(bf16: bool, device: torch.device = torch.device("cpu")):
+    """bf16 autocast when asked for (train.bf16), training on the CPU and the CPU supports it; float32
+    otherwise (on CUDA too: training/device.py)."""
+    use = bf16 and device.type == "cpu" and bf16_available()
+    return torch.autocast("cpu", dtype=torch.bfloat16) if use else nullcontext()
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
 
 
 def batch_loss(model: KTModel, batch: Batch, bf16: bool = False,
@@ -58,8 +66,9 @@ def batch_loss(model: KTModel, batch: Batch, bf16: bool = False,
     `batch` is one rank's shard of a global batch holding `tokens` scored positions (training/distributed.py):
     the BCE is SUMMED and divided by that global count, the auxiliary terms (means over this shard's
     positions) are weighed by the shard's share of them, so the ranks' losses add up to the global
-    batch's loss. `parts` stay this batch's own means (for logging)."""
-    with autocast(bf16):
+    batch's loss. `parts` stay this batch's own means (for logging). `batch` moves to the model's device."""
+    batch = batch.to(model_device(model))
+    with autocast(bf16, batch.questions.device):
         out = model(batch.questions, batch.skills, batch.responses)
     scored = batch.responses >= 0
     if tokens is None:
@@ -78,13 +87,15 @@ def batch_loss(model: KTModel, batch: Batch, bf16: bool = False,
 def predict(model: KTModel, seqs: Sequences, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
     """Labels and probabilities of every scored position of `seqs` (float32, as served)."""
     model.eval()
+    device = model_device(model)
     labels, probs = [], []
     # evaluation only: length-sorted batches change no prediction (no gradient, scores are per position)
     for batch in iterate(seqs, batch_size, shuffle=False, batching=Batching.LENGTH_BUCKETED):
-        logits = model(batch.questions, batch.skills, batch.responses).logits
+        on = batch.to(device)
+        logits = model(on.questions, on.skills, on.responses).logits.float().cpu()
         scored = batch.responses >= 0
         labels.append(batch.responses[scored].numpy())
-        probs.append(torch.sigmoid(logits.float())[scored].numpy())
+        probs.append(torch.sigmoid(logits)[scored].numpy())
     if not labels:
         return np.zeros(0), np.zeros(0)
     return np.concatenate(labels), np.concatenate(probs)
@@ -99,8 +110,9 @@ def train_fold(cfg: RunConfig, vocab: Vocab, data: FoldData, fold_dir: Path, fol
                progress: bool = True) -> dict | None:
     tc = cfg.train
     rank = distributed.current()      # data-parallel: rank 0 validates, records and decides; the others train
+    device = devices.resolve(tc.device, rank.local_rank)
     torch.manual_seed(tc.seed + fold)
-    model = build_model(cfg.model)
+    model = build_model(cfg.model).to(device)   # built on the CPU (same initial weights everywhere), then moved
     distributed.seed_rank(tc.seed + fold)
     net = distributed.wrap(model)     # DDP in a data-parallel run; evaluate and save `model`
     optimizer = torch.optim.Adam(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
@@ -138,8 +150,8 @@ def train_fold(cfg: RunConfig, vocab: Vocab, data: FoldData, fold_dir: Path, fol
         if distributed.broadcast_flag(epoch - best_epoch > tc.patience and steps >= tc.min_steps):
             break
     writer.close()
-    best = load_checkpoint(fold_dir)
-    test = evaluate(best.model, data.test, tc.batch_size)
+    best = load_checkpoint(fold_dir)                 # onto the CPU
+    test = evaluate(best.model.to(device), data.test, tc.batch_size)
     result = {"fold": fold, "best_epoch": best_epoch, "epochs_run": len(history), "steps": steps, "valid_auc": best_auc,
               "test": test, "seconds": time.perf_counter() - started,
               "train_seq_per_s": float(np.median([h["train_seq_per_s"] for h in history]))}

@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from routerkt.errors import UserError
 from routerkt.atomic import atomic_write_json
+from training import device as devices
 from training import distributed
 from training.checkpoint import git_sha
 from training.config import RunConfig, from_dict, to_dict
@@ -54,7 +55,7 @@ def _check_resume(out: Path, cfg: RunConfig) -> None:
     previous.data = portable_data(previous.data)      # runs recorded before paths were portable
     a, b = to_dict(previous), to_dict(cfg)
     for d in (a, b):                     # may change between invocations of the same run
-        d["train"].pop("epochs"), d["train"].pop("threads"), d["data"].pop("run_folds")
+        d["train"].pop("epochs"), d["train"].pop("threads"), d["train"].pop("device"), d["data"].pop("run_folds")
     if a != b:
         raise UserError(f"{out} holds a run with a different configuration; choose another --out")
 
@@ -65,6 +66,7 @@ def run_training(cfg: RunConfig, out: Path, progress: bool = True) -> dict:
     rank = distributed.current()
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file")
+    devices.resolve(cfg.train.device, rank.local_rank)   # an unusable train.device fails before any work
     if cfg.train.threads > 0:
         torch.set_num_threads(cfg.train.threads)
     cfg.data = portable_data(cfg.data)                # no absolute path of this machine in the records

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from routerkt.errors import UserError
 from tests.conftest import dataset, train_tiny
@@ -94,6 +95,15 @@ def test_checkpoint_is_verified_and_rebuilt_from_meta_alone(tiny_run, tmp_path):
     (fold / "meta.json").write_text("{not json")
     with pytest.raises(UserError, match="corrupt checkpoint metadata"):
         load_checkpoint(fold)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this host has a GPU: train.device=cuda is valid here")
+def test_train_on_cuda_without_a_gpu_is_one_line_exit_2(synthetic_csv, tmp_path):
+    proc = _cli("train", "--data", str(synthetic_csv), "--preset", "akt", "--epochs", "1", "--set", "train.device=cuda",
+                "--out", str(tmp_path / "out"), "--no-progress")
+    assert proc.returncode == 2, proc.stderr
+    assert "train.device=cuda" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("args, message", [
