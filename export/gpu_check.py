@@ -7,6 +7,8 @@ For each preset (random weights; speed and parity do not depend on them): export
 batch through CPU onnxruntime (the reference), through PyTorch CUDA eager and through a captured
 CUDA graph of the same forward; report max |GPU - CPU onnxruntime| and samples/s (CUDA events,
 warm-up first, median of repeats). onnxruntime-gpu and TensorRT are used when importable.
+Training on the device (train.device=cuda, training/device.py): one Adam step of the training loss
+from the same weights on the device and on the CPU, and the largest parameter difference after it.
 `--device cpu` runs the same script on a CPU-only host (eager only), which the test suite does.
 """
 from __future__ import annotations
@@ -41,6 +43,25 @@ def timed(fn, repeats: int, device: str) -> list[float]:
     return out
 
 
+def training_step_diff(cfg, feeds: dict[str, np.ndarray], device: str) -> float:
+    """Max |parameter difference| after one Adam step (dropout off) on `device` vs on the CPU."""
+    from training.batching import Batch
+    from training.loop import batch_loss
+    rows = min(64, len(feeds["questions"]))
+    batch = Batch(*(torch.from_numpy(feeds[k][:rows]) for k in ("questions", "skills", "responses")),
+                  index=np.arange(rows))
+    stepped = []
+    for where in ("cpu", device):
+        torch.manual_seed(0)
+        model = build_model(cfg).to(where).eval()               # eval: no dropout, the same function on both
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        loss, _ = batch_loss(model, batch)
+        loss.backward()
+        optimizer.step()
+        stepped.append([p.detach().float().cpu() for p in model.parameters()])
+    return max(float((a - b).abs().max()) for a, b in zip(*stepped))
+
+
 def check(preset: str, batch: int, length: int, device: str, repeats: int, work: Path) -> dict:
     cfg = with_vocab(preset_config(preset), N_QUESTIONS, N_SKILLS)
     cfg.max_len = length
@@ -59,6 +80,7 @@ def check(preset: str, batch: int, length: int, device: str, repeats: int, work:
             eager = forward()
         row["eager_max_abs_diff_vs_ort_cpu"] = float(np.abs(eager.float().cpu().numpy() - reference).max())
         row["eager_samples_per_s"] = batch / statistics.median(timed(forward, repeats, device))
+    row["train_step_max_param_diff_vs_cpu"] = training_step_diff(cfg, feeds, device)
     if device == "cuda":
         static = [t.clone() for t in inputs]
         stream = torch.cuda.Stream()

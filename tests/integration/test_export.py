@@ -129,6 +129,7 @@ def test_gpu_check_script_runs_on_cpu(tmp_path):
                            "--device", "cpu", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "gpu_check.json").read_text())
     assert rows[0]["eager_max_abs_diff_vs_ort_cpu"] < 1e-5 and rows[0]["eager_samples_per_s"] > 0
+    assert rows[0]["train_step_max_param_diff_vs_cpu"] < 1e-6          # CPU against itself: the same step
 
 
 def test_int8_export_stays_within_its_tolerance(kt_repository, tmp_path):
