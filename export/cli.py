@@ -31,6 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="dynamic batcher max queue delay (default chosen by `routerkt bench cost`)")
     p.add_argument("--preferred-batch-sizes", default="8,32,128", help="comma-separated")
     p.add_argument("--no-warmup", action="store_true", help="no warm-up request at model load")
+    p.add_argument("--fuse-attention", action="store_true",
+                   help="rewrite each attention core into one onnxruntime MultiHeadAttention op where the attention "
+                        "kind allows (faster at batch 32, slower at 512 here: README, 'Fused attention'; off by default)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,7 +47,9 @@ def run(args: argparse.Namespace) -> int:
                                  preferred_batch_sizes=preferred, warmup=not args.no_warmup, fp16=args.fp16,
                                  version_policy_latest=args.serve_versions)
     result = export_run(args.run, args.repository, name=args.name, version=args.version, backend=args.backend,
-                        fold=args.fold, keep_versions=args.keep_versions, options=options, quantize=args.quantize)
+                        fold=args.fold, keep_versions=args.keep_versions, options=options, quantize=args.quantize,
+                        fuse_attention=args.fuse_attention)
     print(json.dumps({"model": result.name, "version": result.version, "repository": str(result.repository),
-                      "parity_max_abs_diff": result.parity_max_abs_diff, "files": result.files}))
+                      "parity_max_abs_diff": result.parity_max_abs_diff, "files": result.files,
+                      "fused_attention_cores": result.fused_attention_cores}))
     return 0

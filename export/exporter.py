@@ -1,7 +1,8 @@
 """`export_run`: turn a training run into a new model version of the Triton repository.
 
 Steps: rebuild the model from the chosen fold's meta.json alone -> refuse non-servable configs ->
-ONNX export with frozen biases -> parity check against PyTorch (random batches at several sizes
+ONNX export with frozen biases -> (with fuse_attention: the attention-fusion pass,
+export/attention_fusion.py; not for TensorRT, which builds from the plain graph) -> parity check against PyTorch (random batches at several sizes
 and lengths, plus real batches when the run's data file is readable) -> the same for the rank graph
 (rank.onnx, checked against one PyTorch window per candidate) -> (TensorRT plan of the score graph
 on a GPU host) -> render config.pbtxt -> publish the version atomically. Either parity failing
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from export.attention_fusion import FusionReport, fuse_attention_file
 from export.onnx_export import (PARITY_TOL, ExportError, check_parity, check_rank_parity, export_onnx,
                                 ParityReport, export_rank_onnx, rank_batches)
 from export.repository import publish_version
@@ -42,6 +44,7 @@ class ExportResult:
     files: list[str] = field(default_factory=list)
     rank_parity_max_abs_diff: float = float("nan")
     rank_parity_cases: list = field(default_factory=list)
+    fused_attention_cores: int = 0        # attention cores of the served graph as one fused op each
 
 
 def _check_repository(repository: Path) -> None:
@@ -67,7 +70,8 @@ def real_batches(config, vocab, n: int = 48) -> list[tuple[np.ndarray, np.ndarra
 
 def export_run(run: Path, repository: Path, name: str | None = None, version: int | None = None,
                backend: Backend = Backend.PYTHON, fold: int | None = None, keep_versions: int = 3,
-               options: TritonModelOptions | None = None, quantize: str = "none", log=print) -> ExportResult:
+               options: TritonModelOptions | None = None, quantize: str = "none", fuse_attention: bool = False,
+               log=print) -> ExportResult:
     from training.checkpoint import load_checkpoint
     from training.run import best_fold_dir
 
@@ -106,6 +110,11 @@ def export_run(run: Path, repository: Path, name: str | None = None, version: in
         real = real_batches(cfg, ckpt.vocab)
         started = time.perf_counter()
         export_onnx(ckpt.model, onnx_path)
+        fuse = fuse_attention and options.backend is not Backend.TENSORRT
+        if fuse_attention and not fuse:
+            log("attention fusion: off for --backend tensorrt (TensorRT builds its plan from the plain graph)")
+        if fuse:
+            log(f"score graph: {_fuse(onnx_path).describe()}")
         report = check_parity(ckpt.model, onnx_path, batches=real)
         log(f"exported {fold_dir} to ONNX in {time.perf_counter() - started:.1f}s; parity max |ort - torch| = "
             f"{report.max_abs_diff:.2e} over {len(report.cases)} batches")
@@ -114,6 +123,9 @@ def export_run(run: Path, repository: Path, name: str | None = None, version: in
                               f"> {PARITY_TOL:g}; nothing was published")
         started = time.perf_counter()
         export_rank_onnx(ckpt.model, rank_path)
+        rank_fusion = _fuse(rank_path) if fuse else FusionReport()
+        if fuse:
+            log(f"rank graph: {rank_fusion.describe()}")
         rank_report = check_rank_parity(ckpt.model, rank_path, batches=rank_batches(real))
         log(f"exported the rank graph in {time.perf_counter() - started:.1f}s; rank parity max |ort rank - "
             f"torch windows| = {rank_report.max_abs_diff:.2e} over {len(rank_report.cases)} batches")
@@ -148,7 +160,13 @@ def export_run(run: Path, repository: Path, name: str | None = None, version: in
         version = publish_version(repository, name, files, config_text, version=version, keep_versions=keep_versions)
     return ExportResult(name=name, version=version, repository=repository, parity_max_abs_diff=report.max_abs_diff,
                         parity_cases=report.cases, files=sorted(files),
-                        rank_parity_max_abs_diff=rank_report.max_abs_diff, rank_parity_cases=rank_report.cases)
+                        rank_parity_max_abs_diff=rank_report.max_abs_diff, rank_parity_cases=rank_report.cases,
+                        fused_attention_cores=rank_fusion.fused)
+
+
+def _fuse(path: Path) -> FusionReport:
+    """The attention-fusion pass on one exported graph, in place (its parity check follows)."""
+    return fuse_attention_file(path, path)
 
 
 def _int8(onnx_path: Path, parity: Callable[[Path], ParityReport], log) -> tuple[Path, ParityReport]:

@@ -4,11 +4,16 @@ three levels in one run (the RouterKT paper's Table 4 setting: batch 512, histor
 Levels, each measured on the same fixed batch of full-length windows:
   pytorch      eager PyTorch, eval mode, inference_mode
   onnxruntime  the exported ONNX model in-process (graph optimisation ALL, intra-op threads)
+  onnxruntime-fused  the same graph after the attention-fusion pass (export/attention_fusion.py:
+               each attention core one com.microsoft.MultiHeadAttention; monotonic stays plain)
   triton       the same ONNX model served by the bundled tritonserver (python backend running
                onnxruntime, dynamic batching on), called through tritonclient's gRPC client: the batch
                is sent as `--triton-requests` concurrent requests that the dynamic batcher merges.
 Variants are interleaved inside each repetition so machine drift hits all of them alike; every
 (variant, level) gets warm-up calls first. Weights are random (speed does not depend on them).
+The same run measures the CPU's float32 matmul peak (numpy) and counts each model's FLOPs per
+sample (torch's FlopCounterMode on the eager forward), so every level's samples/s is also shown as
+GFLOP/s and a share of the peak.
 Writes OUT/throughput.json ({level: {preset: median samples/s}} plus spreads and settings),
 OUT/throughput.md (ratios to standard attention beside the paper's) and OUT/throughput_chart.png.
 """
@@ -27,7 +32,7 @@ import numpy as np
 
 from export.bench_inputs import DEFAULT_PRESETS, N_QUESTIONS, N_SKILLS, make_batch
 
-LEVELS = ("pytorch", "onnxruntime", "triton")
+LEVELS = ("pytorch", "onnxruntime", "onnxruntime-fused", "triton")
 LABELS = {"akt-standard": "standard", "routerkt-akt": "RouterKT", "alibi-akt": "ALiBi (all layers)",
           "relative-akt": "relative (RKT-style)", "akt": "monotonic (AKT)"}
 PAPER_RATIO = {"akt-standard": "1.00", "routerkt-akt": "0.87-0.89", "alibi-akt": "0.75",
@@ -114,6 +119,28 @@ def build_repository(presets: list[str], models: dict, onnx: dict[str, Path], re
         publish_version(repo, preset, {"model.onnx": onnx[preset], "model.py": MODEL_PY}, render_config(preset, options))
 
 
+def flops_per_sample(model, feeds: dict[str, np.ndarray]) -> float:
+    """FLOPs of one sample's eager forward (matmuls and attention, as torch counts them)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+    rows = {k: torch.from_numpy(v[:4]) for k, v in feeds.items()}
+    with torch.inference_mode(), FlopCounterMode(display=False) as counter:
+        model(rows["questions"], rows["skills"], rows["responses"])
+    return counter.get_total_flops() / 4
+
+
+def peak_lines(results: dict[str, dict[str, float]], presets: list[str], levels: list[str],
+               flops: dict[str, float], peak: float) -> list[str]:
+    head = "| preset | MFLOP/sample | " + " | ".join(f"{lv} GFLOP/s (% of peak)" for lv in levels) + " |"
+    lines = [f"\nfloat32 matmul peak (numpy 2048^2, this run): {peak:.0f} GFLOP/s", "", head,
+             "|" + "---|" * (head.count("|") - 1)]
+    for p in presets:
+        cells = [f"{results[lv][p] * flops[p] / 1e9:.1f} ({100 * results[lv][p] * flops[p] / 1e9 / peak:.0f}%)"
+                 for lv in levels]
+        lines.append(f"| {p} | {flops[p] / 1e6:.1f} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def table(results: dict[str, dict[str, float]], presets: list[str], levels: list[str]) -> list[str]:
     ref = presets[0]
     head = "| variant | preset | " + " | ".join(f"{lv} samples/s | {lv} ratio" for lv in levels) + " | paper ratio |"
@@ -127,6 +154,9 @@ def table(results: dict[str, dict[str, float]], presets: list[str], levels: list
     if "onnxruntime" in levels and "pytorch" in levels:
         r = [results["onnxruntime"][p] / results["pytorch"][p] for p in presets]
         lines.append(f"\nonnxruntime / PyTorch eager: {min(r):.2f}x .. {max(r):.2f}x (target >= 2x)")
+    if "onnxruntime-fused" in levels and "onnxruntime" in levels:
+        lines.append("fused / plain graph (onnxruntime in-process): " + ", ".join(
+            f"{p} {results['onnxruntime-fused'][p] / results['onnxruntime'][p]:.2f}x" for p in presets))
     if "triton" in levels and "onnxruntime" in levels:
         r = [results["triton"][p] / results["onnxruntime"][p] for p in presets]
         lines.append(f"Triton / in-process onnxruntime: {min(r):.2f}x .. {max(r):.2f}x (target >= 0.8x)")
@@ -136,7 +166,9 @@ def table(results: dict[str, dict[str, float]], presets: list[str], levels: list
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from export.attention_fusion import fuse_attention_file
     from export.onnx_export import check_parity, export_onnx
+    from loadtest.cost import matmul_peak_gflops
     from routerkt.errors import UserError
     from training.models.registry import build_model, preset_config, with_vocab
 
@@ -150,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     feeds = make_batch(args.batch, args.seq_len)
     work = Path(tempfile.mkdtemp(prefix="routerkt-throughput-"))
-    models, onnx, runners = {}, {}, {}
+    models, onnx, runners, flops = {}, {}, {}, {}
     for preset in presets:
         cfg = with_vocab(preset_config(preset), N_QUESTIONS, N_SKILLS)
         cfg.max_len = args.seq_len
@@ -162,6 +194,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"{preset}: exported, parity {parity.max_abs_diff:.1e}", file=sys.stderr)
         runners[("pytorch", preset)] = TorchLevel(models[preset])
         runners[("onnxruntime", preset)] = OrtLevel(onnx[preset], args.threads)
+        if "onnxruntime-fused" in levels:
+            fused = work / f"{preset}.fused.onnx"
+            report = fuse_attention_file(onnx[preset], fused)
+            parity = check_parity(models[preset], fused, shapes=((4, args.seq_len),))
+            print(f"{preset}: {report.describe()}; parity {parity.max_abs_diff:.1e}", file=sys.stderr)
+            runners[("onnxruntime-fused", preset)] = OrtLevel(fused, args.threads)
+        flops[preset] = flops_per_sample(models[preset], feeds)
     server = None
     try:
         if "triton" in levels:
@@ -171,6 +210,7 @@ def run(args: argparse.Namespace) -> int:
             server.start(timeout=180)
             for preset in presets:
                 runners[("triton", preset)] = TritonLevel(server.grpc_url, preset, args.triton_requests)
+        peak = matmul_peak_gflops()
         keys = [(lv, p) for p in presets for lv in levels]
         for key in keys:
             for _ in range(args.warmup):
@@ -195,8 +235,10 @@ def run(args: argparse.Namespace) -> int:
                 or platform.machine(), "cpus": __import__("os").cpu_count(), "torch": torch.__version__,
                 "date": time.strftime("%Y-%m-%d")}
     out.mkdir(parents=True, exist_ok=True)
-    (out / "throughput.json").write_text(json.dumps({**results, "spread": spread, "settings": settings}, indent=2) + "\n")
-    lines = table(results, presets, levels)
+    (out / "throughput.json").write_text(json.dumps({**results, "spread": spread, "settings": settings,
+                                                     "flops_per_sample": flops, "matmul_peak_gflops": peak},
+                                                    indent=2) + "\n")
+    lines = table(results, presets, levels) + peak_lines(results, presets, levels, flops, peak)
     (out / "throughput.md").write_text("\n".join(lines) + "\n")
     from training.plots import grouped_bars
     grouped_bars({lv: {LABELS.get(p, p): results[lv][p] for p in presets} for lv in levels}, out / "throughput_chart.png",

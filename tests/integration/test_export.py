@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 import torch
 
@@ -120,6 +121,15 @@ def test_export_publishes_new_versions(kt_repository, tmp_path):
     assert 'key: "valid_auc"' in config and "KIND_CPU" in config
     vocab = json.loads((repo / "kt" / "2" / "vocab.json").read_text())
     assert vocab["format"] == "routerkt-vocab/1" and np.all(np.array(list(vocab["questions"].values())) >= 2)
+    # plain graphs by default; --fuse-attention runs the pass on the served graph (routerkt-akt: every core)
+    def fused_nodes(version: int) -> list:
+        graph = onnx.load(str(repo / "kt" / str(version) / "rank.onnx")).graph
+        return [n for n in graph.node if n.op_type == "MultiHeadAttention"]
+    assert out["fused_attention_cores"] == 0 and not fused_nodes(2)
+    fused = _export("--run", str(kt_repository.run), "--repository", str(repo), "--name", "kt", "--fuse-attention")
+    assert fused.returncode == 0, fused.stderr
+    assert json.loads(fused.stdout.strip().splitlines()[-1])["fused_attention_cores"] == len(fused_nodes(3)) > 0
+    assert "rank graph: fused attention" in fused.stdout + fused.stderr
 
 
 def test_gpu_check_script_runs_on_cpu(tmp_path):

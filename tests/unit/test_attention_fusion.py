@@ -1,0 +1,64 @@
+"""export/attention_fusion.py: every attention core that is softmax(Q K^T * c + bias) V becomes one
+com.microsoft.MultiHeadAttention node, in the score and the rank graph, with the same outputs
+(the export's parity checks); monotonic (AKT decay) cores stay plain operators and are reported;
+a graph without attention is left as it is; a wrong fused scale fails the parity check."""
+from __future__ import annotations
+
+import collections
+
+import onnx
+import pytest
+from onnx import helper
+
+from export.attention_fusion import MS_DOMAIN, fuse_attention_file
+from export.onnx_export import PARITY_TOL, check_parity, check_rank_parity, export_onnx, export_rank_onnx
+from training.config import AttentionKind
+from training.models.attention import MultiHeadAttention
+from tests.unit.test_rank_graph import _model
+
+pytestmark = pytest.mark.unit
+PRESETS = ["akt-standard", "routerkt-akt", "alibi-akt", "relative-akt", "akt", "folibi-akt", "cl4kt-standard",
+           "routerkt-cl4kt", "routerkt-simplekt"]
+
+
+def _ops(path) -> collections.Counter:
+    return collections.Counter(n.op_type for n in onnx.load(str(path)).graph.node)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_each_attention_core_is_fused_or_reported_and_outputs_stay(preset, tmp_path):
+    model = _model(preset, max_len=24)          # > 16: the export keeps the history axis dynamic
+    layers = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    monotonic = sum(m.kind is AttentionKind.MONOTONIC for m in layers)
+    for export, parity, name in ((export_onnx, check_parity, "score"), (export_rank_onnx, check_rank_parity, "rank")):
+        plain, fused = tmp_path / f"{name}.onnx", tmp_path / f"{name}.fused.onnx"
+        export(model, plain)
+        report = fuse_attention_file(plain, fused)
+        assert report.fused == len(layers) - monotonic, report.describe()
+        assert len(report.plain) == monotonic and all("monotonic" in why for why in report.plain)
+        ops = _ops(fused)
+        assert ops["MultiHeadAttention"] == report.fused
+        assert ops["Softmax"] == _ops(plain)["Softmax"] - report.fused      # router / decay softmaxes stay
+        result = parity(model, fused)
+        assert result.max_abs_diff <= PARITY_TOL, (name, result.max_abs_diff)
+
+
+def test_a_graph_without_attention_is_unchanged(tmp_path):
+    model = _model("dkt")
+    export_onnx(model, tmp_path / "m.onnx")
+    report = fuse_attention_file(tmp_path / "m.onnx", tmp_path / "f.onnx")
+    assert report.fused == 0 and report.plain == []
+    assert onnx.load(str(tmp_path / "m.onnx")).graph == onnx.load(str(tmp_path / "f.onnx")).graph
+
+
+def test_a_wrong_fused_scale_fails_parity(tmp_path):
+    model = _model("akt-standard")
+    export_onnx(model, tmp_path / "m.onnx")
+    fuse_attention_file(tmp_path / "m.onnx", tmp_path / "f.onnx")
+    graph = onnx.load(str(tmp_path / "f.onnx"))
+    node = next(n for n in graph.graph.node if n.op_type == "MultiHeadAttention" and n.domain == MS_DOMAIN)
+    scale = next(a for a in node.attribute if a.name == "scale")
+    node.attribute.remove(scale)
+    node.attribute.append(helper.make_attribute("scale", scale.f * 3.0))
+    onnx.save(graph, str(tmp_path / "wrong.onnx"))
+    assert check_parity(model, tmp_path / "wrong.onnx").max_abs_diff > PARITY_TOL
