@@ -343,3 +343,28 @@ def test_bench_load_does_not_import_locust_or_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_throughput_tables_put_fused_beside_plain_and_samples_against_the_peak():
+    from loadtest.throughput import peak_lines, table
+    results = {"onnxruntime": {"akt-standard": 200.0, "akt": 100.0},
+               "onnxruntime-fused": {"akt-standard": 250.0, "akt": 100.0}}
+    levels, presets = ["onnxruntime", "onnxruntime-fused"], ["akt-standard", "akt"]
+    lines = table(results, presets, levels)
+    assert "fused / plain graph (onnxruntime in-process): akt-standard 1.25x, akt 1.00x" in lines
+    peak = peak_lines(results, presets, levels, {"akt-standard": 80e6, "akt": 190e6}, peak=100.0)
+    row = next(line for line in peak if line.startswith("| akt-standard |"))
+    assert row == "| akt-standard | 80.0 | 16.0 (16%) | 20.0 (20%) |"
+
+
+def test_flops_per_sample_counts_the_models_matmuls():
+    import torch
+    from export.bench_inputs import N_QUESTIONS, N_SKILLS, make_batch
+    from loadtest.throughput import flops_per_sample
+    from training.models.registry import build_model, preset_config, with_vocab
+    cfg = with_vocab(preset_config("akt-standard"), N_QUESTIONS, N_SKILLS)
+    cfg.max_len = 20
+    torch.manual_seed(0)
+    model = build_model(cfg).eval()
+    short, long = flops_per_sample(model, make_batch(4, 10)), flops_per_sample(model, make_batch(4, 20))
+    assert short > 0 and 1.9 < long / short < 2.6          # linear layers x2, attention x4 with the length
