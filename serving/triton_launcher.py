@@ -10,7 +10,9 @@ version, but running it standalone needs four things (docs: serving-notes.md §1
 4. PATH starting with the venv's bin (the stub's embedded Python finds its prefix via python3).
 Everything is found relative to the CURRENT interpreter (sys.executable's venv). The repository is
 byte-compiled before start (the stub writes __pycache__ otherwise, which reloads poll-mode models).
-Servers listen on 127.0.0.1 only; only processes started here are signalled, by PID.
+Servers listen on 127.0.0.1 only; only processes started here are signalled, by PID. Each server
+gets a guard process (serving/triton_watchdog.py) that stops it, its stubs and their shared memory
+if the process that started it dies without doing so.
 """
 from __future__ import annotations
 
@@ -169,6 +171,7 @@ class TritonServer:
         self._proc: subprocess.Popen | None = None
         self._shm_seen: set[str] = set()      # python-backend shm files our processes mapped
         self._stubs_seen: dict[int, str] = {}  # stub PID -> its start time (stubs outlive a dead server)
+        self._watchdog: subprocess.Popen | None = None   # stops the server if this process dies first
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self, timeout: float = 90.0) -> None:
@@ -298,6 +301,7 @@ class TritonServer:
             self._proc = subprocess.Popen(self.command(install, backends), stdin=subprocess.DEVNULL,
                                           stdout=log, stderr=subprocess.STDOUT,
                                           env=server_env(install), start_new_session=True)
+            self._watchdog = _start_watchdog(self._proc.pid, log)
         _LIVE.add(self)
 
     def _wait_ready(self, deadline: float) -> str | None:
@@ -326,23 +330,20 @@ class TritonServer:
             start = _start_time(pid)
             if start is not None and STUB_NAME in _cmdline(pid):
                 self._stubs_seen[pid] = start
-        pids = [self._proc.pid] + children
-        for pid in pids:
-            try:
-                with open(f"/proc/{pid}/maps") as maps:
-                    for line in maps:          # addr perms offset dev inode [path]
-                        parts = line.rstrip("\n").split(None, 5)
-                        if len(parts) == 6 and parts[5].startswith(SHM_PREFIX) \
-                                and not parts[5].endswith(" (deleted)"):
-                            self._shm_seen.add(parts[5])
-            except OSError:
-                continue
+        self._shm_seen.update(shm_files([self._proc.pid, *children]))
 
     def _after_exit(self) -> None:
         """Wait (bounded) for our stubs to exit (SIGKILL the orphans that do not), then remove the
         shared-memory files that only our (now dead) server and its stubs mapped; the names hold a
         per-server UUID."""
         _LIVE.discard(self)
+        if self._watchdog is not None:           # it exits within its poll interval once the server is gone
+            try:
+                self._watchdog.wait(timeout=5.0)
+            except subprocess.TimeoutExpired:
+                self._watchdog.kill()
+                self._watchdog.wait()
+            self._watchdog = None
         stubs = dict(self._stubs_seen)
         _wait_gone(stubs, timeout=3.0)
         for pid, start in stubs.items():       # a stub killed mid-request never exits on its own (2.51)
@@ -371,6 +372,31 @@ def _same_file(src: Path, dst: Path) -> bool:
         return dst.stat().st_size == src.stat().st_size and os.access(dst, os.R_OK)
     except OSError:
         return False
+
+
+def _start_watchdog(triton_pid: int, log) -> subprocess.Popen | None:
+    """serving/triton_watchdog.py for the server `triton_pid` (None when /proc cannot name the processes)."""
+    own, triton = _start_time(os.getpid()), _start_time(triton_pid)
+    if own is None or triton is None:
+        return None
+    return subprocess.Popen([sys.executable, "-m", "serving.triton_watchdog", str(os.getpid()), own,
+                             str(triton_pid), triton], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=log, start_new_session=True)
+
+
+def shm_files(pids: Sequence[int]) -> set[str]:
+    """The python-backend shared-memory files that the processes `pids` map (from /proc/<p>/maps)."""
+    found: set[str] = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as maps:
+                for line in maps:              # addr perms offset dev inode [path]
+                    parts = line.rstrip("\n").split(None, 5)
+                    if len(parts) == 6 and parts[5].startswith(SHM_PREFIX) and not parts[5].endswith(" (deleted)"):
+                        found.add(parts[5])
+        except OSError:
+            continue
+    return found
 
 
 def _children(pid: int) -> list[int]:

@@ -237,3 +237,29 @@ def test_routerkt_serve_starts_triton_prints_a_sample_and_stops_both(kt_reposito
         assert messages.index("gateway stopped") < next(i for i, m in enumerate(messages) if m.startswith("Triton stopped"))
     finally:
         stop_process(proc)
+
+
+def test_a_sigkilled_serve_leaves_no_triton_and_no_stubs(kt_repository, tmp_path) -> None:
+    """SIGKILL of `routerkt serve` (nothing of it runs any more): its Triton guard
+    (serving/triton_watchdog.py) stops the tritonserver it started, the python stubs and their
+    shared-memory files, instead of leaving them running."""
+    from serving.triton_launcher import STUB_NAME, _children, _cmdline, shm_files
+    grpc_port, http_port = free_port(), free_port()
+    proc, out, err = spawn_routerkt(["serve", "--repository", str(kt_repository.path), "--grpc-port", str(grpc_port),
+                                     "--http-port", str(http_port)], tmp_path, "serve")
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            wait_for(lambda: proc.poll() is not None or health(channel) == SERVING, 150, "SERVING", step=0.2)
+        assert proc.poll() is None, err.read_text()[-3000:]
+        messages = [json.loads(line)["message"] for line in err.read_text().splitlines() if line.strip()]
+        triton_pid = int(re.search(r"\(pid (\d+),", next(m for m in messages if m.startswith("Triton: gRPC"))).group(1))
+        stubs = [pid for pid in _children(triton_pid) if STUB_NAME in _cmdline(pid)]
+        shm = shm_files([triton_pid, *stubs])
+        assert stubs and shm
+        proc.kill()                                                   # no handler, no atexit: only the guard is left
+        proc.wait(timeout=10)
+        wait_for(lambda: not alive(triton_pid) and not any(alive(pid) for pid in stubs), 30,
+                 "tritonserver and its stubs to be stopped by the guard")
+        wait_for(lambda: not any(Path(p).exists() for p in shm), 10, "the stubs' shared memory to be removed")
+    finally:
+        stop_process(proc)
