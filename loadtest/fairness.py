@@ -2,10 +2,13 @@
 PredictBatch calls (64 learners x 64 candidates x 1,000-interaction histories), in one run.
 
     routerkt bench fairness [--repository model_repository] [--model NAME] [--seconds 8] [--callers 4]
+                            [--rank-candidates-per-infer 64,16]
 
 Starts Triton and a gateway (loopback), runs `--callers` threads of small Predicts (30-interaction
 history, 1 candidate, 2 s deadline) for `--seconds` alone, then again while one thread sends
 maximal batches; prints the small calls' p50 / p99, their failures and each batch's seconds.
+With several `--rank-candidates-per-infer` values, each gets its own gateway (one Triton) and both
+phases, one after the other.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import numpy as np
 
 from loadtest.learners import load_vocabulary
 from routerkt.errors import UserError
+from serving.settings import Settings
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -26,7 +30,44 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None)
     p.add_argument("--seconds", type=float, default=8.0, help="length of each phase")
     p.add_argument("--callers", type=int, default=4, help="threads of small calls")
+    p.add_argument("--rank-candidates-per-infer", default=str(Settings.rank_candidates_per_infer),
+                   help="comma-separated gateway settings to compare in one run (each: its own gateway, "
+                        "both phases), e.g. 64,16")
     p.add_argument("--out", type=Path, default=Path("bench/fairness"), help="Triton's log goes here")
+
+
+def phases(stub, big, small, callers: int, seconds: float):
+    """Small calls alone, then beside back-to-back maximal batches: (phase, summary line) each."""
+    import grpc
+
+    def smalls(out: list, failures: list) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            started = time.perf_counter()
+            try:
+                stub.Predict(small, timeout=2.0)
+                out.append(time.perf_counter() - started)
+            except grpc.RpcError as exc:
+                failures.append(exc.code().name)
+    stub.PredictBatch(big, timeout=60.0)                       # warm-up
+    for phase in ("alone", "beside maximal batches"):
+        out, failures, batches = [], [], []
+        threads = [threading.Thread(target=smalls, args=(out, failures)) for _ in range(callers)]
+        for t in threads:
+            t.start()
+        if phase != "alone":
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                started = time.perf_counter()
+                stub.PredictBatch(big, timeout=60.0)
+                batches.append(time.perf_counter() - started)
+        for t in threads:
+            t.join()
+        line = (f"{len(out)} small calls, p50 {np.percentile(out, 50) * 1e3:.1f} ms, "
+                f"p99 {np.percentile(out, 99) * 1e3:.1f} ms, {len(failures)} failed")
+        if batches:
+            line += f"; {len(batches)} maximal batches, median {np.median(batches):.2f} s each"
+        yield phase, line
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,38 +86,19 @@ def run(args: argparse.Namespace) -> int:
         pb.Candidate(question_id=q[(3 * j) % len(q)]) for j in range(64)]) for _ in range(64)])
     small = pb.PredictRequest(model=vocabulary.model, history=history[:30], candidates=[pb.Candidate(question_id=q[0])])
     args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        splits = [int(x) for x in args.rank_candidates_per_infer.split(",") if x.strip()]
+    except ValueError:
+        raise UserError("--rank-candidates-per-infer: comma-separated integers, e.g. 64,16") from None
+    if not splits or min(splits) < 1:
+        raise UserError("--rank-candidates-per-infer: at least one value, each >= 1")
     with ExitStack() as stack:
         triton = start_triton(stack, args.repository.resolve(), args.out)
-        target = start_gateway(stack, args.repository.resolve(), vocabulary.model, triton.grpc_url)
-        stub = pb_grpc.KnowledgeTracingServiceStub(stack.enter_context(grpc.insecure_channel(target)))
-
-        def smalls(out: list, failures: list) -> None:
-            end = time.monotonic() + args.seconds
-            while time.monotonic() < end:
-                started = time.perf_counter()
-                try:
-                    stub.Predict(small, timeout=2.0)
-                    out.append(time.perf_counter() - started)
-                except grpc.RpcError as exc:
-                    failures.append(exc.code().name)
-        stub.PredictBatch(big, timeout=60.0)                       # warm-up
         print(f"max batch: {big.ByteSize():,} bytes; {args.callers} small callers, {args.seconds:g} s per phase")
-        for phase in ("alone", "beside maximal batches"):
-            out, failures, batches = [], [], []
-            threads = [threading.Thread(target=smalls, args=(out, failures)) for _ in range(args.callers)]
-            for t in threads:
-                t.start()
-            if phase != "alone":
-                end = time.monotonic() + args.seconds
-                while time.monotonic() < end:
-                    started = time.perf_counter()
-                    stub.PredictBatch(big, timeout=60.0)
-                    batches.append(time.perf_counter() - started)
-            for t in threads:
-                t.join()
-            line = (f"{phase}: {len(out)} small calls, p50 {np.percentile(out, 50) * 1e3:.1f} ms, "
-                    f"p99 {np.percentile(out, 99) * 1e3:.1f} ms, {len(failures)} failed")
-            if batches:
-                line += f"; {len(batches)} maximal batches, median {np.median(batches):.2f} s each"
-            print(line)
+        for split in splits:
+            target = start_gateway(stack, args.repository.resolve(), vocabulary.model, triton.grpc_url,
+                                   rank_candidates_per_infer=split)
+            stub = pb_grpc.KnowledgeTracingServiceStub(stack.enter_context(grpc.insecure_channel(target)))
+            for phase, line in phases(stub, big, small, args.callers, args.seconds):
+                print(f"rank_candidates_per_infer {split}, {phase}: {line}")
     return 0

@@ -230,9 +230,9 @@ def start_triton(stack: ExitStack, repository: Path, out: Path):
 
 
 def start_gateway(stack: ExitStack, repository: Path, model: str, triton_url: str, store_url: str | None = None,
-                  track_outcomes: bool = True) -> str:
+                  track_outcomes: bool = True, **overrides) -> str:
     """An in-process gateway (stopped when `stack` closes), with a session store when `store_url`
-    (and then outcome tracking, unless `track_outcomes` is False)."""
+    (and then outcome tracking, unless `track_outcomes` is False); `overrides`: other Settings fields."""
     from serving.catalog import ModelCatalog
     from serving.metrics import Metrics
     from serving.server import ThreadedGateway
@@ -242,7 +242,7 @@ def start_gateway(stack: ExitStack, repository: Path, model: str, triton_url: st
     from serving.settings import Settings
 
     settings = Settings(repository=repository, triton_url=triton_url, grpc_port=0, http_port=None,
-                        grace_period_s=2.0, track_outcomes=track_outcomes)
+                        grace_period_s=2.0, track_outcomes=track_outcomes, **overrides)
     metrics, catalog = Metrics(), ModelCatalog(repository)
     parts: dict = {"catalog": catalog}
     if store_url:

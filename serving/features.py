@@ -24,6 +24,8 @@ so requests of different learners share a few shapes; both give the same probabi
 """
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
@@ -97,6 +99,21 @@ def build_windows(learner: EncodedLearner, window: int) -> tuple[np.ndarray, np.
     skills[:, window - 1] = learner.candidate_skills
     responses[:, window - 1] = CANDIDATE_RESPONSE
     return questions, skills, responses
+
+
+def split_candidates(learners: list[EncodedLearner], limit: int) -> tuple[list[EncodedLearner], list[int]]:
+    """Each learner with more than `limit` candidates as several learners of the same history and at
+    most `limit` candidates each (in order), with the index of the learner each piece came from.
+    Exact for the rank graph: a candidate sees the history and itself only."""
+    pieces: list[EncodedLearner] = []
+    owners: list[int] = []
+    for i, learner in enumerate(learners):
+        for first in range(0, max(learner.n_candidates, 1), limit):
+            pieces.append(learner if learner.n_candidates <= limit else dataclasses.replace(
+                learner, candidate_questions=learner.candidate_questions[first:first + limit],
+                candidate_skills=learner.candidate_skills[first:first + limit]))
+            owners.append(i)
+    return pieces, owners
 
 
 def history_row(learner: EncodedLearner, window: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

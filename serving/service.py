@@ -32,7 +32,7 @@ from serving import errors
 from serving.admission import ServiceTime, call_rows, check_budget
 from serving.catalog import ModelCatalog, ModelVersion
 from serving.errors import ServingError, shown
-from serving.features import EncodedLearner
+from serving.features import EncodedLearner, split_candidates
 from serving.metrics import Metrics
 from serving.parts import (BackendError, Encoder, FailureKind, HistorySource, InferenceBackend,
                            PredictionRecord, PredictionSink, Route, VersionPolicy)
@@ -241,20 +241,24 @@ class PredictionService:
     async def _infer(self, model: ModelVersion, learners: list[EncodedLearner], deadline: Deadline) -> list[np.ndarray]:
         """P(correct) per candidate for each learner: float32 [C_i] each. Score graph: whole
         learners in calls of at most min(max_rows_per_infer, max_batch_size) rows, concurrently.
-        Rank graph: at most rank_rows_per_infer learners per call, ONE call in flight at a time, so
+        Rank graph: at most rank_rows_per_infer learners (of at most rank_candidates_per_infer
+        candidates: a learner with more is split, exactly) per call, ONE call in flight at a time, so
         a large PredictBatch queues one small inference at a time in Triton and the inferences of
         other callers get in between (fair sharing; its own latency is about the sum of its parts)."""
         rank = model.graph.name == "rank"
         limit = self.settings.rank_rows_per_infer if rank else self.settings.max_rows_per_infer
-        calls = self.encoder.inferences(learners, model, max(1, min(limit, model.max_batch_size)))
+        pieces, owners = (split_candidates(learners, self.settings.rank_candidates_per_infer) if rank
+                          else (learners, list(range(len(learners)))))
+        calls = self.encoder.inferences(pieces, model, max(1, min(limit, model.max_batch_size)))
         if rank:
             outputs = [await self._infer_one(model, call.feeds, deadline) for call in calls]
         else:
             outputs = await asyncio.gather(*(self._infer_one(model, call.feeds, deadline) for call in calls))
-        out: list[np.ndarray | None] = [None] * len(learners)
-        for call, output in zip(calls, outputs):
+        parts: list[list[np.ndarray]] = [[] for _ in learners]
+        for call, output in zip(calls, outputs):          # calls and pieces keep the learners' order
             for i, probs in zip(call.learners, call.split(output)):
-                out[i] = probs
+                parts[owners[i]].append(probs)
+        out = [p[0] if len(p) == 1 else np.concatenate(p) for p in parts]
         return out  # type: ignore[return-value]
 
     async def _infer_one(self, model: ModelVersion, feeds: dict[str, np.ndarray], deadline: Deadline) -> np.ndarray:

@@ -35,6 +35,8 @@ class Settings:
                                                   # at a time, so large batches do not stall other callers
                                                   # (bench fairness: small p99 beside maximal batches 2.6x
                                                   # unloaded with 1, 3.8x with 4; README)
+    rank_candidates_per_infer: int = 64           # candidates per rank inference: a learner with more is split
+                                                  # into several (exact; the history is computed once per piece)
     http_body_timeout_s: float = 10.0            # an HTTP request body must arrive within this (408 otherwise)
     max_rows_per_infer: int = 256                 # rows per Triton request when packing a batch (capped by the
                                                   # model's max_batch_size); must be >= max_candidates
@@ -99,7 +101,7 @@ class Settings:
                 raise UserError(f"settings.{name} must be a port number in [0, 65535], got {value!r}")
         positive_ints = ("max_candidates", "max_history", "max_batch_learners", "max_message_bytes",
                          "max_rows_per_infer", "max_inflight", "probe_failures_before_reload", "max_learner_id_chars",
-                         "max_event_id_chars", "max_observe_events", "store_keep", "rank_rows_per_infer",
+                         "max_event_id_chars", "max_observe_events", "store_keep", "rank_rows_per_infer", "rank_candidates_per_infer",
                          "max_pending_served", "max_shadow_inflight", "max_call_rows")
         for name in positive_ints:
             value = getattr(self, name)

@@ -97,3 +97,38 @@ def test_an_unknown_model_is_not_found_and_nothing_reaches_the_sink(gateway) -> 
     assert info.value.code() is grpc.StatusCode.NOT_FOUND
     assert len(info.value.details()) < 200                 # a long name is not echoed whole
     assert len(sink.records) == before
+
+
+def test_a_learners_candidates_split_over_several_inferences_answer_the_same(kt_repository, checkpoint) -> None:
+    """rank_candidates_per_infer 2: 7 candidates go out as 4 rank inferences of one history; the
+    answers are PyTorch's, in the candidates' order, for one learner and within a batch."""
+    settings = Settings(repository=kt_repository.path, grpc_port=0, http_port=None, probe_interval_s=0.5,
+                        grace_period_s=1.0, rank_candidates_per_infer=2)
+    backend = OnnxRuntimeBackend(settings)
+    calls = []
+    infer = backend.infer
+
+    async def counted(model, feeds, timeout_s):
+        calls.append(feeds["candidate_questions"].shape)
+        return await infer(model, feeds, timeout_s)
+    backend.infer = counted
+    gw = ThreadedGateway(settings, Metrics(), backend=backend).start()
+    try:
+        vocab = checkpoint.vocab
+        questions = [q for q in sorted(vocab.questions) if vocab.question_skill.get(q, -1) in vocab.skills]
+        history = [(q, vocab.question_skill[q], i % 2) for i, q in enumerate(questions[:12])]
+        candidates = questions[12:19]
+        expected = torch_probs(checkpoint, history, candidates)
+        learner = pb.LearnerRequest(history=[pb.Interaction(question_id=q, skill_id=s, correct=c) for q, s, c in history],
+                                    candidates=[pb.Candidate(question_id=q) for q in candidates])
+        with grpc.insecure_channel(f"127.0.0.1:{gw.grpc_port}") as channel:
+            stub = pb_grpc.KnowledgeTracingServiceStub(channel)
+            single = stub.Predict(pb.PredictRequest(model="kt", history=learner.history, candidates=learner.candidates),
+                                  timeout=10.0)
+            assert len(calls) == 4 and all(shape[0] == 1 for shape in calls)
+            batch = stub.PredictBatch(pb.PredictBatchRequest(model="kt", learners=[learner, learner]), timeout=10.0)
+        np.testing.assert_allclose(single.probabilities, expected, atol=1e-5, rtol=0)
+        for result in batch.results:
+            np.testing.assert_allclose(result.probabilities, expected, atol=1e-5, rtol=0)
+    finally:
+        gw.stop(grace=1.0)

@@ -108,3 +108,17 @@ def test_all_rows_share_the_history_part() -> None:
     q, s, r = build_windows(enc, 8)
     assert (q[:, :-1] == q[0, :-1]).all() and (s[:, :-1] == s[0, :-1]).all() and (r[:, :-1] == r[0, :-1]).all()
     assert q[:, -1].tolist() == [2, 3, 4, UNK_ID]
+
+
+def test_split_candidates_keeps_order_history_and_owners():
+    from serving.features import EncodedLearner, split_candidates
+    history = np.array([5, 6], dtype=np.int64)
+    big = EncodedLearner(questions=history, skills=history, responses=np.array([1, 0]),
+                         candidate_questions=np.arange(10, 15), candidate_skills=np.arange(20, 25))
+    small = EncodedLearner(questions=history, skills=history, responses=np.array([1, 0]),
+                           candidate_questions=np.arange(2), candidate_skills=np.arange(2))
+    pieces, owners = split_candidates([big, small], 2)
+    assert owners == [0, 0, 0, 1]
+    assert [p.candidate_questions.tolist() for p in pieces] == [[10, 11], [12, 13], [14], [0, 1]]
+    assert [p.candidate_skills.tolist() for p in pieces[:3]] == [[20, 21], [22, 23], [24]]
+    assert all(p.questions is history for p in pieces) and pieces[3] is small
