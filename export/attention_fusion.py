@@ -51,8 +51,7 @@ class FusionReport:
 
 @dataclass
 class _Core:
-    softmax: onnx.NodeProto
-    nodes: list[onnx.NodeProto]                      # the matched nodes from the score product to `out`
+    product: onnx.NodeProto                          # P @ V: its output `out` is what the fused node writes
     q: str
     k: str
     v: str
@@ -92,28 +91,28 @@ class _Graph:
         return shape if shape is not None and len(shape) == 4 else None
 
 
-def _scaled(g: _Graph, name: str) -> tuple[str, float, onnx.NodeProto] | None:
-    """Mul(x, c) or Mul(c, x) with a scalar constant c -> (x, c, the Mul)."""
+def _scaled(g: _Graph, name: str) -> tuple[str, float] | None:
+    """Mul(x, c) or Mul(c, x) with a scalar constant c -> (x, c)."""
     mul = g.op(name, "Mul")
     if mul is None:
         return None
     for x, c in ((mul.input[0], mul.input[1]), (mul.input[1], mul.input[0])):
         value = g.scalar(c)
         if value is not None:
-            return x, value, mul
+            return x, value
     return None
 
 
-def _untransposed(g: _Graph, name: str) -> tuple[str, list[onnx.NodeProto]] | None:
+def _untransposed(g: _Graph, name: str) -> str | None:
     """K for K^T written as Transpose(K, [0, 1, 3, 2]) or Reshape -> Transpose([0, 2, 1]) -> Reshape."""
     node = g.op(name, "Transpose")
     if node is not None and list(node.attribute[0].ints) == [0, 1, 3, 2]:
-        return node.input[0], [node]
+        return node.input[0]
     outer = g.op(name, "Reshape")
     middle = g.op(outer.input[0], "Transpose") if outer is not None else None
     inner = g.op(middle.input[0], "Reshape") if middle is not None else None
     if inner is not None and list(middle.attribute[0].ints) == [0, 2, 1]:
-        return inner.input[0], [outer, middle, inner]
+        return inner.input[0]
     return None
 
 
@@ -143,15 +142,16 @@ def _match(g: _Graph, softmax: onnx.NodeProto) -> tuple[_Core | None, str | None
         key = _untransposed(g, right[0])
         if key is None:
             continue
-        q, k, v = left[0], key[0], product.input[1]
+        q, k, v = left[0], key, product.input[1]
         q_shape, k_shape = g.rank4(q), g.rank4(k)
         if q_shape is None or k_shape is None:
             continue
         heads = {q_shape[1], k_shape[1], v_shape[1]}
         if len(heads) != 1 or None in heads or q_shape[3] is None or q_shape[3] != k_shape[3] or v_shape[3] is None:
             return None, "head counts or head sizes not static"
-        nodes = [matmul, left[2], right[2], *key[1], add, softmax, product]
-        return _Core(softmax=softmax, nodes=nodes, q=q, k=k, v=v, bias=bias, out=product.output[0],
+        if g.rank4(bias) is None:
+            return None, "the additive bias is not 4-D [B or 1, H or 1, L, L]"
+        return _Core(product=product, q=q, k=k, v=v, bias=bias, out=product.output[0],
                      scale=left[1] * right[1], heads=heads.pop()), None
     return None, "scores are not Q K^T + bias (monotonic decay)"
 
@@ -172,10 +172,10 @@ def _rewrite(model: onnx.ModelProto, core: _Core, index: int) -> None:
                                 domain=MS_DOMAIN, num_heads=core.heads, scale=core.scale, name=f"{p}/mha"))
     new.append(helper.make_node("Reshape", [f"{p}/out3", heads.name], [f"{p}/out_blhd"], name=f"{p}/out_r"))
     new.append(helper.make_node("Transpose", [f"{p}/out_blhd"], [core.out], perm=[0, 2, 1, 3], name=f"{p}/out_t"))
-    # the new nodes take the place of P @ V (every input of the core is computed before it)
-    product = core.nodes[-1]
-    position = list(g.node).index(product)
-    g.node.remove(product)                            # its output is now written by the new Transpose
+    # the new nodes take the place of P @ V (every input of the core is computed before it); the
+    # score operators before it are left unread and pruned afterwards
+    position = list(g.node).index(core.product)
+    g.node.remove(core.product)                       # its output is now written by the new Transpose
     for offset, node in enumerate(new):
         g.node.insert(position + offset, node)
 
