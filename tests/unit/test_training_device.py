@@ -12,7 +12,7 @@ from training import device as devices
 from training.batching import Batch
 from training.config import Device
 from training.distributed import backend
-from training.loop import autocast, batch_loss
+from training.loop import autocast, model_device
 from training.models.registry import PRESETS, build_model, preset_config, with_vocab
 
 pytestmark = pytest.mark.unit
@@ -28,18 +28,29 @@ def _batch(rows: int = 3, length: int = 12) -> Batch:
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
-def test_a_training_step_stays_on_the_models_device(preset, monkeypatch):
-    from torch.fx.experimental import _config
-    monkeypatch.setattr(_config, "meta_nonzero_assume_all_nonzero", True)   # the loss's mask indexing on meta
+def test_a_training_step_stays_on_the_models_device(preset):
     cfg = with_vocab(preset_config(preset), 40, 8)
     cfg.max_len = 12
     model = build_model(cfg).to("meta").train()
-    loss, _ = batch_loss(model, _batch())                     # the CPU batch follows the model
+    batch = _batch().to(model_device(model))                  # what batch_loss does with a CPU batch
+    out = model(batch.questions, batch.skills, batch.responses)
+    # the loss without batch_loss's mask indexing (data-dependent shapes have no meta kernel)
+    loss = (out.logits * (batch.responses >= 0)).sum() + out.aux_loss
     assert loss.device.type == "meta"
     loss.backward()
     grads = [p.grad for p in model.parameters() if p.requires_grad]
     assert grads and all(g is None or g.device.type == "meta" for g in grads)
     assert any(g is not None for g in grads)
+
+
+def test_batch_loss_moves_a_batch_to_the_models_device(monkeypatch):
+    import training.loop as loop
+    seen = []
+    original = Batch.to
+    monkeypatch.setattr(Batch, "to", lambda self, device: seen.append(device) or original(self, device))
+    model = build_model(with_vocab(preset_config("akt-standard"), 40, 8))
+    loss, _ = loop.batch_loss(model, _batch())
+    assert seen == [torch.device("cpu")] and loss.requires_grad
 
 
 def test_batch_to_moves_the_tensors_and_keeps_the_rows():
