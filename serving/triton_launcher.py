@@ -344,23 +344,8 @@ class TritonServer:
                 self._watchdog.kill()
                 self._watchdog.wait()
             self._watchdog = None
-        stubs = dict(self._stubs_seen)
-        _wait_gone(stubs, timeout=3.0)
-        for pid, start in stubs.items():       # a stub killed mid-request never exits on its own (2.51)
-            if _alive(pid, start):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        _wait_gone(stubs, timeout=10.0)
+        reap_stubs(dict(self._stubs_seen), self._shm_seen)
         self._stubs_seen.clear()
-        for path in sorted(self._shm_seen):
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
-            except OSError:
-                continue
         self._shm_seen.clear()
         if self._own_log and self.log_path is not None:   # a temp log of ours: pass log_path to keep it
             self.log_path.unlink(missing_ok=True)
@@ -382,6 +367,25 @@ def _start_watchdog(triton_pid: int, log) -> subprocess.Popen | None:
     return subprocess.Popen([sys.executable, "-m", "serving.triton_watchdog", str(os.getpid()), own,
                              str(triton_pid), triton], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=log, start_new_session=True)
+
+
+def reap_stubs(stubs: dict[int, str], shm: set[str]) -> None:
+    """After a server is gone: wait (bounded) for its stubs (PID -> start time) to exit, SIGKILL the
+    orphans that do not (a stub killed mid-request never exits on its own, Triton 2.51), then
+    remove the shared-memory files `shm` that only they and the server mapped (per-server names)."""
+    _wait_gone(stubs, timeout=3.0)
+    for pid, start in stubs.items():
+        if _alive(pid, start):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    _wait_gone(stubs, timeout=10.0)
+    for path in sorted(shm):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def shm_files(pids: Sequence[int]) -> set[str]:

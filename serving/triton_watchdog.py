@@ -18,7 +18,8 @@ import signal
 import sys
 import time
 
-from serving.triton_launcher import STUB_NAME, _alive, _children, _cmdline, _start_time, _wait_gone, shm_files
+from serving.triton_launcher import (STUB_NAME, _alive, _children, _cmdline, _start_time, _wait_gone, reap_stubs,
+                                     shm_files)
 
 POLL_S = 0.5
 TERM_WAIT_S = 10.0      # Triton's own --exit-timeout-secs default in TritonServer
@@ -37,19 +38,7 @@ def stop_orphaned(triton: int, triton_start: str) -> None:
         except ProcessLookupError:
             break
         _wait_gone({triton: triton_start}, timeout=wait)
-    _wait_gone(stubs, timeout=3.0)
-    for pid, start in stubs.items():
-        if _alive(pid, start):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    _wait_gone(stubs, timeout=5.0)
-    for path in sorted(shm):
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+    reap_stubs(stubs, shm)
 
 
 def main(argv: list[str]) -> int:
