@@ -29,6 +29,11 @@ def test_expand_groups_and_variants_in_order_without_repeats():
     assert len(expand("main,akt-family")) == len(GROUPS["main"])
 
 
+def test_the_all_group_has_every_preset():
+    from training.models.registry import PRESETS
+    assert {v.preset for v in GROUPS["all"]} == set(PRESETS)
+
+
 def test_committed_runs_are_found_under_their_folder_names():
     if not RESULTS.is_dir():
         pytest.skip("no results/ folder")
