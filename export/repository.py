@@ -10,12 +10,15 @@ A version folder is built completely in a staging directory NEXT TO the reposito
 filesystem, so the final `os.rename` is atomic, and outside it, so Triton never sees a half-written
 folder), fsynced, then renamed into place. A brand-new model is staged as a whole (config.pbtxt and
 its first version) and appears in one rename. For an existing model, config.pbtxt is replaced
-(temp file + os.replace) after the new version folder is in place. Old versions beyond
+(temp file + os.replace) after the new version folder is in place, only when its text changed.
+Python files of a version are byte-compiled in staging: Triton's Python stub would otherwise write
+`__pycache__` into the served folder when it first imports model.py. Old versions beyond
 `keep_versions` are then moved out of the repository (one rename) and deleted there.
 Triton only considers version folders whose names are positive integers without leading zeros.
 """
 from __future__ import annotations
 
+import compileall
 import errno
 import fcntl
 import os
@@ -69,7 +72,9 @@ def publish_version(repository: Path, name: str, files: dict[str, Path | bytes],
                 _write_version(version_dir, files)
                 _rename(version_dir, model_dir / str(version))
                 _fsync_dir(model_dir)
-                atomic_write_bytes(model_dir / CONFIG_FILE, config_text.encode())
+                if _read_or_none(model_dir / CONFIG_FILE) != config_text.encode():
+                    # an unchanged config is left alone: a rewrite makes Triton reload every version
+                    atomic_write_bytes(model_dir / CONFIG_FILE, config_text.encode())
             else:                          # a new model appears complete, in one rename
                 new_model = staging / name
                 new_model.mkdir()
@@ -83,6 +88,13 @@ def publish_version(repository: Path, name: str, files: dict[str, Path | bytes],
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return version
+
+
+def _read_or_none(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
 
 
 def _check_name(name: str) -> None:
@@ -141,6 +153,8 @@ def _write_version(version_dir: Path, files: dict[str, Path | bytes]) -> None:
         else:
             shutil.copyfile(source, target)
         _fsync_file(target)
+    if any(name.endswith(".py") for name in files):
+        compileall.compile_dir(str(version_dir), quiet=1, maxlevels=0)
     _fsync_dir(version_dir)
 
 

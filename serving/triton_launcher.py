@@ -283,6 +283,10 @@ class TritonServer:
             "--allow-gpu-metrics=false", "--pinned-memory-pool-byte-size=0",
             "--metrics-config", "summary_latencies=true",
             f"--exit-timeout-secs={self.exit_timeout_s}",
+            # Our config.pbtxt files are complete. Auto-complete makes the python backend start an
+            # extra stub per model load just to ask model.py for its config: loading a new version
+            # took 1.7-2.6 s with it and 0.44-0.52 s without (2026-12-01, this 2-core host).
+            "--disable-auto-complete-config",
         ]
         if self.model_control is ModelControl.EXPLICIT:
             args += ["--model-control-mode=explicit", "--load-model=*"]

@@ -21,4 +21,5 @@ EXPOSE 8000 8001 8002
 CMD ["tritonserver", "--model-repository=/models", "--http-port=8000", "--grpc-port=8001", \
      "--metrics-port=8002", "--model-control-mode=explicit", "--load-model=*", \
      "--allow-gpu-metrics=false", "--pinned-memory-pool-byte-size=0", \
-     "--metrics-config", "summary_latencies=true", "--exit-timeout-secs=10"]
+     "--metrics-config", "summary_latencies=true", "--exit-timeout-secs=10", \
+     "--disable-auto-complete-config"]

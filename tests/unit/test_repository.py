@@ -74,6 +74,22 @@ def test_versions_increase_config_is_replaced_and_old_versions_are_pruned(repo: 
     assert not list(repo.parent.glob(".*staging*"))
 
 
+def test_an_unchanged_config_is_not_rewritten_and_model_py_is_compiled_in_place(repo: Path, tmp_path: Path) -> None:
+    """Triton reloads every version of a model whose config.pbtxt was rewritten, and its Python
+    stub writes __pycache__ into a served folder unless the folder already has one."""
+    files = {**_files(tmp_path, "a"), "model.py": b"VALUE = 1\n"}
+    publish_version(repo, "kt", files, "cfg")
+    config = repo / "kt" / CONFIG_FILE
+    stamp = config.stat().st_mtime_ns, config.stat().st_ino
+    publish_version(repo, "kt", {**_files(tmp_path, "b"), "model.py": b"VALUE = 2\n"}, "cfg")
+    assert (config.stat().st_mtime_ns, config.stat().st_ino) == stamp          # same file, untouched
+    compiled = sorted(p.name for p in (repo / "kt" / "2" / "__pycache__").iterdir())
+    assert len(compiled) == 1 and compiled[0].startswith("model.") and compiled[0].endswith(".pyc")
+    publish_version(repo, "kt", _files(tmp_path, "c"), "cfg changed")
+    assert config.read_text() == "cfg changed"
+    assert not (repo / "kt" / "3" / "__pycache__").exists()                   # no Python file, nothing compiled
+
+
 def test_explicit_versions_and_duplicates(repo: Path, tmp_path: Path) -> None:
     assert publish_version(repo, "kt", _files(tmp_path, "a"), "cfg", version=7) == 7
     assert publish_version(repo, "kt", _files(tmp_path, "b"), "cfg") == 8

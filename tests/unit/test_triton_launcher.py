@@ -51,7 +51,7 @@ def test_command_listens_on_loopback_with_the_documented_flags(install: tl.Trito
     for flag in ("--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1",
                  "--http-port=1001", "--grpc-port=1002", "--metrics-port=1003", "--allow-gpu-metrics=false",
                  "--pinned-memory-pool-byte-size=0", "--exit-timeout-secs=7", "--model-control-mode=explicit",
-                 "--load-model=*", f"--model-repository={tmp_path.resolve()}"):
+                 "--load-model=*", "--disable-auto-complete-config", f"--model-repository={tmp_path.resolve()}"):
         assert flag in argv
     assert argv[argv.index("--metrics-config") + 1] == "summary_latencies=true"
     assert argv[-1] == "--log-verbose=1"
