@@ -14,6 +14,8 @@ it would most likely miss its deadline after taking Triton time from calls that 
 theirs. With fewer calls in flight every call is admitted, so the estimate follows the load down.
 Off by default (shed_min_inflight = 0): on this 2-core machine it did not raise goodput at 4x
 overload (README, "Overload"), because refusing calls costs the CPU that admitted calls need.
+What did raise it is the queue in front of the in-flight slots (serving/service.py `_acquire`):
+a call waits for a slot only while its deadline still covers `expected_call()` after the wait.
 """
 from __future__ import annotations
 
@@ -42,15 +44,19 @@ class ServiceTime:
 
     def __init__(self) -> None:
         self.per_row: float | None = None
+        self.per_call: float | None = None     # seconds of a call, whatever its size (for queueing)
 
     def observe(self, rows: int, seconds: float) -> None:
         if rows <= 0:
             return
-        sample = seconds / rows
-        self.per_row = sample if self.per_row is None else (1 - SMOOTHING) * self.per_row + SMOOTHING * sample
+        self.per_row = _smoothed(self.per_row, seconds / rows)
+        self.per_call = _smoothed(self.per_call, seconds)
 
     def expected(self, rows: int) -> float:
         return 0.0 if self.per_row is None else self.per_row * rows
+
+    def expected_call(self) -> float:
+        return self.per_call or 0.0
 
     def admit(self, rows: int, remaining_s: float, inflight: int, settings: Settings) -> None:
         """Raise RESOURCE_EXHAUSTED when the call cannot be answered within `remaining_s`."""
@@ -61,3 +67,7 @@ class ServiceTime:
             raise errors.resource_exhausted(
                 f"the gateway is overloaded: this call would take about {expected * 1000:.0f} ms, its deadline "
                 f"leaves {max(remaining_s, 0) * 1000:.0f} ms; retry with backoff")
+
+
+def _smoothed(average: float | None, sample: float) -> float:
+    return sample if average is None else (1 - SMOOTHING) * average + SMOOTHING * sample

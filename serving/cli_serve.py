@@ -78,7 +78,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sample-model", default=None, metavar="NAME",
                         help="once ready, make one sample Predict with this model and print it")
     parser.add_argument("--max-inflight", type=int, default=defaults.max_inflight,
-                        help="calls served at once; beyond: RESOURCE_EXHAUSTED")
+                        help="calls served at once; beyond, calls queue (--max-queued, --inflight-wait)")
+    parser.add_argument("--max-queued", type=int, default=defaults.max_queued,
+                        help="calls waiting for a slot at once; beyond: RESOURCE_EXHAUSTED at once")
+    parser.add_argument("--inflight-wait", type=float, default=defaults.inflight_wait_s,
+                        help="longest wait for a slot in seconds (0: no queue)")
     parser.add_argument("--grace-period", type=float, default=defaults.grace_period_s,
                         help="seconds in-flight calls may drain on shutdown")
     parser.add_argument("--triton-log", type=Path, default=None, help="write Triton's log here (default: a temp file)")
@@ -111,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"model repository {repository} is not a folder (run `routerkt export` first)")
     settings = Settings(repository=repository, host=args.host, grpc_port=args.grpc_port,
                         http_port=None if args.http_port is not None and args.http_port < 0 else args.http_port,
-                        max_inflight=args.max_inflight, grace_period_s=args.grace_period,
+                        max_inflight=args.max_inflight, max_queued=args.max_queued,
+                        inflight_wait_s=args.inflight_wait, grace_period_s=args.grace_period,
                         store_keep=args.store_keep, store_ttl_s=args.store_ttl,
                         track_outcomes=not args.no_track_outcomes, outcome_ttl_s=args.outcome_ttl,
                         rollout_policy=args.rollout_policy or args.state_dir / "rollout.json")

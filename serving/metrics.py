@@ -38,6 +38,7 @@ METRIC_NAMES = (
     "routerkt_unknown_ids_total",
     "routerkt_errors_total",
     "routerkt_inflight_requests",
+    "routerkt_queued_requests",
     "routerkt_model_reloads_total",
     "routerkt_model_ready",
     "routerkt_triton_ready",
@@ -128,6 +129,8 @@ class Metrics:
             ("code",), registry=r)
         self.inflight = Gauge(
             "routerkt_inflight_requests", "Predict/PredictBatch calls being served now.", registry=r)
+        self.queued = Gauge(
+            "routerkt_queued_requests", "Predict/PredictBatch calls waiting for a free slot (max_queued).", registry=r)
         self.reloads = Counter(
             "routerkt_model_reloads", "Unload + load of a model through Triton's model-control API.",
             ("model", "reason"), registry=r)

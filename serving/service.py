@@ -62,12 +62,13 @@ class PredictionService:
         self.issue_prediction_ids = issue_prediction_ids
         self._slots = asyncio.Semaphore(settings.max_inflight)
         self._inflight = 0
+        self._queued = 0                                     # calls waiting for a slot
         self.service_time = ServiceTime()
         self._last_miss_refresh = -1e9
         self._shadows: set[asyncio.Task] = set()
 
     async def predict(self, query: PredictQuery, deadline: Deadline) -> PredictResult:
-        async with self._call():
+        async with self._call(deadline):
             learners = validate_query(query, self.settings)
             versions = await self._resolve(query.model, query.version)
             ready = self.backend.ready_versions(query.model)
@@ -158,11 +159,11 @@ class PredictionService:
 
     # -- steps -----------------------------------------------------------------------------------
     @asynccontextmanager
-    async def _call(self) -> AsyncIterator[None]:
+    async def _call(self, deadline: Deadline) -> AsyncIterator[None]:
         """In-flight slot + error accounting + the last line of defence against leaking internals."""
         acquired = False
         try:
-            await self._acquire()
+            await self._acquire(deadline)
             acquired = True
             self._inflight += 1
             self.metrics.inflight.inc()
@@ -182,17 +183,25 @@ class PredictionService:
                 self.metrics.inflight.dec()
                 self._slots.release()
 
-    async def _acquire(self) -> None:
+    async def _acquire(self, deadline: Deadline) -> None:
+        """A slot among settings.max_inflight. With none free the call queues (at most max_queued
+        waiting) for as long as inflight_wait_s allows and its deadline still covers a typical
+        call's service time after the wait; otherwise RESOURCE_EXHAUSTED, at once or when the wait ends."""
         if not self._slots.locked():
             await self._slots.acquire()                      # free slot: returns without suspending
             return
-        wait = self.settings.inflight_wait_s
-        if wait > 0:
+        wait = min(self.settings.inflight_wait_s, deadline.remaining() - self.service_time.expected_call())
+        if wait > 0 and self._queued < self.settings.max_queued:
+            self._queued += 1
+            self.metrics.queued.inc()
             try:
                 await asyncio.wait_for(self._slots.acquire(), wait)
                 return
             except asyncio.TimeoutError:
                 pass
+            finally:
+                self._queued -= 1
+                self.metrics.queued.dec()
         raise errors.resource_exhausted(f"the gateway is serving its maximum of {self.settings.max_inflight} "
                                         "calls; retry with backoff")
 

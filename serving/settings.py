@@ -70,7 +70,11 @@ class Settings:
     shed_min_inflight: int = 0                    # >0: with this many calls in flight, a call whose deadline is shorter
                                                   # than 1.5x its expected service time is refused (RESOURCE_EXHAUSTED);
                                                   # 0 = off (the default: not shown to raise goodput, README)
-    inflight_wait_s: float = 0.0                  # how long a call may wait for a free slot (0 = reject at once)
+    max_queued: int = 128                         # calls waiting for a slot at once; beyond: RESOURCE_EXHAUSTED at once
+    inflight_wait_s: float = 1.0                  # longest wait for a slot (less when the call's deadline would not cover
+                                                  # its expected service time after it; 0 = no queue). Waiting, not
+                                                  # refusing: at 128 callers refused callers retrying at once cost the
+                                                  # CPU that admitted calls need (README "Overload")
     default_deadline_s: float = 5.0               # deadline applied when the caller sets none (HTTP: always,
                                                   # unless the X-Request-Timeout header says otherwise)
     deadline_margin_s: float = 0.005              # kept back from the caller's deadline so the gateway answers
@@ -118,9 +122,10 @@ class Settings:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
                 raise UserError(f"settings.{name} must be >= 0 seconds, got {value!r}")
-        if not isinstance(self.shed_min_inflight, int) or isinstance(self.shed_min_inflight, bool) \
-                or self.shed_min_inflight < 0:
-            raise UserError(f"settings.shed_min_inflight must be an integer >= 0, got {self.shed_min_inflight!r}")
+        for name in ("shed_min_inflight", "max_queued"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise UserError(f"settings.{name} must be an integer >= 0, got {value!r}")
         if self.max_rows_per_infer < self.max_candidates:
             raise UserError(f"settings.max_rows_per_infer ({self.max_rows_per_infer}) must be >= max_candidates "
                             f"({self.max_candidates}): one learner's candidates go into one inference")

@@ -277,7 +277,7 @@ def test_tiny_deadlines_give_deadline_exceeded(gateway, stub, raw_ids) -> None:
 
 
 def test_inflight_limit_gives_resource_exhausted(kt_repository, triton, raw_ids) -> None:
-    gw = ThreadedGateway(gateway_settings(kt_repository, triton, max_inflight=1), Metrics()).start()
+    gw = ThreadedGateway(gateway_settings(kt_repository, triton, max_inflight=1, inflight_wait_s=0.0), Metrics()).start()
     try:
         with grpc.insecure_channel(f"127.0.0.1:{gw.grpc_port}") as channel:
             wait_for(lambda: health_status(channel) == health_pb2.HealthCheckResponse.SERVING, 30, "SERVING")

@@ -4,8 +4,10 @@ deadlines, error mapping without leaking Triton's text, batch packing, metrics."
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
+import time
 from pathlib import Path
 
 import grpc
@@ -56,6 +58,7 @@ class FakeBackend:
         self.calls: list[tuple[str, int, np.ndarray, float]] = []
         self.fail: BackendError | None = None
         self.delay = 0.0
+        self.running = self.max_concurrent = 0
 
     def ready_versions(self, model: str) -> frozenset[int]:
         return frozenset(self.ready.get(model, set())) if self.triton_ready else frozenset()
@@ -68,8 +71,13 @@ class FakeBackend:
     async def infer(self, model, feeds, timeout_s):
         questions = feeds["questions"]                          # the handmade versions serve the score graph
         self.calls.append((model.name, model.version, questions.copy(), timeout_s))
-        if self.delay:
-            await asyncio.sleep(self.delay)
+        self.running += 1
+        self.max_concurrent = max(self.max_concurrent, self.running)
+        try:
+            if self.delay:
+                await asyncio.sleep(self.delay)
+        finally:
+            self.running -= 1
         if self.fail is not None:
             raise self.fail
         return questions.astype(np.float32) / 100.0
@@ -240,18 +248,56 @@ def test_validation_errors_are_counted_and_precede_model_lookup(setup) -> None:
     assert metrics.registry.get_sample_value("routerkt_errors_total", {"code": "INVALID_ARGUMENT"}) == 1
 
 
-def test_inflight_limit_rejects_without_waiting(setup) -> None:
-    service, backend, metrics = setup
-    backend.delay = 0.2
-
+def _burst(service, n: int, deadline_s: float = 5.0) -> list:
     async def burst():
-        calls = [service.predict(predict_request(), Deadline.after(5)) for _ in range(5)]
+        calls = [service.predict(predict_request(), Deadline.after(deadline_s)) for _ in range(n)]
         return await asyncio.gather(*calls, return_exceptions=True)
-    results = run(burst())
+    return run(burst())
+
+
+def _settings(service, **changes) -> None:
+    core = service.service
+    core.settings = dataclasses.replace(core.settings, **changes).validate()
+
+
+def test_without_a_queue_the_inflight_limit_rejects_at_once(setup) -> None:
+    service, backend, metrics = setup
+    _settings(service, inflight_wait_s=0.0)
+    backend.delay = 0.2
+    results = _burst(service, 5)
     rejected = [r for r in results if isinstance(r, ServingError)]
     assert len(rejected) == 3 and all(r.code is grpc.StatusCode.RESOURCE_EXHAUSTED for r in rejected)
     assert sum(isinstance(r, pb.PredictResponse) for r in results) == 2
     assert metrics.registry.get_sample_value("routerkt_inflight_requests") == 0
+
+
+def test_calls_beyond_the_inflight_limit_wait_for_a_slot(setup) -> None:
+    service, backend, metrics = setup                      # max_inflight 2, default queue
+    backend.delay = 0.1
+    results = _burst(service, 5)
+    assert all(isinstance(r, pb.PredictResponse) for r in results), results
+    assert backend.max_concurrent <= 2
+    assert metrics.registry.get_sample_value("routerkt_queued_requests") == 0
+
+
+def test_the_queue_is_bounded(setup) -> None:
+    service, backend, _ = setup
+    _settings(service, max_queued=1)
+    backend.delay = 0.1
+    results = _burst(service, 5)                            # 2 served, 1 queued, 2 refused at once
+    assert sum(isinstance(r, pb.PredictResponse) for r in results) == 3
+    assert [r.code for r in results if isinstance(r, ServingError)] == [grpc.StatusCode.RESOURCE_EXHAUSTED] * 2
+
+
+def test_a_call_waits_only_while_its_deadline_covers_a_typical_call(setup) -> None:
+    service, backend, _ = setup
+    backend.delay = 0.3
+    service.service.service_time.per_call = 0.3             # calls have been taking 0.3 s
+    started = time.monotonic()
+    results = _burst(service, 4, deadline_s=0.5)            # the 2 queued ones could wait only 0.2 s
+    assert sum(isinstance(r, pb.PredictResponse) for r in results) == 2
+    assert [r.code for r in results if isinstance(r, ServingError)] == [grpc.StatusCode.RESOURCE_EXHAUSTED] * 2
+    assert time.monotonic() - started < 0.45                # refused after their 0.2 s, not at the deadline
 
 
 def test_unexpected_exceptions_become_internal_with_a_safe_message(setup) -> None:
