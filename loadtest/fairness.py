@@ -2,17 +2,18 @@
 PredictBatch calls (64 learners x 64 candidates x 1,000-interaction histories), in one run.
 
     routerkt bench fairness [--repository model_repository] [--model NAME] [--seconds 8] [--callers 4]
-                            [--rank-candidates-per-infer 64,16]
+                            [--vary bulk_pause_ratio=0,2]
 
 Starts Triton and a gateway (loopback), runs `--callers` threads of small Predicts (30-interaction
 history, 1 candidate, 2 s deadline) for `--seconds` alone, then again while one thread sends
 maximal batches; prints the small calls' p50 / p99, their failures and each batch's seconds.
-With several `--rank-candidates-per-infer` values, each gets its own gateway (one Triton) and both
-phases, one after the other.
+`--vary SETTING=V1,V2,...` (a serving/settings.py field) compares values in one run: each gets its
+own gateway (one Triton) and both phases, one after the other.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import threading
 import time
 from contextlib import ExitStack
@@ -30,9 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None)
     p.add_argument("--seconds", type=float, default=8.0, help="length of each phase")
     p.add_argument("--callers", type=int, default=4, help="threads of small calls")
-    p.add_argument("--rank-candidates-per-infer", default=str(Settings.rank_candidates_per_infer),
-                   help="comma-separated gateway settings to compare in one run (each: its own gateway, "
-                        "both phases), e.g. 64,16")
+    p.add_argument("--vary", default="", metavar="SETTING=V1,V2",
+                   help="a gateway setting (serving/settings.py) and the values to compare in one run (each: "
+                        "its own gateway, both phases), e.g. bulk_pause_ratio=0,2; default: the defaults")
     p.add_argument("--out", type=Path, default=Path("bench/fairness"), help="Triton's log goes here")
 
 
@@ -86,19 +87,34 @@ def run(args: argparse.Namespace) -> int:
         pb.Candidate(question_id=q[(3 * j) % len(q)]) for j in range(64)]) for _ in range(64)])
     small = pb.PredictRequest(model=vocabulary.model, history=history[:30], candidates=[pb.Candidate(question_id=q[0])])
     args.out.mkdir(parents=True, exist_ok=True)
-    try:
-        splits = [int(x) for x in args.rank_candidates_per_infer.split(",") if x.strip()]
-    except ValueError:
-        raise UserError("--rank-candidates-per-infer: comma-separated integers, e.g. 64,16") from None
-    if not splits or min(splits) < 1:
-        raise UserError("--rank-candidates-per-infer: at least one value, each >= 1")
+    name, values = parse_vary(args.vary)
     with ExitStack() as stack:
         triton = start_triton(stack, args.repository.resolve(), args.out)
         print(f"max batch: {big.ByteSize():,} bytes; {args.callers} small callers, {args.seconds:g} s per phase")
-        for split in splits:
-            target = start_gateway(stack, args.repository.resolve(), vocabulary.model, triton.grpc_url,
-                                   rank_candidates_per_infer=split)
+        for value in values:
+            overrides = {name: value} if name else {}
+            target = start_gateway(stack, args.repository.resolve(), vocabulary.model, triton.grpc_url, **overrides)
             stub = pb_grpc.KnowledgeTracingServiceStub(stack.enter_context(grpc.insecure_channel(target)))
+            label = f"{name} {value}" if name else "defaults"
             for phase, line in phases(stub, big, small, args.callers, args.seconds):
-                print(f"rank_candidates_per_infer {split}, {phase}: {line}")
+                print(f"{label}, {phase}: {line}")
     return 0
+
+
+def parse_vary(spec: str) -> tuple[str, list]:
+    """`NAME=V1,V2` -> (NAME, [values typed like the Settings field]); empty -> ("", [None])."""
+    if not spec.strip():
+        return "", [None]
+    name, sep, values = spec.partition("=")
+    name = name.strip()
+    fields = {f.name: f for f in dataclasses.fields(Settings)}
+    if not sep or name not in fields or fields[name].type not in ("int", "float"):
+        raise UserError(f"--vary: SETTING=V1,V2 with a numeric setting of serving/settings.py, got {spec!r}")
+    kind = int if fields[name].type == "int" else float
+    try:
+        parsed = [kind(v) for v in values.split(",") if v.strip()]
+    except ValueError:
+        raise UserError(f"--vary: the values of {name} must be {kind.__name__}s, got {values!r}") from None
+    if not parsed:
+        raise UserError(f"--vary: no values for {name}")
+    return name, parsed

@@ -352,3 +352,26 @@ def test_batch_equals_individual_predicts(setup) -> None:
         alone = run(service.predict(single, Deadline.after(5)))
         assert list(alone.probabilities) == list(result.probabilities)
         assert alone.history_used == result.history_used
+
+
+def test_a_call_of_several_rank_inferences_pauses_between_them_while_others_are_in_flight(setup) -> None:
+    facade, _, _ = setup
+    service = facade.service
+    service.settings = dataclasses.replace(service.settings, bulk_pause_ratio=1.0).validate()
+    starts: list[float] = []
+
+    async def infer_one(model, feeds, deadline):
+        starts.append(time.monotonic())
+        await asyncio.sleep(0.05)
+        return feeds
+    service._infer_one = infer_one
+    calls = [type("Call", (), {"feeds": i})() for i in range(3)]
+
+    def gaps(inflight: int, deadline_s: float) -> list[float]:
+        starts.clear()
+        service._inflight = inflight
+        assert run(service._infer_in_turn(None, calls, Deadline.after(deadline_s))) == [0, 1, 2]
+        return [b - a for a, b in zip(starts, starts[1:])]
+    assert all(g > 0.09 for g in gaps(inflight=2, deadline_s=5.0))        # round trip 0.05 + a pause of 0.05
+    assert all(g < 0.08 for g in gaps(inflight=1, deadline_s=5.0))        # alone: no pause
+    assert all(g < 0.08 for g in gaps(inflight=2, deadline_s=0.2))        # no room in the deadline: no pause
