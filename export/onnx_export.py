@@ -119,9 +119,35 @@ def rank_reference(model: KTModel, hq: np.ndarray, hs: np.ndarray, hr: np.ndarra
     return probs.numpy().reshape(cs.shape)
 
 
+# PyTorch 2.13 caches the kernel each OpOverload resolves to per dispatch key. The ONNX exporter's
+# first trace of an LSTM keeps its sequence axis symbolic; a later export in the same process reuses
+# a cached kernel that specializes it to the example's length (a DKT rank graph exported after its
+# score graph took only 15 history steps). Clearing these ops' caches before each export avoids it;
+# `_check_dynamic` refuses any graph whose axes came out fixed anyway.
+_RECURRENT_OPS = ("lstm", "gru", "rnn_tanh", "rnn_relu")
+
+
+def _clear_recurrent_dispatch_caches() -> None:
+    for name in _RECURRENT_OPS:
+        packet = getattr(torch.ops.aten, name)
+        for overload in packet.overloads():
+            getattr(packet, overload)._dispatch_cache.clear()
+
+
+def _check_dynamic(model_proto, graph: signature.Graph, dynamic: dict) -> None:
+    """Every axis exported as dynamic is symbolic in the ONNX graph (else ExportError)."""
+    for value in model_proto.graph.input:
+        dims = value.type.tensor_type.shape.dim
+        for axis in dynamic.get(value.name, {}):
+            if axis < len(dims) and not dims[axis].dim_param:
+                raise ExportError(f"ONNX export of the {graph.name} graph fixed axis {axis} of {value.name} to "
+                                  f"{dims[axis].dim_value} instead of keeping it dynamic; nothing was written")
+
+
 def _trace(wrapper: nn.Module, inputs: tuple[Tensor, ...], graph: signature.Graph, dynamic: dict,
            path: Path, quiet: bool) -> None:
     path = Path(path)
+    _clear_recurrent_dispatch_caches()
     path.parent.mkdir(parents=True, exist_ok=True)
     sink = io.StringIO()
     redirect = contextlib.redirect_stdout(sink) if quiet else contextlib.nullcontext()
@@ -138,6 +164,7 @@ def _trace(wrapper: nn.Module, inputs: tuple[Tensor, ...], graph: signature.Grap
         except Exception as exc:  # the exporter raises many types; report one line, keep the cause
             raise ExportError(f"ONNX export of the {graph.name} graph failed: {type(exc).__name__}: "
                               f"{str(exc).splitlines()[0][:300]}") from exc
+    _check_dynamic(program.model_proto, graph, dynamic)
     with atomic_path(path) as tmp:
         program.save(str(tmp))
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from export.onnx_export import (PARITY_TOL, ExportError, ParityReport, candidate_windows, check_rank_parity,
-                                example_inputs, export_rank_onnx, rank_batches, rank_inputs)
+                                example_inputs, export_onnx, export_rank_onnx, rank_batches, rank_inputs)
 from routerkt.contract import signature
 from routerkt.contract.onnx_session import cpu_session
 from training.models.registry import build_model, preset_config, with_vocab
@@ -51,6 +51,22 @@ def test_rank_graph_parity(name, tmp_path):
                                shapes=((1, WINDOW - 1, 1), (6, WINDOW - 1, 64), (3, 4, 3), (2, 1, 2)))
     assert report.ok and report.max_abs_diff <= PARITY_TOL, report.cases
     assert [c[:3] for c in report.cases] == [(1, 11, 1), (6, 11, 64), (3, 4, 3), (2, 1, 2), (9, 11, 5)]
+
+
+def test_an_lstm_keeps_its_dynamic_history_when_exported_after_another_graph(tmp_path):
+    """PyTorch 2.13 specialized a DKT rank graph exported after its score graph (the exporter's
+    order) to the example's 15 history steps; serving sends window - 1."""
+    torch.manual_seed(0)
+    cfg = with_vocab(preset_config("dkt"), NQ, NS)
+    cfg.lstm_hidden, cfg.max_len = 16, 40
+    model = build_model(cfg).eval()
+    export_onnx(model, tmp_path / signature.ONNX_FILE)                    # first export in the test
+    path = tmp_path / signature.RANK_ONNX_FILE
+    export_rank_onnx(model, path)
+    history = onnx.load(str(path)).graph.input[0].type.tensor_type.shape.dim[1]
+    assert history.dim_param, f"history axis fixed to {history.dim_value}"
+    report = check_rank_parity(model, path, batches=[], shapes=((2, 39, 3), (1, 5, 2)))
+    assert report.ok and report.max_abs_diff <= PARITY_TOL, report.cases
 
 
 def test_published_rank_graph_matches_the_score_graph(kt_repository):
