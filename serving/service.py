@@ -190,20 +190,22 @@ class PredictionService:
         if not self._slots.locked():
             await self._slots.acquire()                      # free slot: returns without suspending
             return
+        busy = f"the gateway is serving its maximum of {self.settings.max_inflight} calls"
         wait = min(self.settings.inflight_wait_s, deadline.remaining() - self.service_time.expected_call())
-        if wait > 0 and self._queued < self.settings.max_queued:
-            self._queued += 1
-            self.metrics.queued.inc()
-            try:
-                await asyncio.wait_for(self._slots.acquire(), wait)
-                return
-            except asyncio.TimeoutError:
-                pass
-            finally:
-                self._queued -= 1
-                self.metrics.queued.dec()
-        raise errors.resource_exhausted(f"the gateway is serving its maximum of {self.settings.max_inflight} "
-                                        "calls; retry with backoff")
+        if wait <= 0 or self._queued >= self.settings.max_queued:
+            reason = ("it queues no calls" if self.settings.inflight_wait_s <= 0 else "its queue is full"
+                      if wait > 0 else "this call's deadline leaves no time to queue")
+            raise errors.resource_exhausted(f"{busy} and {reason}; retry with backoff")
+        self._queued += 1
+        self.metrics.queued.inc()
+        try:
+            await asyncio.wait_for(self._slots.acquire(), wait)
+        except asyncio.TimeoutError:
+            raise errors.resource_exhausted(f"{busy}; no slot freed within {wait * 1000:.0f} ms; "
+                                            "retry with backoff") from None
+        finally:
+            self._queued -= 1
+            self.metrics.queued.dec()
 
     def _observe_sizes(self, learners: list[LearnerInput]) -> None:
         for learner in learners:
@@ -272,8 +274,9 @@ class PredictionService:
 
     async def _infer_in_turn(self, model: ModelVersion, calls: list, deadline: Deadline) -> list[np.ndarray]:
         """The inferences one after the other. With settings.bulk_pause_ratio r > 0 and other calls in
-        flight, each wait r x the previous round trip first, when the deadline still leaves room for
-        the rest at that pace: the call then holds the model instance about 1 / (1 + r) of the time."""
+        flight, the next one waits r x the previous round trip first, when the deadline still leaves
+        room for the rest at that pace: one inference per (1 + r) round trips, so other callers'
+        inferences find the model instance free more often."""
         ratio, outputs = self.settings.bulk_pause_ratio, []
         for index, call in enumerate(calls):
             started = time.perf_counter()

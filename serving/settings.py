@@ -39,7 +39,7 @@ class Settings:
                                                   # flight, waits this x each inference's round trip before the
                                                   # next (if its deadline allows), so it holds the model instance
                                                   # less of the time. bench fairness, small p99 beside / alone:
-                                                  # 1.67-1.98x with 1, 1.78-2.19x with 0 (3 and 4 runs; README)
+                                                  # 1.67-2.04x with 1, 1.78-2.19x with 0 (7 and 4 runs; README)
     rank_candidates_per_infer: int = 64           # candidates per rank inference: a learner with more is split
                                                   # into several (exact; the history is computed once per piece)
     http_body_timeout_s: float = 10.0            # an HTTP request body must arrive within this (408 otherwise)
@@ -123,7 +123,10 @@ class Settings:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
                 raise UserError(f"settings.{name} must be a positive number of seconds, got {value!r}")
-        for name in ("bulk_pause_ratio", "inflight_wait_s", "deadline_margin_s", "grace_period_s", "reload_cooldown_s", "store_ttl_s"):
+        if not isinstance(self.bulk_pause_ratio, (int, float)) or isinstance(self.bulk_pause_ratio, bool) \
+                or not self.bulk_pause_ratio >= 0:
+            raise UserError(f"settings.bulk_pause_ratio must be a number >= 0, got {self.bulk_pause_ratio!r}")
+        for name in ("inflight_wait_s", "deadline_margin_s", "grace_period_s", "reload_cooldown_s", "store_ttl_s"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
                 raise UserError(f"settings.{name} must be >= 0 seconds, got {value!r}")

@@ -64,7 +64,8 @@ def test_settings_validation_names_the_field() -> None:
     for kwargs, field in (({"max_inflight": 0}, "max_inflight"), ({"grpc_port": -1}, "grpc_port"),
                           ({"default_deadline_s": 0}, "default_deadline_s"), ({"triton_url": "x"}, "triton_url"),
                           ({"max_candidates": 300}, "max_rows_per_infer"), ({"grace_period_s": -1}, "grace_period_s"),
-                          ({"max_queued": -1}, "max_queued"), ({"inflight_wait_s": -0.5}, "inflight_wait_s")):
+                          ({"max_queued": -1}, "max_queued"), ({"inflight_wait_s": -0.5}, "inflight_wait_s"),
+                          ({"bulk_pause_ratio": -1}, "bulk_pause_ratio")):
         with pytest.raises(UserError, match=field):
             Settings(**kwargs).validate()
 

@@ -286,7 +286,9 @@ def test_the_queue_is_bounded(setup) -> None:
     backend.delay = 0.1
     results = _burst(service, 5)                            # 2 served, 1 queued, 2 refused at once
     assert sum(isinstance(r, pb.PredictResponse) for r in results) == 3
-    assert [r.code for r in results if isinstance(r, ServingError)] == [grpc.StatusCode.RESOURCE_EXHAUSTED] * 2
+    refused = [r for r in results if isinstance(r, ServingError)]
+    assert [r.code for r in refused] == [grpc.StatusCode.RESOURCE_EXHAUSTED] * 2
+    assert all("queue is full" in r.message for r in refused)
 
 
 def test_a_call_waits_only_while_its_deadline_covers_a_typical_call(setup) -> None:
