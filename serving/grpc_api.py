@@ -24,7 +24,7 @@ from serving.api import knowledge_tracing_pb2 as pb
 from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
 from serving.errors import ServingError
 from serving.recommend import Recommender, RecommendQuery
-from serving.requests import Deadline, LearnerQuery, PredictQuery, PredictResult, skill_array
+from serving.requests import Deadline, LearnerQuery, PredictQuery, PredictResult, column_arrays, skill_array
 from serving.service import PredictionService
 from serving.sessions.events import ObserveQuery, timestamp_array
 from serving.sessions.service import SessionService
@@ -70,38 +70,51 @@ def add_to_server(servicer: "KnowledgeTracingServicer", server: grpc.aio.Server)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),))
 
 
-def learner_query(history: Sequence, candidates: Sequence, learner_id: str = "") -> LearnerQuery:
-    """Repeated Interaction / Candidate messages -> a LearnerQuery of raw-id arrays (one pass over
-    each list: ~1.4 us per interaction, 1.5x fewer than one generator per field)."""
-    h = np.array([(i.question_id, i.skill_id, i.correct, i.HasField("skill_id")) for i in history],
-                 dtype=np.int64).reshape(-1, 4)                                   # [H, 4]
+def learner_query(history: Sequence, candidates: Sequence, learner_id: str = "",
+                  columns: pb.HistoryColumns | None = None, prefix: str = "") -> LearnerQuery:
+    """Repeated Interaction / Candidate messages (or HistoryColumns) -> a LearnerQuery of raw-id
+    arrays. Messages: one pass over each list, ~1.4 us per interaction; columns: no object per
+    interaction (np.fromiter over each packed column). `prefix` ("" or "learners[i].") names the
+    learner in errors."""
+    if columns is not None:
+        if len(history):
+            raise errors.invalid_argument(f"{prefix}history_columns", "set either history or history_columns, not both")
+        hq, hs, hc = column_arrays(columns.question_ids, columns.skill_ids, columns.correct, f"{prefix}history_columns")
+    else:
+        h = np.array([(i.question_id, i.skill_id, i.correct, i.HasField("skill_id")) for i in history],
+                     dtype=np.int64).reshape(-1, 4)                               # [H, 4]
+        hq, hs, hc = h[:, 0].copy(), skill_array(h[:, 1], h[:, 3].astype(bool)), h[:, 2].copy()
     c = np.array([(q.question_id, q.skill_id, q.HasField("skill_id")) for q in candidates],
                  dtype=np.int64).reshape(-1, 3)                                   # [C, 3]
-    return LearnerQuery(
-        history_questions=h[:, 0].copy(), history_skills=skill_array(h[:, 1], h[:, 3].astype(bool)),
-        history_correct=h[:, 2].copy(), candidate_questions=c[:, 0].copy(),
-        candidate_skills=skill_array(c[:, 1], c[:, 2].astype(bool)), learner_id=learner_id)
+    return LearnerQuery(history_questions=hq, history_skills=hs, history_correct=hc,
+                        candidate_questions=c[:, 0].copy(), candidate_skills=skill_array(c[:, 1], c[:, 2].astype(bool)),
+                        learner_id=learner_id)
+
+
+def _learner(message, prefix: str = "") -> LearnerQuery:
+    """A PredictRequest, LearnerRequest or RecommendRequest's learner."""
+    columns = message.history_columns if message.HasField("history_columns") else None
+    return learner_query(message.history, message.candidates, message.learner_id, columns, prefix)
 
 
 def interactions_in(request: pb.PredictBatchRequest) -> int:
     """History entries plus candidates of a batch request (what converting it costs)."""
-    return sum(len(learner.history) + len(learner.candidates) for learner in request.learners)
+    return sum(len(learner.history) + len(learner.history_columns.question_ids) + len(learner.candidates)
+               for learner in request.learners)
 
 
 def predict_query(request: pb.PredictRequest) -> PredictQuery:
-    return PredictQuery(model=request.model, version=request.version,
-                        learners=[learner_query(request.history, request.candidates, request.learner_id)])
+    return PredictQuery(model=request.model, version=request.version, learners=[_learner(request)])
 
 
 def batch_query(request: pb.PredictBatchRequest) -> PredictQuery:
     return PredictQuery(model=request.model, version=request.version, batch=True,
-                        learners=[learner_query(l.history, l.candidates, l.learner_id) for l in request.learners])
+                        learners=[_learner(l, f"learners[{i}].") for i, l in enumerate(request.learners)])
 
 
 def recommend_query(request: pb.RecommendRequest) -> RecommendQuery:
     return RecommendQuery(
-        model=request.model, version=request.version,
-        learner=learner_query(request.history, request.candidates, request.learner_id),
+        model=request.model, version=request.version, learner=_learner(request),
         target_probability=request.target_probability if request.HasField("target_probability") else None,
         top_k=request.top_k if request.HasField("top_k") else None, exclude_seen=request.exclude_seen)
 

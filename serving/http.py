@@ -37,7 +37,7 @@ from pydantic import AfterValidator, BaseModel, Field, StrictInt
 
 from serving.errors import ServingError, failed_precondition, invalid_argument
 from serving.recommend import RecommendQuery
-from serving.requests import Deadline, LearnerQuery, PredictQuery
+from serving.requests import Deadline, LearnerQuery, PredictQuery, column_arrays
 
 if TYPE_CHECKING:
     from serving.server import GatewayServer
@@ -68,6 +68,13 @@ class InteractionIn(BaseModel):
     correct: Int32 = Field(description="0 or 1")
 
 
+class HistoryColumnsIn(BaseModel):
+    """The history as columns (gRPC HistoryColumns): entry i of each list is interaction i."""
+    question_ids: list[Int64]
+    skill_ids: list[Int64] = Field(default_factory=list, description="empty: looked up from each question")
+    correct: list[Int32] = Field(description="0 or 1, one per question id")
+
+
 class CandidateIn(BaseModel):
     question_id: Int64
     skill_id: Int64 | None = Field(None, description="absent: the question's skill from the vocabulary; -1: unknown")
@@ -79,6 +86,7 @@ class PredictIn(BaseModel):
     history: list[InteractionIn] = Field(default_factory=list, description="oldest first; may be empty")
     candidates: list[CandidateIn]
     learner_id: Text = Field("", description="set: the history comes from the session store (history empty)")
+    history_columns: HistoryColumnsIn | None = Field(None, description="the history as columns instead of history")
 
 
 class PredictOut(BaseModel):
@@ -93,6 +101,7 @@ class LearnerIn(BaseModel):
     history: list[InteractionIn] = Field(default_factory=list)
     candidates: list[CandidateIn]
     learner_id: Text = ""
+    history_columns: HistoryColumnsIn | None = Field(None, description="the history as columns instead of history")
 
 
 class LearnerOut(BaseModel):
@@ -123,6 +132,7 @@ class RecommendIn(BaseModel):
     target_probability: float | None = Field(None, description="in (0, 1); default 0.7")
     top_k: Int32 | None = Field(None, description=">= 1; default: every candidate")
     exclude_seen: bool = False
+    history_columns: HistoryColumnsIn | None = Field(None, description="the history as columns instead of history")
 
 
 class RecommendationOut(BaseModel):
@@ -279,7 +289,7 @@ def create_app(gateway: "GatewayServer") -> FastAPI:
     async def predict(body: PredictIn, x_request_timeout: str | None = Header(None)) -> Any:
         async def call(deadline: Deadline) -> PredictOut:
             query = PredictQuery(model=body.model, version=body.version,
-                                 learners=[_learner(body.history, body.candidates, body.learner_id)])
+                                 learners=[_learner(body)])
             learner = (result := await service.predict(query, deadline)).learners[0]
             return PredictOut(probabilities=learner.probabilities.tolist(), model=result.model,
                               version=learner.version, history_used=learner.history_used,
@@ -291,7 +301,7 @@ def create_app(gateway: "GatewayServer") -> FastAPI:
     async def predict_batch(body: PredictBatchIn, x_request_timeout: str | None = Header(None)) -> Any:
         async def call(deadline: Deadline) -> PredictBatchOut:
             query = PredictQuery(model=body.model, version=body.version, batch=True,
-                                 learners=[_learner(l.history, l.candidates, l.learner_id) for l in body.learners])
+                                 learners=[_learner(l, f"learners[{i}].") for i, l in enumerate(body.learners)])
             result = await service.predict(query, deadline)
             return PredictBatchOut(results=[LearnerOut(probabilities=r.probabilities.tolist(),
                                                        history_used=r.history_used, version=r.version,
@@ -303,7 +313,7 @@ def create_app(gateway: "GatewayServer") -> FastAPI:
               summary="candidates ordered by |P(correct) - target_probability| (default 0.7), closest first")
     async def recommend(body: RecommendIn, x_request_timeout: str | None = Header(None)) -> Any:
         async def call(deadline: Deadline) -> RecommendOut:
-            query = RecommendQuery(body.model, body.version, _learner(body.history, body.candidates, body.learner_id),
+            query = RecommendQuery(body.model, body.version, _learner(body),
                                    body.target_probability, body.top_k, body.exclude_seen)
             result = await gateway.recommender.recommend(query, deadline)
             return RecommendOut(recommendations=[RecommendationOut(question_id=q, probability=p) for q, p in
@@ -332,9 +342,17 @@ def create_app(gateway: "GatewayServer") -> FastAPI:
     return app
 
 
-def _learner(history: list[InteractionIn], candidates: list[CandidateIn], learner_id: str) -> LearnerQuery:
-    return LearnerQuery.from_values(((i.question_id, i.skill_id, i.correct) for i in history),
-                                    ((c.question_id, c.skill_id) for c in candidates), learner_id)
+def _learner(body: PredictIn | LearnerIn | RecommendIn, prefix: str = "") -> LearnerQuery:
+    """One learner's query; `history_columns` as on gRPC (serving/requests.py column_arrays)."""
+    query = LearnerQuery.from_values(((i.question_id, i.skill_id, i.correct) for i in body.history),
+                                     ((c.question_id, c.skill_id) for c in body.candidates), body.learner_id)
+    if body.history_columns is not None:
+        if body.history:
+            raise invalid_argument(f"{prefix}history_columns", "set either history or history_columns, not both")
+        columns = body.history_columns
+        query.history_questions, query.history_skills, query.history_correct = column_arrays(
+            columns.question_ids, columns.skill_ids, columns.correct, f"{prefix}history_columns")
+    return query
 
 
 def _deadline(header: str | None, default_s: float) -> Deadline | ServingError:

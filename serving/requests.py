@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import numpy as np
+
+from serving import errors
 
 UNKNOWN_SKILL = -1       # an explicit "the platform does not know this question's skill"
 ABSENT_SKILL = -2        # skill_id not set; resolved from the vocabulary (serving/features.py)
@@ -25,6 +27,22 @@ def skill_array(values: np.ndarray, present: np.ndarray) -> np.ndarray:
     """Raw skill ids int64 [N] and whether each was set, bool [N] -> the encoding above."""
     values = np.asarray(values, dtype=np.int64)
     return np.where(present, np.where(values < UNKNOWN_SKILL, INVALID_SKILL, values), ABSENT_SKILL)
+
+
+def column_arrays(questions: Sequence[int], skills: Sequence[int], correct: Sequence[int],
+                  field: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A history given as columns (HistoryColumns, gRPC or HTTP) -> (questions, skills, correct),
+    int64 [H] each, skills encoded as skill_array does (an empty skills column: every skill absent).
+    INVALID_ARGUMENT naming `field`.<column> when a column's length differs from questions'."""
+    n = len(questions)
+    if len(correct) != n:
+        raise errors.invalid_argument(f"{field}.correct", f"must have one entry per question id ({n}), got {len(correct)}")
+    if len(skills) not in (0, n):
+        raise errors.invalid_argument(f"{field}.skill_ids", f"must be empty or have one entry per question id "
+                                                            f"({n}), got {len(skills)}")
+    skill_ids = (skill_array(np.fromiter(skills, dtype=np.int64, count=n), np.ones(n, dtype=bool)) if len(skills)
+                 else np.full(n, ABSENT_SKILL, dtype=np.int64))
+    return np.fromiter(questions, dtype=np.int64, count=n), skill_ids, np.fromiter(correct, dtype=np.int64, count=n)
 
 
 @dataclass

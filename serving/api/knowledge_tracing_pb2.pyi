@@ -16,6 +16,16 @@ class Interaction(_message.Message):
     correct: int
     def __init__(self, question_id: _Optional[int] = ..., skill_id: _Optional[int] = ..., correct: _Optional[int] = ...) -> None: ...
 
+class HistoryColumns(_message.Message):
+    __slots__ = ("question_ids", "skill_ids", "correct")
+    QUESTION_IDS_FIELD_NUMBER: _ClassVar[int]
+    SKILL_IDS_FIELD_NUMBER: _ClassVar[int]
+    CORRECT_FIELD_NUMBER: _ClassVar[int]
+    question_ids: _containers.RepeatedScalarFieldContainer[int]
+    skill_ids: _containers.RepeatedScalarFieldContainer[int]
+    correct: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, question_ids: _Optional[_Iterable[int]] = ..., skill_ids: _Optional[_Iterable[int]] = ..., correct: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class Candidate(_message.Message):
     __slots__ = ("question_id", "skill_id")
     QUESTION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -25,18 +35,20 @@ class Candidate(_message.Message):
     def __init__(self, question_id: _Optional[int] = ..., skill_id: _Optional[int] = ...) -> None: ...
 
 class PredictRequest(_message.Message):
-    __slots__ = ("model", "version", "history", "candidates", "learner_id")
+    __slots__ = ("model", "version", "history", "candidates", "learner_id", "history_columns")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIELD_NUMBER: _ClassVar[int]
     CANDIDATES_FIELD_NUMBER: _ClassVar[int]
     LEARNER_ID_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_COLUMNS_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: int
     history: _containers.RepeatedCompositeFieldContainer[Interaction]
     candidates: _containers.RepeatedCompositeFieldContainer[Candidate]
     learner_id: str
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., history: _Optional[_Iterable[_Union[Interaction, _Mapping]]] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., learner_id: _Optional[str] = ...) -> None: ...
+    history_columns: HistoryColumns
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., history: _Optional[_Iterable[_Union[Interaction, _Mapping]]] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., learner_id: _Optional[str] = ..., history_columns: _Optional[_Union[HistoryColumns, _Mapping]] = ...) -> None: ...
 
 class PredictResponse(_message.Message):
     __slots__ = ("probabilities", "model", "version", "history_used", "prediction_id")
@@ -53,14 +65,16 @@ class PredictResponse(_message.Message):
     def __init__(self, probabilities: _Optional[_Iterable[float]] = ..., model: _Optional[str] = ..., version: _Optional[int] = ..., history_used: _Optional[int] = ..., prediction_id: _Optional[str] = ...) -> None: ...
 
 class LearnerRequest(_message.Message):
-    __slots__ = ("history", "candidates", "learner_id")
+    __slots__ = ("history", "candidates", "learner_id", "history_columns")
     HISTORY_FIELD_NUMBER: _ClassVar[int]
     CANDIDATES_FIELD_NUMBER: _ClassVar[int]
     LEARNER_ID_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_COLUMNS_FIELD_NUMBER: _ClassVar[int]
     history: _containers.RepeatedCompositeFieldContainer[Interaction]
     candidates: _containers.RepeatedCompositeFieldContainer[Candidate]
     learner_id: str
-    def __init__(self, history: _Optional[_Iterable[_Union[Interaction, _Mapping]]] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., learner_id: _Optional[str] = ...) -> None: ...
+    history_columns: HistoryColumns
+    def __init__(self, history: _Optional[_Iterable[_Union[Interaction, _Mapping]]] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., learner_id: _Optional[str] = ..., history_columns: _Optional[_Union[HistoryColumns, _Mapping]] = ...) -> None: ...
 
 class LearnerResult(_message.Message):
     __slots__ = ("probabilities", "history_used", "version", "prediction_id")
@@ -95,7 +109,7 @@ class PredictBatchResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[LearnerResult, _Mapping]]] = ..., model: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
 
 class RecommendRequest(_message.Message):
-    __slots__ = ("model", "version", "history", "learner_id", "candidates", "target_probability", "top_k", "exclude_seen")
+    __slots__ = ("model", "version", "history", "learner_id", "candidates", "target_probability", "top_k", "exclude_seen", "history_columns")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIELD_NUMBER: _ClassVar[int]
@@ -104,6 +118,7 @@ class RecommendRequest(_message.Message):
     TARGET_PROBABILITY_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     EXCLUDE_SEEN_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_COLUMNS_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: int
     history: _containers.RepeatedCompositeFieldContainer[Interaction]
@@ -112,7 +127,8 @@ class RecommendRequest(_message.Message):
     target_probability: float
     top_k: int
     exclude_seen: bool
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., history: _Optional[_Iterable[_Union[Interaction, _Mapping]]] = ..., learner_id: _Optional[str] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., target_probability: _Optional[float] = ..., top_k: _Optional[int] = ..., exclude_seen: _Optional[bool] = ...) -> None: ...
+    history_columns: HistoryColumns
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., history: _Optional[_Iterable[_Union[Interaction, _Mapping]]] = ..., learner_id: _Optional[str] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., target_probability: _Optional[float] = ..., top_k: _Optional[int] = ..., exclude_seen: _Optional[bool] = ..., history_columns: _Optional[_Union[HistoryColumns, _Mapping]] = ...) -> None: ...
 
 class Recommendation(_message.Message):
     __slots__ = ("question_id", "probability")

@@ -132,3 +132,44 @@ def test_a_learners_candidates_split_over_several_inferences_answer_the_same(kt_
             np.testing.assert_allclose(result.probabilities, expected, atol=1e-5, rtol=0)
     finally:
         gw.stop(grace=1.0)
+
+
+def test_history_columns_answer_like_pytorch_and_bad_columns_name_the_field(gateway, checkpoint) -> None:
+    """HistoryColumns over real gRPC: Predict and PredictBatch answer as PyTorch does for the same
+    history; columns of different lengths get INVALID_ARGUMENT with the column in routerkt-field."""
+    gw, _ = gateway
+    vocab = checkpoint.vocab
+    questions = [q for q in sorted(vocab.questions) if vocab.question_skill.get(q, -1) in vocab.skills]
+    history = [(q, vocab.question_skill[q], (i * 7) % 3 % 2) for i, q in enumerate(questions[:25])]
+    candidates = questions[25:28]
+    expected = torch_probs(checkpoint, history, candidates)
+    columns = pb.HistoryColumns(question_ids=[q for q, _, _ in history], skill_ids=[s for _, s, _ in history],
+                                correct=[c for _, _, c in history])
+    asked = [pb.Candidate(question_id=q) for q in candidates]
+    with grpc.insecure_channel(f"127.0.0.1:{gw.grpc_port}") as channel:
+        stub = pb_grpc.KnowledgeTracingServiceStub(channel)
+        single = stub.Predict(pb.PredictRequest(model="kt", history_columns=columns, candidates=asked), timeout=10.0)
+        batch = stub.PredictBatch(pb.PredictBatchRequest(model="kt", learners=[
+            pb.LearnerRequest(history_columns=columns, candidates=asked)] * 2), timeout=10.0)
+        bad = pb.HistoryColumns(question_ids=[questions[0]] * 3, correct=[1, 0])
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.PredictBatch(pb.PredictBatchRequest(model="kt", learners=[
+                pb.LearnerRequest(history_columns=columns, candidates=asked),
+                pb.LearnerRequest(history_columns=bad, candidates=asked)]), timeout=10.0)
+    np.testing.assert_allclose(single.probabilities, expected, atol=1e-5, rtol=0)
+    assert single.history_used == WINDOW - 1
+    for result in batch.results:
+        np.testing.assert_allclose(result.probabilities, expected, atol=1e-5, rtol=0)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert dict(caught.value.trailing_metadata())["routerkt-field"] == "learners[1].history_columns.correct"
+
+    url = f"http://127.0.0.1:{gw.http_port}/v1"            # the HTTP mirror takes the same columns
+    json_columns = {"question_ids": list(columns.question_ids), "skill_ids": list(columns.skill_ids),
+                    "correct": list(columns.correct)}
+    body = {"model": "kt", "history_columns": json_columns, "candidates": [{"question_id": q} for q in candidates]}
+    answer = httpx.post(f"{url}/predict", json=body, timeout=10.0, trust_env=False)
+    assert answer.status_code == 200, answer.text
+    np.testing.assert_allclose(answer.json()["probabilities"], expected, atol=1e-5, rtol=0)
+    body["learners"] = [{"candidates": body["candidates"], "history_columns": {**json_columns, "skill_ids": [3]}}]
+    refused = httpx.post(f"{url}/predict_batch", json=body, timeout=10.0, trust_env=False)
+    assert refused.status_code == 400 and refused.json()["error"]["field"] == "learners[0].history_columns.skill_ids"
