@@ -44,7 +44,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "fairness": ("loadtest.fairness", "small calls alone and beside maximal PredictBatch calls"),
     "chaos": ("loadtest.chaos", "load + maximal batch + Triton kill + version publish + SIGTERM, one run"),
     "outcomes": ("loadtest.outcomes", "Predict / Observe latency with outcome tracking on and off"),
-    "decode": ("loadtest.decode", "request -> arrays: history as Interaction messages vs HistoryColumns"),
+    "convert": ("loadtest.convert", "the gateway's conversions: Interaction messages vs HistoryColumns, Triton request building"),
     "cost": ("loadtest.cost", "one Predict's cost: in-process onnxruntime vs Triton vs gateway, Triton settings swept"),
     "replicas": ("loadtest.replicas", "one gateway over 1 vs 2 Triton replicas: calls/s, p50 / p99"),
     "distributed": ("training.bench_distributed", "data-parallel training throughput: 1 vs N processes (DDP, gloo)"),

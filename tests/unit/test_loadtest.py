@@ -370,17 +370,19 @@ def test_flops_per_sample_counts_the_models_matmuls():
     assert short > 0 and 1.9 < long / short < 2.6          # linear layers x2, attention x4 with the length
 
 
-def test_bench_decode_converts_both_forms_to_the_same_arrays_and_prints_both(capsys) -> None:
+def test_bench_convert_converts_both_forms_to_the_same_arrays_and_prints_both(capsys) -> None:
     import argparse
 
-    from loadtest import decode
+    from loadtest import convert
     from serving.grpc_api import batch_query
-    messages, columns = decode.requests(7, 3, 2, batch=True)
+    messages, columns = convert.requests(7, 3, 2, batch=True)
     assert len(messages.learners[0].history) == 7 and len(columns.learners[0].history_columns.question_ids) == 7
     for a, b in zip(batch_query(messages).learners, batch_query(columns).learners):
         assert a.history_questions.tolist() == b.history_questions.tolist()
         assert a.history_correct.tolist() == b.history_correct.tolist()
         assert a.history_skills.tolist() == b.history_skills.tolist()
-    assert decode.run(argparse.Namespace(repeats=1)) == 0
-    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| P")]
+    assert convert.run(argparse.Namespace(repeats=1)) == 0
+    captured = capsys.readouterr().out
+    rows = [line for line in captured.splitlines() if line.startswith("| P")]
     assert len(rows) == 2 and all(row.count("x |") == 1 for row in rows)
+    assert "| 1 row, history 99, 1 candidate (identical bytes) |" in captured

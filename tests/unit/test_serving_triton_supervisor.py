@@ -14,8 +14,9 @@ from serving.backends.triton import TritonInferenceBackend
 from serving.catalog import ModelVersion
 from serving.parts import BackendError, FailureKind
 from serving.settings import Settings
-from serving.triton_client import classify
+from serving.triton_client import classify, classify_status
 from routerkt.contract.vocab import Vocab
+from tests.helpers import triton_answer, triton_rpc_error
 
 pytestmark = pytest.mark.unit
 
@@ -37,10 +38,12 @@ def error(status: str, message: str = "boom") -> InferenceServerException:
 ])
 def test_classify(exc: InferenceServerException, kind: FailureKind) -> None:
     assert classify(exc) is kind
+    assert classify_status(exc.status().rsplit(".", 1)[-1], exc.message()) is kind    # the inference path's form
 
 
 class FakeClient:
-    """Stands in for tritonclient.grpc.aio.InferenceServerClient."""
+    """Stands in for tritonclient.grpc.aio.InferenceServerClient (control calls) and for the
+    GRPCInferenceServiceStub that TritonClient sends inferences through."""
 
     def __init__(self) -> None:
         self.live = True
@@ -60,11 +63,10 @@ class FakeClient:
             raise error("UNAVAILABLE", "failed to connect")
         return SimpleNamespace(models=[SimpleNamespace(name="kt", version="1", state=self.state)])
 
-    async def infer(self, model, inputs, model_version="", outputs=None, client_timeout=None):
+    async def ModelInfer(self, request, timeout=None):  # noqa: N802 - the stub's method name
         if self.infer_error is not None:
-            raise self.infer_error
-        rows, window = inputs[0].shape()
-        return SimpleNamespace(as_numpy=lambda name: np.full((rows, window), 0.5, dtype=np.float32))
+            raise triton_rpc_error(self.infer_error.status().rsplit(".", 1)[-1], self.infer_error.message())
+        return triton_answer(request)
 
     async def unload_model(self, model, client_timeout=None):
         self.unloads += 1
@@ -89,7 +91,7 @@ def make_backend(**overrides) -> tuple[TritonInferenceBackend, FakeClient, Metri
     metrics = Metrics()
     backend = TritonInferenceBackend(settings, metrics)
     client = FakeClient()
-    backend.client._client = client
+    backend.client._client = backend.client._infer_stub = client
     return backend, client, metrics
 
 

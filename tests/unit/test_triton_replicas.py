@@ -18,6 +18,7 @@ from serving.catalog import ModelVersion
 from serving.metrics import Metrics
 from serving.parts import BackendError, FailureKind
 from serving.settings import Settings
+from tests.helpers import triton_answer, triton_rpc_error
 
 pytestmark = pytest.mark.unit
 
@@ -220,7 +221,8 @@ def test_bad_triton_url_lists_are_rejected(url: str) -> None:
 
 
 class FakeTritonClient:
-    """Stands in for tritonclient.grpc.aio.InferenceServerClient (one model 'kt' version 1)."""
+    """Stands in for tritonclient.grpc.aio.InferenceServerClient and the inference stub of
+    serving/triton_client.py (one model 'kt' version 1)."""
 
     def __init__(self) -> None:
         self.live = True
@@ -237,10 +239,10 @@ class FakeTritonClient:
         self._check()
         return SimpleNamespace(models=[SimpleNamespace(name="kt", version="1", state="READY")])
 
-    async def infer(self, model, inputs, model_version="", outputs=None, client_timeout=None):
-        self._check()
-        rows, window = inputs[0].shape()
-        return SimpleNamespace(as_numpy=lambda name: np.full((rows, window), 0.5, dtype=np.float32))
+    async def ModelInfer(self, request, timeout=None):  # noqa: N802 - the stub's method name
+        if not self.live:
+            raise triton_rpc_error("UNAVAILABLE", "failed to connect")
+        return triton_answer(request)
 
     async def close(self):
         pass
@@ -252,7 +254,7 @@ def test_readiness_gauges_cover_all_replicas_and_a_down_replica_fails_over() -> 
         backend = TritonReplicaBackend(Settings(triton_url="127.0.0.1:1,127.0.0.1:2").validate(), metrics)
         fakes = [FakeTritonClient(), FakeTritonClient()]
         for replica, fake in zip(backend.replicas, fakes):
-            replica.backend.client._client = fake
+            replica.backend.client._client = replica.backend.client._infer_stub = fake
         catalog = SimpleNamespace(snapshot=lambda: {"kt": {1: KT1}})
         await backend.start(catalog)
         assert backend.ready_versions("kt") == {1}
