@@ -69,6 +69,9 @@ class TritonModelOptions:
     # One ORT thread leaves the other core to the gateway and the stub; in-process batch-1 latency
     # was 3.18 ms with 1 thread vs 3.92 with 2 (batch 512: 228 vs 303 samples/s; pass --threads 2
     # for offline bulk scoring). Spinning is off in model.py (session.intra_op.allow_spinning=0).
+    # Re-run 2026-12-02 on the AVX-512 host (same command): 0 us would have won at 1 caller (gateway
+    # p50 7.1 vs 8.6 ms) and 32 callers (401 vs 352 gateway calls/s), 500 us at 8 callers through
+    # Triton (357 vs 326); with the earlier run's 1.45x at 8 callers for 500 us, 500 us stays.
     max_queue_delay_us: int = 500       # dynamic batcher: how long a request may wait for company
     instance_count: int = 1             # model instances (2 cores here: 1 instance x 1 ORT thread)
     ort_intra_op_threads: int = 1       # ORT intra-op threads per instance
@@ -123,7 +126,20 @@ class TritonModelOptions:
 
 def render_config(name: str, options: TritonModelOptions) -> str:
     """The text of `config.pbtxt` for model `name` (the folder name) served with `options`."""
-    return HEADER + text_format.MessageToString(build_config(name, options))
+    return HEADER + settings_comment(options) + text_format.MessageToString(build_config(name, options))
+
+
+def settings_comment(options: TritonModelOptions) -> str:
+    """Where this config's runtime settings come from (a comment line for config.pbtxt)."""
+    ours = (options.max_queue_delay_us, options.ort_intra_op_threads, options.instance_count)
+    default = TritonModelOptions()
+    measured = (default.max_queue_delay_us, default.ort_intra_op_threads, default.instance_count)
+    origin = ("the defaults, chosen by `routerkt bench cost` under 1, 8 and 32 callers (README, \"One Predict's "
+              "cost\"; the measurement is quoted in export/triton_config.py)" if ours == measured else
+              f"set at export; the measured defaults are {measured[0]} us, {measured[1]} thread(s), "
+              f"{measured[2]} instance(s) (`routerkt bench cost`)")
+    return (f"# Runtime settings: max_queue_delay_microseconds {ours[0]}, {PARAM_ORT_INTRA_OP_THREADS} {ours[1]}, "
+            f"instance count {ours[2]}:\n# {origin}.\n")
 
 
 def build_config(name: str, options: TritonModelOptions) -> mc.ModelConfig:

@@ -127,6 +127,15 @@ def test_rendered_text_explains_the_missing_queue_policy_only_in_comments() -> N
     assert "default_queue_policy" in HEADER and "priority_levels" in HEADER
 
 
+def test_rendered_text_names_where_its_runtime_settings_come_from() -> None:
+    measured = render_config("kt", _options())
+    assert "max_queue_delay_microseconds 500, ORT_INTRA_OP_THREADS 1, instance count 1" in measured
+    assert "chosen by `routerkt bench cost` under 1, 8 and 32 callers" in measured
+    changed = render_config("kt", _options(max_queue_delay_us=0, instance_count=2))
+    assert "max_queue_delay_microseconds 0, ORT_INTRA_OP_THREADS 1, instance count 2" in changed
+    assert "set at export; the measured defaults are 500 us" in changed
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"preferred_batch_sizes": [8, 2048]}, "preferred batch size 2048"),
     ({"max_batch_size": 0}, "max_batch_size"),
