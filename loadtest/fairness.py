@@ -2,13 +2,16 @@
 PredictBatch calls (64 learners x 64 candidates x 1,000-interaction histories), in one run.
 
     routerkt bench fairness [--repository model_repository] [--model NAME] [--seconds 8] [--callers 4]
-                            [--vary bulk_pause_ratio=0,2]
+                            [--rounds 3] [--vary bulk_pause_ratio=0,2]
 
 Starts Triton and a gateway (loopback), runs `--callers` threads of small Predicts (30-interaction
 history, 1 candidate, 2 s deadline) for `--seconds` alone, then again while one thread sends
 maximal batches; prints the small calls' p50 / p99, their failures and each batch's seconds.
 `--vary SETTING=V1,V2,...` (a serving/settings.py field) compares values in one run: each gets its
-own gateway (one Triton) and both phases, one after the other.
+own gateway (one Triton). `--rounds N` repeats the two phases N times, the gateways taking turns
+each round, and ends with each gateway's pooled summary: p99 beside / p99 alone over all its
+rounds, and that ratio per round (this machine's speed drifts, so one short pair of phases is a
+noisy ratio).
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None)
     p.add_argument("--seconds", type=float, default=8.0, help="length of each phase")
     p.add_argument("--callers", type=int, default=4, help="threads of small calls")
+    p.add_argument("--rounds", type=int, default=3, help="alone + beside phase pairs per gateway, interleaved")
     p.add_argument("--vary", default="", metavar="SETTING=V1,V2",
                    help="a gateway setting (serving/settings.py) and the values to compare in one run (each: "
                         "its own gateway, both phases), e.g. bulk_pause_ratio=0,2; default: the defaults")
@@ -38,7 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def phases(stub, big, small, callers: int, seconds: float):
-    """Small calls alone, then beside back-to-back maximal batches: (phase, summary line) each."""
+    """Small calls alone, then beside back-to-back maximal batches: (phase, summary line, small-call
+    latencies in s, maximal-batch seconds) each."""
     import grpc
 
     def smalls(out: list, failures: list) -> None:
@@ -50,7 +55,6 @@ def phases(stub, big, small, callers: int, seconds: float):
                 out.append(time.perf_counter() - started)
             except grpc.RpcError as exc:
                 failures.append(exc.code().name)
-    stub.PredictBatch(big, timeout=60.0)                       # warm-up
     for phase in ("alone", "beside maximal batches"):
         out, failures, batches = [], [], []
         threads = [threading.Thread(target=smalls, args=(out, failures)) for _ in range(callers)]
@@ -68,7 +72,21 @@ def phases(stub, big, small, callers: int, seconds: float):
                 f"p99 {np.percentile(out, 99) * 1e3:.1f} ms, {len(failures)} failed")
         if batches:
             line += f"; {len(batches)} maximal batches, median {np.median(batches):.2f} s each"
-        yield phase, line
+        yield phase, line, out, batches
+
+
+def pooled(rounds: list[dict]) -> str:
+    """One gateway's summary over its rounds ({"alone": [...], "beside maximal batches": [...],
+    "batches": [...]} each): pooled p99s, their ratio, the ratio per round, maximal batch median."""
+    def p99(values) -> float:
+        return float(np.percentile(values, 99)) * 1e3
+    alone = [x for r in rounds for x in r["alone"]]
+    beside = [x for r in rounds for x in r["beside maximal batches"]]
+    per_round = ", ".join(f"{p99(r['beside maximal batches']) / p99(r['alone']):.2f}x" for r in rounds)
+    batches = [x for r in rounds for x in r["batches"]]
+    return (f"small p99 alone {p99(alone):.1f} ms, beside {p99(beside):.1f} ms: {p99(beside) / p99(alone):.2f}x "
+            f"(per round {per_round}); {len(beside)} small calls beside; maximal batch median "
+            f"{np.median(batches):.2f} s ({len(batches)} calls)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,8 +96,8 @@ def run(args: argparse.Namespace) -> int:
     from serving.api import knowledge_tracing_pb2 as pb
     from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
 
-    if args.seconds <= 0 or args.callers < 1:
-        raise UserError("--seconds must be > 0 and --callers >= 1")
+    if args.seconds <= 0 or args.callers < 1 or args.rounds < 1:
+        raise UserError("--seconds must be > 0, --callers and --rounds >= 1")
     vocabulary = load_vocabulary(args.repository, args.model)
     q = vocabulary.questions
     history = [pb.Interaction(question_id=q[i % len(q)], correct=i % 2) for i in range(1000)]
@@ -90,14 +108,25 @@ def run(args: argparse.Namespace) -> int:
     name, values = parse_vary(args.vary)
     with ExitStack() as stack:
         triton = start_triton(stack, args.repository.resolve(), args.out)
-        print(f"max batch: {big.ByteSize():,} bytes; {args.callers} small callers, {args.seconds:g} s per phase")
+        print(f"max batch: {big.ByteSize():,} bytes; {args.callers} small callers, {args.seconds:g} s per phase, "
+              f"{args.rounds} round(s)")
+        gateways = []
         for value in values:
             overrides = {name: value} if name else {}
             target = start_gateway(stack, args.repository.resolve(), vocabulary.model, triton.grpc_url, **overrides)
             stub = pb_grpc.KnowledgeTracingServiceStub(stack.enter_context(grpc.insecure_channel(target)))
-            label = f"{name} {value}" if name else "defaults"
-            for phase, line in phases(stub, big, small, args.callers, args.seconds):
-                print(f"{label}, {phase}: {line}")
+            stub.PredictBatch(big, timeout=60.0)                   # warm-up
+            gateways.append((f"{name} {value}" if name else "defaults", stub, []))
+        for round_ in range(args.rounds):
+            for label, stub, rounds in gateways:
+                record: dict = {"batches": []}
+                for phase, line, latencies, batches in phases(stub, big, small, args.callers, args.seconds):
+                    print(f"round {round_ + 1}, {label}, {phase}: {line}", flush=True)
+                    record[phase] = latencies
+                    record["batches"] += batches
+                rounds.append(record)
+        for label, _, rounds in gateways:
+            print(f"{label}, pooled over {len(rounds)} round(s): {pooled(rounds)}")
     return 0
 
 

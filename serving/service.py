@@ -273,19 +273,21 @@ class PredictionService:
         return out  # type: ignore[return-value]
 
     async def _infer_in_turn(self, model: ModelVersion, calls: list, deadline: Deadline) -> list[np.ndarray]:
-        """The inferences one after the other. With settings.bulk_pause_ratio r > 0 and other calls in
-        flight, the next one waits r x the previous round trip first, when the deadline still leaves
-        room for the rest at that pace: one inference per (1 + r) round trips, so other callers'
-        inferences find the model instance free more often."""
+        """The inferences one after the other, yielding a fair share of the model to the other calls
+        in flight: after each inference the next one waits settings.bulk_pause_ratio x the previous
+        round trip x the number of other calls in flight (one turn each for them per turn of this
+        call, at ratio 1), shortened so that the rest still fits the deadline at that pace."""
         ratio, outputs = self.settings.bulk_pause_ratio, []
         for index, call in enumerate(calls):
             started = time.perf_counter()
             outputs.append(await self._infer_one(model, call.feeds, deadline))
-            left = len(calls) - index - 1
-            if ratio > 0 and left and self._inflight > 1:
+            left, others = len(calls) - index - 1, self._inflight - 1
+            if ratio > 0 and left and others > 0:
                 trip = time.perf_counter() - started
-                if deadline.remaining() > left * trip * (1 + ratio) + trip * ratio:
-                    await asyncio.sleep(trip * ratio)
+                room = (deadline.remaining() - self.settings.deadline_margin_s) / left - trip
+                pause = min(trip * ratio * others, room)
+                if pause > 0:
+                    await asyncio.sleep(pause)
         return outputs
 
     async def _infer_one(self, model: ModelVersion, feeds: dict[str, np.ndarray], deadline: Deadline) -> np.ndarray:

@@ -35,11 +35,12 @@ class Settings:
                                                   # at a time, so large batches do not stall other callers
                                                   # (bench fairness: small p99 beside maximal batches 2.6x
                                                   # unloaded with 1, 3.8x with 4; README)
-    bulk_pause_ratio: float = 1.0                 # a call of several rank inferences, while other calls are in
-                                                  # flight, waits this x each inference's round trip before the
-                                                  # next (if its deadline allows), so it holds the model instance
-                                                  # less of the time. bench fairness, small p99 beside / alone:
-                                                  # 1.67-2.04x with 1, 1.78-2.19x with 0 (7 and 4 runs; README)
+    bulk_pause_ratio: float = 1.0                 # a call of several rank inferences yields a fair share: after
+                                                  # each inference it waits this x its round trip x the other
+                                                  # calls in flight (1: one turn each), shortened to fit its
+                                                  # deadline. bench fairness --rounds 3, small p99 beside /
+                                                  # alone: 1.50x with 1 vs 1.86x for a pause of one round trip
+                                                  # (README, "A maximal batch beside small callers")
     rank_candidates_per_infer: int = 64           # candidates per rank inference: a learner with more is split
                                                   # into several (exact; the history is computed once per piece)
     http_body_timeout_s: float = 10.0            # an HTTP request body must arrive within this (408 otherwise)

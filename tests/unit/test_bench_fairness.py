@@ -21,3 +21,12 @@ def test_vary_parses_a_numeric_setting_and_its_values() -> None:
 def test_vary_refuses_what_it_cannot_compare(spec: str) -> None:
     with pytest.raises(UserError, match="--vary"):
         parse_vary(spec)
+
+
+def test_pooled_summary_pools_the_rounds_and_gives_each_rounds_ratio() -> None:
+    from loadtest.fairness import pooled
+    rounds = [{"alone": [0.010] * 100, "beside maximal batches": [0.015] * 100, "batches": [2.0]},
+              {"alone": [0.020] * 100, "beside maximal batches": [0.020] * 100, "batches": [3.0, 4.0]}]
+    line = pooled(rounds)
+    assert "small p99 alone 20.0 ms, beside 20.0 ms: 1.00x" in line           # pooled: the worse round's tail
+    assert "(per round 1.50x, 1.00x)" in line and "median 3.00 s (3 calls)" in line

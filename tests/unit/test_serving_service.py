@@ -356,24 +356,30 @@ def test_batch_equals_individual_predicts(setup) -> None:
         assert alone.history_used == result.history_used
 
 
-def test_a_call_of_several_rank_inferences_pauses_between_them_while_others_are_in_flight(setup) -> None:
+def test_a_call_of_several_rank_inferences_yields_a_fair_share_to_the_calls_in_flight(setup) -> None:
     facade, _, _ = setup
     service = facade.service
     service.settings = dataclasses.replace(service.settings, bulk_pause_ratio=1.0).validate()
     starts: list[float] = []
 
-    async def infer_one(model, feeds, deadline):
+    async def infer_one(model, feeds, deadline, bulk=False):
         starts.append(time.monotonic())
         await asyncio.sleep(0.05)
         return feeds
     service._infer_one = infer_one
     calls = [type("Call", (), {"feeds": i})() for i in range(3)]
 
-    def gaps(inflight: int, deadline_s: float) -> list[float]:
+    def gaps(inflight: int, deadline_s: float) -> tuple[list[float], float]:
         starts.clear()
         service._inflight = inflight
+        began = time.monotonic()
         assert run(service._infer_in_turn(None, calls, Deadline.after(deadline_s))) == [0, 1, 2]
-        return [b - a for a, b in zip(starts, starts[1:])]
-    assert all(g > 0.09 for g in gaps(inflight=2, deadline_s=5.0))        # round trip 0.05 + a pause of 0.05
-    assert all(g < 0.08 for g in gaps(inflight=1, deadline_s=5.0))        # alone: no pause
-    assert all(g < 0.08 for g in gaps(inflight=2, deadline_s=0.2))        # no room in the deadline: no pause
+        return [b - a for a, b in zip(starts, starts[1:])], time.monotonic() - began
+    one_other, _ = gaps(inflight=2, deadline_s=5.0)
+    assert all(0.09 < g < 0.2 for g in one_other)                    # round trip 0.05 + one turn of 0.05
+    three_others, _ = gaps(inflight=4, deadline_s=5.0)
+    assert all(0.19 < g < 0.4 for g in three_others)                 # ... + three turns: one for each other call
+    alone, _ = gaps(inflight=1, deadline_s=5.0)
+    assert all(g < 0.08 for g in alone)                              # alone: no pause
+    tight, took = gaps(inflight=4, deadline_s=0.3)                   # the pauses shrink to fit the deadline
+    assert took < 0.34 and all(0.06 < g < 0.17 for g in tight)        # (three turns would be 0.2 each)
