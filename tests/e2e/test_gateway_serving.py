@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -274,6 +275,33 @@ def test_tiny_deadlines_give_deadline_exceeded(gateway, stub, raw_ids) -> None:
         stub.PredictBatch(heavy_batch(raw_ids), timeout=0.02)          # ~350 ms of work: expires inside
     assert info.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
     stub.Predict(request, timeout=10.0)                                  # still serving
+
+
+def test_small_calls_get_turns_beside_maximal_batches(stub, raw_ids) -> None:
+    """The defect behind issue 16: one legal maximal PredictBatch (64 learners x 64 candidates x
+    1,000 interactions) made 20 of 24 small 2 s-deadline calls fail. Now a batch's rank inferences go
+    to the one model instance one at a time, yielding turns to the calls in flight: every small call
+    made while maximal batches run succeeds, as does every batch, and the small caller gets turns
+    all along (sent as one 64-row inference, as before, a batch let through a call or two)."""
+    q = raw_ids[0]
+    history = pb.HistoryColumns(question_ids=[q[i % len(q)] for i in range(1000)], correct=[i % 2 for i in range(1000)])
+    asked = [pb.Candidate(question_id=q[(3 * j) % len(q)]) for j in range(64)]
+    maximal = pb.PredictBatchRequest(model="kt", learners=[pb.LearnerRequest(history_columns=history, candidates=asked)] * 64)
+    small = pb.PredictRequest(model="kt", history_columns=pb.HistoryColumns(
+        question_ids=history.question_ids[:30], correct=history.correct[:30]), candidates=asked[:1])
+    batches: list = []
+    big = threading.Thread(target=lambda: batches.extend(stub.PredictBatch(maximal, timeout=60.0) for _ in range(2)))
+    big.start()
+    codes = []
+    while big.is_alive():
+        try:
+            stub.Predict(small, timeout=2.0)
+            codes.append("OK")
+        except grpc.RpcError as exc:
+            codes.append(exc.code().name)
+    big.join()
+    assert set(codes) == {"OK"} and len(codes) >= 32, codes      # 2 batches = 128 turns of the model
+    assert len(batches) == 2 and all(len(b.results) == 64 and len(b.results[0].probabilities) == 64 for b in batches)
 
 
 def test_inflight_limit_gives_resource_exhausted(kt_repository, triton, raw_ids) -> None:

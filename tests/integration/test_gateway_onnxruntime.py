@@ -173,3 +173,4 @@ def test_history_columns_answer_like_pytorch_and_bad_columns_name_the_field(gate
     body["learners"] = [{"candidates": body["candidates"], "history_columns": {**json_columns, "skill_ids": [3]}}]
     refused = httpx.post(f"{url}/predict_batch", json=body, timeout=10.0, trust_env=False)
     assert refused.status_code == 400 and refused.json()["error"]["field"] == "learners[0].history_columns.skill_ids"
+
