@@ -20,7 +20,10 @@ from tests.conftest import TINY_OVERRIDES, train_tiny
 pytestmark = pytest.mark.integration
 ROUTERKT = str(Path(sys.executable).parent / "routerkt")
 # lr 3e-2 with patience 0: validation AUC peaks at epoch 1 of 4, so early stopping decides the length
-COMPARE = ["model.dropout=0", "train.patience=0", "train.min_steps=0", "train.lr=3e-2"]
+# float32 (train.bf16=false): on a CPU with bf16 kernels (AVX512-BF16) the autocast's rounding makes
+# one process and two differ by ~1e-3 AUC after two steps; the comparison is about the sharded
+# loss and the all-reduce, not about bf16.
+COMPARE = ["model.dropout=0", "train.patience=0", "train.min_steps=0", "train.lr=3e-2", "train.bf16=false"]
 
 
 def _fold(run: Path, k: int = 0) -> tuple[dict, list[dict]]:
