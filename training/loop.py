@@ -49,11 +49,15 @@ def bf16_available() -> bool:
         return False
 
 
+def bf16_used(bf16: bool, device: torch.device = torch.device("cpu")) -> bool:
+    """Whether training steps run under bf16 autocast: asked for (train.bf16), on the CPU, and the
+    CPU has bf16 kernels; float32 otherwise (on CUDA too: training/device.py)."""
+    return bf16 and device.type == "cpu" and bf16_available()
+
+
 def autocast(bf16: bool, device: torch.device = torch.device("cpu")):
-    """bf16 autocast when asked for (train.bf16), training on the CPU and the CPU supports it; float32
-    otherwise (on CUDA too: training/device.py)."""
-    use = bf16 and device.type == "cpu" and bf16_available()
-    return torch.autocast("cpu", dtype=torch.bfloat16) if use else nullcontext()
+    """bf16 autocast where bf16_used says so, else a no-op context."""
+    return torch.autocast("cpu", dtype=torch.bfloat16) if bf16_used(bf16, device) else nullcontext()
 
 
 def model_device(model: torch.nn.Module) -> torch.device:
@@ -154,7 +158,8 @@ def train_fold(cfg: RunConfig, vocab: Vocab, data: FoldData, fold_dir: Path, fol
     test = evaluate(best.model.to(device), data.test, tc.batch_size)
     result = {"fold": fold, "best_epoch": best_epoch, "epochs_run": len(history), "steps": steps, "valid_auc": best_auc,
               "test": test, "seconds": time.perf_counter() - started,
-              "train_seq_per_s": float(np.median([h["train_seq_per_s"] for h in history]))}
+              "train_seq_per_s": float(np.median([h["train_seq_per_s"] for h in history])),
+              "bf16_autocast": bf16_used(tc.bf16, device)}    # hardware-dependent: recorded per fold
     atomic_write_json(fold_dir / "result.json", result)
     return result
 

@@ -73,6 +73,8 @@ def test_runs_resume_fold_by_fold(synthetic_csv, tmp_path):
     assert not (run / "fold-1").exists()
     train_tiny(synthetic_csv, run, epochs=1, extra=["data.folds=3", "data.run_folds=2"])
     assert (run / "fold-0" / "result.json").stat().st_mtime_ns == first       # not retrained
+    from training.loop import bf16_available                                  # bf16 depends on the CPU: recorded
+    assert json.loads((run / "fold-0" / "result.json").read_text())["bf16_autocast"] is bf16_available()
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["folds"] == 2 and len(metrics["auc"]["folds"]) == 2
     with pytest.raises(UserError, match="different configuration"):

@@ -90,3 +90,7 @@ def test_bf16_autocast_is_never_used_off_the_cpu(monkeypatch):
     assert isinstance(autocast(True, torch.device("cpu")), torch.autocast)
     assert not isinstance(autocast(True, torch.device("cuda", 0)), torch.autocast)
     assert not isinstance(autocast(False, torch.device("cpu")), torch.autocast)
+    assert loop.bf16_used(True, torch.device("cpu")) and not loop.bf16_used(True, torch.device("cuda", 0))
+    monkeypatch.setattr(loop, "bf16_available", lambda: False)           # a CPU without bf16 kernels
+    assert not loop.bf16_used(True, torch.device("cpu"))
+    assert not isinstance(autocast(True, torch.device("cpu")), torch.autocast)
