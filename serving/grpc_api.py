@@ -77,9 +77,8 @@ def learner_query(history: Sequence, candidates: Sequence, learner_id: str = "",
     interaction (np.fromiter over each packed column). `prefix` ("" or "learners[i].") names the
     learner in errors."""
     if columns is not None:
-        if len(history):
-            raise errors.invalid_argument(f"{prefix}history_columns", "set either history or history_columns, not both")
-        hq, hs, hc = column_arrays(columns.question_ids, columns.skill_ids, columns.correct, f"{prefix}history_columns")
+        hq, hs, hc = column_arrays(columns.question_ids, columns.skill_ids, columns.correct, f"{prefix}history_columns",
+                                   messages=len(history))
     else:
         h = np.array([(i.question_id, i.skill_id, i.correct, i.HasField("skill_id")) for i in history],
                      dtype=np.int64).reshape(-1, 4)                               # [H, 4]

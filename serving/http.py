@@ -347,11 +347,9 @@ def _learner(body: PredictIn | LearnerIn | RecommendIn, prefix: str = "") -> Lea
     query = LearnerQuery.from_values(((i.question_id, i.skill_id, i.correct) for i in body.history),
                                      ((c.question_id, c.skill_id) for c in body.candidates), body.learner_id)
     if body.history_columns is not None:
-        if body.history:
-            raise invalid_argument(f"{prefix}history_columns", "set either history or history_columns, not both")
         columns = body.history_columns
         query.history_questions, query.history_skills, query.history_correct = column_arrays(
-            columns.question_ids, columns.skill_ids, columns.correct, f"{prefix}history_columns")
+            columns.question_ids, columns.skill_ids, columns.correct, f"{prefix}history_columns", len(body.history))
     return query
 
 

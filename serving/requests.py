@@ -30,10 +30,13 @@ def skill_array(values: np.ndarray, present: np.ndarray) -> np.ndarray:
 
 
 def column_arrays(questions: Sequence[int], skills: Sequence[int], correct: Sequence[int],
-                  field: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                  field: str, messages: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A history given as columns (HistoryColumns, gRPC or HTTP) -> (questions, skills, correct),
     int64 [H] each, skills encoded as skill_array does (an empty skills column: every skill absent).
-    INVALID_ARGUMENT naming `field`.<column> when a column's length differs from questions'."""
+    INVALID_ARGUMENT naming `field` when the request also has `messages` > 0 history entries in the
+    message form, or `field`.<column> when a column's length differs from questions'."""
+    if messages:
+        raise errors.invalid_argument(field, "set either history or history_columns, not both")
     n = len(questions)
     if len(correct) != n:
         raise errors.invalid_argument(f"{field}.correct", f"must have one entry per question id ({n}), got {len(correct)}")
