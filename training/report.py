@@ -151,6 +151,8 @@ def _audit_rows(out: Path) -> list[str]:
         a = json.loads(path.read_text())
         probe, visible, control = a.get("probe", {}), a.get("visible_answers", {}), a.get("control") or {}
         shown = f"{control['auc']:.4f}" if "auc" in control else "skipped"
+        if "auc" in control and "tolerance" in control:
+            shown += f" (+-{control['tolerance']:.3f})"
         rows.append(f"| {path.parent.parent.name} | {path.parent.name} | {a.get('fold', '-')} | "
                     f"{probe.get('max_diff', math.nan):.1e} | {visible.get('visible', '-')} / {visible.get('scored', '-')} | "
                     f"{shown} | {a.get('verdict', '-')} |")

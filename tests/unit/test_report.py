@@ -73,6 +73,10 @@ def test_audited_runs_get_a_row_with_their_verdict(tmp_path):
         "verdict": "PASS", "fold": 2, "probe": {"max_diff": 0.0}, "visible_answers": {"visible": 0, "scored": 10},
         "control": {"auc": 0.4982}}))
     assert report._audit_rows(tmp_path) == ["| toy | routerkt-akt | 2 | 0.0e+00 | 0 / 10 | 0.4982 | PASS |"]
+    (run / "audit.json").write_text(json.dumps({
+        "verdict": "PASS", "fold": 2, "probe": {"max_diff": 0.0}, "visible_answers": {"visible": 0, "scored": 10},
+        "control": {"auc": 0.5218, "tolerance": 0.0654}}))
+    assert report._audit_rows(tmp_path)[0].endswith("| 0.5218 (+-0.065) | PASS |")
 
 
 def test_intro_follows_the_runs_split_batching_and_commands(tmp_path):
