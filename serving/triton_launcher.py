@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Sequence
 
 from routerkt.errors import UserError
+from serving.procfs import alive, children, cmdline, mapped_files, start_time, wait_gone
 
 HOST = "127.0.0.1"
 STUB_NAME = "triton_python_backend_stub"
@@ -255,7 +256,7 @@ class TritonServer:
         """PIDs of this server's triton_python_backend_stub children (read from /proc)."""
         if not self.is_running():
             return []
-        pids = [pid for pid in _children(self._proc.pid) if STUB_NAME in _cmdline(pid)]
+        pids = [pid for pid in children(self._proc.pid) if STUB_NAME in cmdline(pid)]
         self._snapshot_shm(pids)
         return pids
 
@@ -329,12 +330,12 @@ class TritonServer:
         """Remember the python-backend shared-memory files our server (and stubs) map."""
         if not self.is_running():
             return
-        children = list(stub_pids) if stub_pids is not None else _children(self._proc.pid)
-        for pid in children:
-            start = _start_time(pid)
-            if start is not None and STUB_NAME in _cmdline(pid):
+        stubs = list(stub_pids) if stub_pids is not None else children(self._proc.pid)
+        for pid in stubs:
+            start = start_time(pid)
+            if start is not None and STUB_NAME in cmdline(pid):
                 self._stubs_seen[pid] = start
-        self._shm_seen.update(shm_files([self._proc.pid, *children]))
+        self._shm_seen.update(shm_files([self._proc.pid, *stubs]))
 
     def _after_exit(self) -> None:
         """Wait (bounded) for our stubs to exit (SIGKILL the orphans that do not), then remove the
@@ -365,7 +366,7 @@ def _same_file(src: Path, dst: Path) -> bool:
 
 def _start_watchdog(triton_pid: int, log) -> subprocess.Popen | None:
     """serving/triton_watchdog.py for the server `triton_pid` (None when /proc cannot name the processes)."""
-    own, triton = _start_time(os.getpid()), _start_time(triton_pid)
+    own, triton = start_time(os.getpid()), start_time(triton_pid)
     if own is None or triton is None:
         return None
     return subprocess.Popen([sys.executable, "-m", "serving.triton_watchdog", str(os.getpid()), own,
@@ -377,14 +378,14 @@ def reap_stubs(stubs: dict[int, str], shm: set[str]) -> None:
     """After a server is gone: wait (bounded) for its stubs (PID -> start time) to exit, SIGKILL the
     orphans that do not (a stub killed mid-request never exits on its own, Triton 2.51), then
     remove the shared-memory files `shm` that only they and the server mapped (per-server names)."""
-    _wait_gone(stubs, timeout=3.0)
+    wait_gone(stubs, timeout=3.0)
     for pid, start in stubs.items():
-        if _alive(pid, start):
+        if alive(pid, start):
             try:
                 os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-    _wait_gone(stubs, timeout=10.0)
+    wait_gone(stubs, timeout=10.0)
     for path in sorted(shm):
         try:
             os.unlink(path)
@@ -393,75 +394,8 @@ def reap_stubs(stubs: dict[int, str], shm: set[str]) -> None:
 
 
 def shm_files(pids: Sequence[int]) -> set[str]:
-    """The python-backend shared-memory files that the processes `pids` map (from /proc/<p>/maps)."""
-    found: set[str] = set()
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/maps") as maps:
-                for line in maps:              # addr perms offset dev inode [path]
-                    parts = line.rstrip("\n").split(None, 5)
-                    if len(parts) == 6 and parts[5].startswith(SHM_PREFIX) and not parts[5].endswith(" (deleted)"):
-                        found.add(parts[5])
-        except OSError:
-            continue
-    return found
-
-
-def _children(pid: int) -> list[int]:
-    """Direct children of `pid`, from /proc/<p>/stat (field 4 is the parent PID)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as handle:
-                stat = handle.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()
-        if len(fields) > 1 and fields[1] == str(pid):
-            found.append(int(entry))
-    return found
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            return handle.read().replace(b"\0", b" ").decode("utf-8", "replace")
-    except OSError:
-        return ""
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    """Fields of /proc/<pid>/stat after the command name (state first), or None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            stat = handle.read()
-    except OSError:
-        return None
-    return stat[stat.rfind(")") + 2:].split()
-
-
-def _start_time(pid: int) -> str | None:
-    """The process start time in clock ticks (stat field 22): with the PID it names one process."""
-    fields = _stat_fields(pid)
-    return fields[19] if fields is not None and len(fields) > 19 else None
-
-
-def _wait_gone(pids: dict[int, str], timeout: float) -> None:
-    """Wait (bounded) until none of `pids` (PID -> start time) is alive; zombies count as gone."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(_alive(p, s) for p, s in pids.items()):
-        time.sleep(0.05)
-
-
-def _alive(pid: int, start: str) -> bool:
-    """True while the process `pid` that started at `start` exists and is not a zombie. The start
-    time, not the command line, identifies it: a process in the middle of exiting has already
-    dropped its command line, and a reused PID has another start time."""
-    fields = _stat_fields(pid)
-    return fields is not None and len(fields) > 19 and fields[19] == start \
-        and fields[0] not in ("Z", "X")
+    """The python-backend shared-memory files that the processes `pids` map."""
+    return mapped_files(pids, SHM_PREFIX)
 
 
 @atexit.register

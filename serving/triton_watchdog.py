@@ -18,8 +18,8 @@ import signal
 import sys
 import time
 
-from serving.triton_launcher import (STUB_NAME, _alive, _children, _cmdline, _start_time, _wait_gone, reap_stubs,
-                                     shm_files)
+from serving.procfs import alive, children, cmdline, start_time, wait_gone
+from serving.triton_launcher import STUB_NAME, reap_stubs, shm_files
 
 POLL_S = 0.5
 TERM_WAIT_S = 10.0      # Triton's own --exit-timeout-secs default in TritonServer
@@ -27,25 +27,25 @@ TERM_WAIT_S = 10.0      # Triton's own --exit-timeout-secs default in TritonServ
 
 def stop_orphaned(triton: int, triton_start: str) -> None:
     """SIGTERM Triton (SIGKILL after TERM_WAIT_S), then its stubs that linger; remove their shm files."""
-    stubs = {pid: start for pid in _children(triton) if STUB_NAME in _cmdline(pid)
-             if (start := _start_time(pid)) is not None}
+    stubs = {pid: start for pid in children(triton) if STUB_NAME in cmdline(pid)
+             if (start := start_time(pid)) is not None}
     shm = shm_files([triton, *stubs])
     for sig, wait in ((signal.SIGTERM, TERM_WAIT_S), (signal.SIGKILL, 5.0)):
-        if not _alive(triton, triton_start):
+        if not alive(triton, triton_start):
             break
         try:
             os.kill(triton, sig)
         except ProcessLookupError:
             break
-        _wait_gone({triton: triton_start}, timeout=wait)
+        wait_gone({triton: triton_start}, timeout=wait)
     reap_stubs(stubs, shm)
 
 
 def main(argv: list[str]) -> int:
     owner, owner_start, triton, triton_start = int(argv[0]), argv[1], int(argv[2]), argv[3]
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    while _alive(triton, triton_start):
-        if not _alive(owner, owner_start):
+    while alive(triton, triton_start):
+        if not alive(owner, owner_start):
             print(f"routerkt: the process that started tritonserver (pid {owner}) is gone; stopping "
                   f"tritonserver (pid {triton}) and its stubs", file=sys.stderr, flush=True)
             stop_orphaned(triton, triton_start)

@@ -243,7 +243,8 @@ def test_a_sigkilled_serve_leaves_no_triton_and_no_stubs(kt_repository, tmp_path
     """SIGKILL of `routerkt serve` (nothing of it runs any more): its Triton guard
     (serving/triton_watchdog.py) stops the tritonserver it started, the python stubs and their
     shared-memory files, instead of leaving them running."""
-    from serving.triton_launcher import STUB_NAME, _children, _cmdline, shm_files
+    from serving.procfs import children, cmdline
+    from serving.triton_launcher import STUB_NAME, shm_files
     grpc_port, http_port = free_port(), free_port()
     proc, out, err = spawn_routerkt(["serve", "--repository", str(kt_repository.path), "--grpc-port", str(grpc_port),
                                      "--http-port", str(http_port)], tmp_path, "serve")
@@ -253,7 +254,7 @@ def test_a_sigkilled_serve_leaves_no_triton_and_no_stubs(kt_repository, tmp_path
         assert proc.poll() is None, err.read_text()[-3000:]
         messages = [json.loads(line)["message"] for line in err.read_text().splitlines() if line.strip()]
         triton_pid = int(re.search(r"\(pid (\d+),", next(m for m in messages if m.startswith("Triton: gRPC"))).group(1))
-        stubs = [pid for pid in _children(triton_pid) if STUB_NAME in _cmdline(pid)]
+        stubs = [pid for pid in children(triton_pid) if STUB_NAME in cmdline(pid)]
         shm = shm_files([triton_pid, *stubs])
         assert stubs and shm
         proc.kill()                                                   # no handler, no atexit: only the guard is left
