@@ -178,8 +178,9 @@ def render_report(out: Path) -> str:
     configs = list(by_run.values())
     runs, leaks = _load(out, by_run)
     text = _template()
-    main = [v.folder for v in GROUPS["main"]]
     ablations = [v.folder for v in (BASELINE, *GROUPS["ablations"], *GROUPS["grid"])]
+    main = [v.folder for v in GROUPS["all"]]              # every preset, then runs of other names
+    main += sorted({v for r in runs.values() for v in r} - set(main) - set(ablations))
     lines = [text["intro"], ""]
     if any(c.train.batching is Batching.LENGTH_BUCKETED for c in configs):
         lines += [text["biased"], ""]

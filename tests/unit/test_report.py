@@ -97,3 +97,18 @@ def test_intro_follows_the_runs_split_batching_and_commands(tmp_path):
     cfg["train"]["batching"] = "length_bucketed"
     (run / "config.json").write_text(json.dumps(cfg))
     assert "former default" in report.render_report(tmp_path)
+
+
+def test_every_preset_and_custom_run_gets_a_row(tmp_path):
+    """The main tables list every preset (not only the `main` group: cl4kt-standard, alibi-cl4kt ...)
+    and runs of other names after them; ablations stay in their own table."""
+    scores = {"mean": 0.7, "std": 0.01, "folds": [0.7] * 5}
+    for name in ("akt-standard", "cl4kt-standard", "routerkt-cl4kt-qn", "my-variant", "routerkt-akt+n_shared=0"):
+        run = tmp_path / "toy" / name
+        run.mkdir(parents=True)
+        (run / "metrics.json").write_text(json.dumps({"folds": 5, "preset": name.split("+")[0], "auc": scores,
+                                                      "acc": scores, "rmse": scores}))
+    text = report.render_report(tmp_path)
+    auc = text[text.index("## AUC"):text.index("## ACC")]
+    rows = [line.split("|")[1].strip() for line in auc.splitlines() if line.startswith("| ") and "preset" not in line]
+    assert rows == ["akt-standard", "cl4kt-standard", "routerkt-cl4kt-qn", "my-variant"]
