@@ -1,0 +1,38 @@
+"""serving/procfs.py against real processes: a child we start is found, named and seen to die."""
+from __future__ import annotations
+
+import mmap
+import os
+import subprocess
+import sys
+
+import pytest
+
+from serving.procfs import alive, children, cmdline, mapped_files, start_time, wait_gone
+
+pytestmark = pytest.mark.unit
+
+
+def test_a_child_is_found_named_and_seen_gone():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)  # procfs-test"])
+    try:
+        assert child.pid in children(os.getpid())
+        assert "procfs-test" in cmdline(child.pid)
+        start = start_time(child.pid)
+        assert start is not None and alive(child.pid, start)
+        assert not alive(child.pid, str(int(start) + 1))          # same PID, other start time: not ours
+        child.kill()
+        wait_gone({child.pid: start}, timeout=10.0)                # a zombie counts as gone
+        assert not alive(child.pid, start)
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_mapped_files_lists_what_a_process_maps_under_a_prefix(tmp_path):
+    path = tmp_path / "region-1"
+    path.write_bytes(b"\0" * 4096)
+    with open(path, "r+b") as handle, mmap.mmap(handle.fileno(), 4096) as _:
+        assert mapped_files([os.getpid()], str(tmp_path / "region-")) == {str(path)}
+        assert mapped_files([os.getpid()], str(tmp_path / "other-")) == set()
+    assert mapped_files([os.getpid()], str(tmp_path / "region-")) == set()
