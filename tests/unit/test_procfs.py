@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from serving.procfs import alive, children, cmdline, mapped_files, start_time, wait_gone
+from serving.procfs import alive, children, cmdline, mapped_files, start_time, stat_fields, wait_gone
 
 pytestmark = pytest.mark.unit
 
@@ -36,3 +36,24 @@ def test_mapped_files_lists_what_a_process_maps_under_a_prefix(tmp_path):
         assert mapped_files([os.getpid()], str(tmp_path / "region-")) == {str(path)}
         assert mapped_files([os.getpid()], str(tmp_path / "other-")) == set()
     assert mapped_files([os.getpid()], str(tmp_path / "region-")) == set()
+
+
+def test_a_process_is_alive_until_it_is_a_zombie_and_only_under_its_own_start_time() -> None:
+    """Stubs are tracked by (PID, start time): a dying process that already dropped its command
+    line still counts as alive, a zombie does not, and a PID reused by another process does not."""
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        start = start_time(proc.pid)
+        assert start is not None and alive(proc.pid, start)
+        assert not alive(proc.pid, str(int(start) + 1))          # same PID, another process
+        proc.kill()
+        deadline = time.monotonic() + 10
+        while stat_fields(proc.pid)[0] != "Z" and time.monotonic() < deadline:
+            time.sleep(0.01)                                         # not reaped yet: a zombie
+        assert not alive(proc.pid, start)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not alive(proc.pid, start) and start_time(proc.pid) is None
