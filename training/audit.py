@@ -203,9 +203,9 @@ def verdict(leaks_by_design: bool, probe: dict, visible: dict, threshold: float,
     if not visible["visible_share"] <= threshold:
         reasons.append(f"(b) {visible['visible_share']:.3%} of scored answers are visible in the input "
                        f"(> {threshold:.3%}; set data.collapse_repeats=true?)")
-    tolerance = control.get("tolerance", CONTROL_TOL) if control is not None else CONTROL_TOL
-    if control is not None and not abs(control["auc"] - 0.5) <= tolerance:
-        reasons.append(f"(c) the shuffled-label control scores test AUC {control['auc']:.4f}, outside 0.5 +- {tolerance:.3f}")
+    if control is not None and not abs(control["auc"] - 0.5) <= control["tolerance"]:   # band set by the control itself
+        reasons.append(f"(c) the shuffled-label control scores test AUC {control['auc']:.4f}, "
+                       f"outside 0.5 +- {control['tolerance']:.3f}")
     if reasons:
         return FAIL, reasons
     return (LEAKS if leaks_by_design else PASS), reasons

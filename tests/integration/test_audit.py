@@ -103,11 +103,11 @@ def test_probe_catches_a_leaking_model(synthetic_csv: Path):
 
 
 def test_verdict_rules():
-    from training.audit import FAIL, LEAKS, PASS, verdict
+    from training.audit import CONTROL_TOL, FAIL, LEAKS, PASS, verdict
     clean = {"max_diff": 0.0}
     leaky = {"max_diff": 1e-3}
     seen = {"visible_share": 0.0}
-    ok, off = {"auc": 0.51}, {"auc": 0.53}
+    ok, off = {"auc": 0.51, "tolerance": CONTROL_TOL}, {"auc": 0.53, "tolerance": CONTROL_TOL}
     assert verdict(False, clean, seen, 1e-3, ok) == (PASS, [])
     assert verdict(False, clean, seen, 1e-3, None) == (PASS, [])
     assert verdict(True, leaky, seen, 1e-3, ok) == (LEAKS, [])
@@ -115,7 +115,7 @@ def test_verdict_rules():
     assert verdict(False, clean, {"visible_share": 0.002}, 1e-3, ok)[0] == FAIL
     status, reasons = verdict(False, clean, seen, 1e-3, off)
     assert status == FAIL and reasons[0].startswith("(c)")
-    assert verdict(False, clean, seen, 1e-3, {"auc": float("nan")})[0] == FAIL
+    assert verdict(False, clean, seen, 1e-3, {"auc": float("nan"), "tolerance": CONTROL_TOL})[0] == FAIL
     # a small test set widens the band to 3 null stds; 0.53 then passes, 0.57 still fails
     assert verdict(False, clean, seen, 1e-3, {"auc": 0.53, "tolerance": 0.066}) == (PASS, [])
     assert verdict(False, clean, seen, 1e-3, {"auc": 0.57, "tolerance": 0.066})[0] == FAIL
