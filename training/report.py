@@ -117,6 +117,18 @@ def paired_difference(variant: list[float], control: list[float]) -> dict:
     return {"n": n, "mean": mean, "std": std, "t": t, "p": float(2 * stats.t.sf(abs(t), n - 1))}
 
 
+def holm_adjusted(p_values: list[float]) -> list[float]:
+    """Holm's step-down adjustment of p-values for testing them all at once (family-wise error):
+    the i-th smallest of m is multiplied by m - i + 1, capped at 1 and made non-decreasing in that
+    order. NaN p-values stay NaN and do not count in m."""
+    order = sorted((p, k) for k, p in enumerate(p_values) if not math.isnan(p))
+    adjusted, running = [math.nan] * len(p_values), 0.0
+    for i, (p, k) in enumerate(order):
+        running = max(running, min(1.0, (len(order) - i) * p))
+        adjusted[k] = running
+    return adjusted
+
+
 def _stalled(metrics: dict) -> list[int]:
     """Folds whose best validation epoch is <= 2 (stopped before learning)."""
     return [k for k, epoch in enumerate(metrics.get("best_epochs", [])) if epoch <= 2]
@@ -127,7 +139,7 @@ def _paired_rows(runs: dict[str, dict[str, dict]], leaks: set[str]) -> list[str]
     whose routing reads the future is compared by its history-only score (none cached: no row)."""
     from training.models.registry import dense_control
 
-    rows = []
+    rows = []                                                    # (cells before p, p, stalled flag)
     for d in sorted(runs):
         for v, m in sorted(runs[d].items()):
             control = dense_control(m.get("preset", ""))
@@ -139,9 +151,10 @@ def _paired_rows(runs: dict[str, dict[str, dict]], leaks: set[str]) -> list[str]
             r = paired_difference(scores["auc"]["folds"], c["auc"]["folds"])
             stalled = sorted(set(_stalled(m)) | set(_stalled(c)))
             flag = ", ".join(str(k) for k in stalled) if stalled else "-"
-            rows.append(f"| {d} | {v} | {control} | {r['n']} | {r['mean']:+.4f} | {r['std']:.4f} | "
-                        f"{r['t']:.2f} | {r['p']:.3f} | {flag} |")
-    return rows
+            rows.append((f"| {d} | {v} | {control} | {r['n']} | {r['mean']:+.4f} | {r['std']:.4f} | "
+                         f"{r['t']:.2f}", r["p"], flag))
+    holm = holm_adjusted([p for _, p, _ in rows])
+    return [f"{head} | {p:.3f} | {h:.3f} | {flag} |" for (head, p, flag), h in zip(rows, holm)]
 
 
 def _audit_rows(out: Path) -> list[str]:

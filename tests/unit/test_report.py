@@ -4,6 +4,7 @@ from the committed runs."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,14 @@ def test_paired_difference_matches_a_paired_t_test():
     assert report.paired_difference([0.7], [0.6])["n"] == 1
 
 
+def test_holm_adjustment_steps_down_caps_at_one_and_keeps_nan():
+    adjusted = report.holm_adjusted([0.04, 0.01, math.nan, 0.03, 0.5])
+    # m = 4: 0.01 * 4 = 0.04, 0.03 * 3 = 0.09, 0.04 * 2 = 0.08 -> 0.09 (non-decreasing), 0.5 * 1
+    assert [round(a, 12) for a in adjusted[:2]] == [0.09, 0.04] and math.isnan(adjusted[2])
+    assert [round(a, 12) for a in adjusted[3:]] == [0.09, 0.5]
+    assert report.holm_adjusted([0.6, 0.7]) == [1.0, 1.0]
+
+
 def test_paired_rows_use_history_only_scores_of_leaking_runs_and_flag_stalled_folds():
     control = {"preset": "akt-standard", "auc": {"folds": [0.70, 0.71, 0.72]}, "best_epochs": [5, 1, 9]}
     leaky = {"preset": "routerkt-akt", "auc": {"folds": [0.80, 0.81, 0.82]}, "best_epochs": [4, 4, 4],
@@ -64,6 +73,7 @@ def test_paired_rows_use_history_only_scores_of_leaking_runs_and_flag_stalled_fo
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
     assert cells[:5] == ["toy", "seq, history only", "akt-standard", "3", "-0.0033"]
     assert cells[-1] == "1"                                      # the control's fold 1 stopped at epoch 1
+    assert cells[-3] == cells[-2]                                # one row: its Holm p is its p
 
 
 def test_audited_runs_get_a_row_with_their_verdict(tmp_path):
