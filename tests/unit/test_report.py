@@ -1,6 +1,6 @@
 """Tests of training/report.py: the prose comes from report_template.md and the published numbers
-from published_numbers.json, and the committed results/RESULTS.md is exactly what the report renders
-from the committed runs."""
+from published_numbers.json, the committed results/RESULTS.md and results/neutral/RESULTS.md are
+exactly what the report renders from the committed runs, and README's neutral table is a true copy."""
 from __future__ import annotations
 
 import json
@@ -25,10 +25,29 @@ def test_template_parts_and_published_numbers_are_there():
     assert "| pyKT leaderboard | 200-chunks, 20% test | ASSIST2009 | AKT / simpleKT / DKT | 0.7853 / 0.7744 / 0.7541 |" in table
 
 
-def test_committed_results_md_is_what_the_report_renders():
-    if not (RESULTS / "RESULTS.md").is_file():
-        pytest.skip("no results/RESULTS.md")
-    assert report.render_report(RESULTS) == (RESULTS / "RESULTS.md").read_text()
+@pytest.mark.parametrize("folder", [RESULTS, RESULTS / "neutral"], ids=["results", "results/neutral"])
+def test_committed_results_md_is_what_the_report_renders(folder):
+    if not (folder / "RESULTS.md").is_file():
+        pytest.skip(f"no {folder.name}/RESULTS.md")
+    assert report.render_report(folder) == (folder / "RESULTS.md").read_text()
+
+
+def _auc_table(text: str, after: str) -> list[str]:
+    """The first markdown table after the line `after` (header row onwards)."""
+    lines = text.splitlines()
+    start = next(i for i in range(lines.index(after), len(lines)) if lines[i].startswith("| preset |"))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return lines[start:end]
+
+
+def test_readme_neutral_table_is_the_reports_auc_table():
+    """README copies results/neutral/RESULTS.md's AUC table verbatim; a stale copy fails here."""
+    neutral = RESULTS / "neutral" / "RESULTS.md"
+    if not neutral.is_file():
+        pytest.skip("no results/neutral/RESULTS.md")
+    readme = (RESULTS.parent / "README.md").read_text()
+    heading = next(line for line in readme.splitlines() if line.startswith("### Neutral default"))
+    assert _auc_table(readme, heading) == _auc_table(neutral.read_text(), "## AUC")
 
 
 def test_leaking_runs_are_known_from_their_config(tmp_path):
