@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 from routerkt.atomic import atomic_write_bytes
-from training.config import Batching, RunConfig, from_dict
+from training.config import Batching, Protocol, RunConfig, from_dict, to_dict
 from training.history_score import cached_history_only
 from training.variants import BASELINE, GROUPS
 
@@ -55,9 +55,32 @@ def _load(out: Path, configs: dict[Path, RunConfig] | None = None) -> tuple[dict
         if scored := cached_history_only(path.parent):     # stale caches (older scoring, other folds): left out
             metrics["history_only"] = scored
         runs.setdefault(dataset, {})[variant] = metrics
-        if path.parent in configs and configs[path.parent].model.leaks_future:
-            leaky.add(variant)
+        if path.parent in configs:
+            metrics["protocol"] = _protocol(configs[path.parent])
+            if configs[path.parent].model.leaks_future:
+                leaky.add(variant)
     return runs, leaky
+
+
+def _protocol(cfg: RunConfig) -> str:
+    """What a run and its paired control must share besides the model: the data protocol and the
+    training settings (not the data file's spelling, the thread count or the device)."""
+    data, train = to_dict(cfg.data), to_dict(cfg.train)
+    for section, key in ((data, "path"), (train, "threads"), (train, "device")):
+        section.pop(key, None)
+    return json.dumps({"data": data, "train": train}, sort_keys=True)
+
+
+def _by_protocol(runs: dict[str, dict[str, dict]]) -> tuple[dict, dict]:
+    """The runs that cut histories the usual way (each learner's most recent window) and the others
+    (`data.protocol=chunks`: other test positions, so never ranked beside the usual ones)."""
+    usual: dict[str, dict[str, dict]] = {}
+    other: dict[str, dict[str, dict]] = {}
+    for d, r in runs.items():
+        for v, m in r.items():
+            protocol = json.loads(m.get("protocol", "{}")).get("data", {}).get("protocol", Protocol.RECENT.value)
+            (usual if protocol == Protocol.RECENT.value else other).setdefault(d, {})[v] = m
+    return usual, other
 
 
 def _cell(m: dict, key: str) -> str:
@@ -135,18 +158,22 @@ def _stalled(metrics: dict) -> list[int]:
 
 
 def _paired_rows(runs: dict[str, dict[str, dict]], leaks: set[str]) -> list[str]:
-    """One row per (dataset, run) whose preset has a dense control run in the same dataset. A run
-    whose routing reads the future is compared by its history-only score (none cached: no row)."""
+    """One row per (dataset, run) with a run of its preset's dense control in the same dataset
+    under the same protocol (data and training settings: a `chunks` run pairs with a `chunks`
+    control, never with a `recent` one; the control's own folder name first). A run whose routing
+    reads the future is compared by its history-only score (none cached: no row)."""
     from training.models.registry import dense_control
 
     rows = []                                                    # (cells before p, p, stalled flag)
     for d in sorted(runs):
         for v, m in sorted(runs[d].items()):
-            control = dense_control(m.get("preset", ""))
+            preset = dense_control(m.get("preset", ""))
+            same = [c for c in sorted(runs[d], key=lambda c: (c != preset, c))
+                    if runs[d][c].get("preset") == preset and runs[d][c].get("protocol") == m.get("protocol")]
             scores = (m.get("history_only") or {}) if v in leaks else m
-            if control is None or control not in runs[d] or "folds" not in scores.get("auc", {}):
+            if preset is None or not same or "folds" not in scores.get("auc", {}):
                 continue
-            c = runs[d][control]
+            control, c = same[0], runs[d][same[0]]
             v = v + ", history only" if v in leaks else v
             r = paired_difference(scores["auc"]["folds"], c["auc"]["folds"])
             stalled = sorted(set(_stalled(m)) | set(_stalled(c)))
@@ -200,8 +227,12 @@ def render_report(out: Path) -> str:
     lines += [text["protocol"].format(split=_split(configs)), ""]
     commands = out / "REGENERATE.md"           # this folder's own commands, else those of results/
     lines += [commands.read_text().rstrip("\n") if commands.exists() else text["regenerate"], ""]
+    usual, other = _by_protocol(runs)
     for key, title, higher in (("auc", "AUC", True), ("acc", "ACC", True), ("rmse", "RMSE", False)):
-        lines += [f"## {title}", ""] + _table(runs, [v for v in main if any(v in r for r in runs.values())], key, higher) + [""]
+        lines += [f"## {title}", ""] + _table(usual, [v for v in main if any(v in r for r in usual.values())], key, higher) + [""]
+    if other:
+        lines += [text["other_protocols"], ""]
+        lines += _table(other, [v for v in main if any(v in r for r in other.values())], "auc", True) + [""]
     abl_runs = {d: dict(r) for d, r in runs.items() if any(v in r for v in ablations[1:])}
     if abl_runs:
         leaky = [v for v in ablations if v in leaks]

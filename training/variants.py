@@ -60,6 +60,9 @@ GROUPS: dict[str, tuple[Variant, ...]] = {
         "model.n_shared=0",                   # without a shared head
         "model.routing_scope=sequence",       # the paper's leaking whole-window routing
     ),
+    # issue 15's extra experiment: every interaction in 100-long chunks instead of the last 100, with
+    # the dense control so that the routed and monotonic runs get paired rows under the same protocol
+    "chunks": tuple(Variant(name, ("data.protocol=chunks",)) for name in ("akt-standard", "akt", "routerkt-akt")),
     "grid": _routerkt_akt(*[f"model.n_selected={k}" for k in (1, 4)], *[f"model.n_shared={s}" for s in (2, 4)],
                           *[f"model.balance_beta={b}" for b in (0.0, 0.001, 0.1)]),
 }

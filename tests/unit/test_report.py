@@ -95,6 +95,43 @@ def test_paired_rows_use_history_only_scores_of_leaking_runs_and_flag_stalled_fo
     assert cells[-3] == cells[-2]                                # one row: its Holm p is its p
 
 
+def _scores(folds: list[float]) -> dict:
+    """A toy metrics.json's scores: the same folds, mean and population std for AUC, ACC and RMSE."""
+    mean = sum(folds) / len(folds)
+    entry = {"folds": folds, "mean": mean, "std": math.sqrt(sum((f - mean) ** 2 for f in folds) / len(folds))}
+    return {"auc": entry, "acc": entry, "rmse": entry}
+
+
+def test_a_run_pairs_only_with_a_control_of_the_same_protocol(tmp_path):
+    from training.config import RunConfig, to_dict
+    from training.models.registry import preset_config
+    runs = {"akt-standard": ("akt-standard", "recent", [0.70, 0.71]), "akt+protocol=chunks": ("akt", "chunks", [0.75, 0.77]),
+            "routerkt-akt+protocol=chunks": ("routerkt-akt", "chunks", [0.74, 0.76])}
+    for folder, (preset, protocol, folds) in runs.items():
+        cfg = to_dict(RunConfig(preset=preset, model=preset_config(preset)))
+        cfg["data"].update(protocol=protocol, path=f"/elsewhere/{folder}/toy.csv")   # the path's spelling does not count
+        (tmp_path / "toy" / folder).mkdir(parents=True)
+        (tmp_path / "toy" / folder / "config.json").write_text(json.dumps(cfg))
+        (tmp_path / "toy" / folder / "metrics.json").write_text(json.dumps({"preset": preset, "folds": 2, **_scores(folds)}))
+    runs_loaded, leaks = report._load(tmp_path)
+    assert report._paired_rows(runs_loaded, leaks) == []        # the only control trained on `recent`
+    chunks_control = json.loads((tmp_path / "toy" / "akt-standard" / "config.json").read_text())
+    chunks_control["data"]["protocol"] = "chunks"
+    (tmp_path / "toy" / "akt-standard+protocol=chunks").mkdir()
+    (tmp_path / "toy" / "akt-standard+protocol=chunks" / "config.json").write_text(json.dumps(chunks_control))
+    (tmp_path / "toy" / "akt-standard+protocol=chunks" / "metrics.json").write_text(
+        json.dumps({"preset": "akt-standard", "folds": 2, **_scores([0.73, 0.74])}))
+    rows = report._paired_rows(*report._load(tmp_path))
+    cells = [[c.strip() for c in row.strip("|").split("|")][:5] for row in rows]
+    assert cells == [["toy", "akt+protocol=chunks", "akt-standard+protocol=chunks", "2", "+0.0250"],
+                     ["toy", "routerkt-akt+protocol=chunks", "akt-standard+protocol=chunks", "2", "+0.0150"]]
+    text = report.render_report(tmp_path)                       # chunks runs: their own table, not ranked with `recent`
+    auc = text.split("## AUC\n")[1].split("\n## ")[0]
+    chunks = text.split("## AUC under the `chunks` protocol")[1].split("\n## ")[0]
+    assert "| akt-standard |" in auc and "protocol=chunks" not in auc
+    assert "| **0.7600 +- 0.0100 (2f)** |" in chunks and "| akt-standard |" not in chunks
+
+
 def test_audited_runs_get_a_row_with_their_verdict(tmp_path):
     run = tmp_path / "toy" / "routerkt-akt"
     run.mkdir(parents=True)

@@ -34,6 +34,16 @@ def test_the_all_group_has_every_preset():
     assert {v.preset for v in GROUPS["all"]} == set(PRESETS)
 
 
+def test_the_chunks_group_runs_every_variant_and_its_control_under_the_chunks_protocol():
+    from training.config import Protocol
+    from training.models.registry import dense_control, run_config
+    variants = GROUPS["chunks"]
+    assert {v.preset for v in variants} >= {"akt", "routerkt-akt"}            # what issue 15 asks for
+    for v in variants:
+        assert run_config(v.preset, "toy.csv", v.overrides).data.protocol is Protocol.CHUNKS
+        assert dense_control(v.preset) in {None, *(w.preset for w in variants)}   # its paired row exists
+
+
 def test_committed_runs_are_found_under_their_folder_names():
     if not RESULTS.is_dir():
         pytest.skip("no results/ folder")
