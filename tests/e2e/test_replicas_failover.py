@@ -155,7 +155,8 @@ def test_killed_triton_and_gateway_cost_no_call_and_rejoin(kt_repository, tmp_pa
         rejoined = wait_for("inferences on the restarted Triton from both gateways", lambda: all(
             gw.metric("routerkt_triton_replica_inferences_total", replica="0") > b + 5
             for gw, b in zip(gateways, back)), 20)
-        assert all(gw.metric("routerkt_triton_replica_up", replica="0") == 1 for gw in gateways)
+        wait_for("routerkt_triton_replica_up 1 again (the gauge follows the replicas every 0.25 s)", lambda: all(
+            gw.metric("routerkt_triton_replica_up", replica="0") == 1 for gw in gateways), 10)
 
         # -- SIGKILL one gateway: the client's round robin + retries, no call fails ----------------
         load.phase = "gateway killed"
