@@ -22,13 +22,18 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade "pip==25.3"
 
+# torch is pinned to its CPU build (torch==2.13.0+cpu in pyproject.toml). That wheel comes from
+# PyTorch's CPU index, unless a torch-2.13.0+cpu wheel already lies in $(PIP_FIND_LINKS) (a local
+# wheel folder): then no extra index is passed, so an offline machine never waits on it.
+TORCH_INDEX := $(if $(wildcard $(addsuffix /torch-2.13.0+cpu*,$(PIP_FIND_LINKS))),,--extra-index-url https://download.pytorch.org/whl/cpu)
+
 # Re-install only when the project's dependencies change. The session store's tests and
 # `routerkt bench load --sessions` need a real redis-server: Debian's package, installed once.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	command -v redis-server >/dev/null || command -v valkey-server >/dev/null || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; } || \
 	  { echo "install redis-server (or valkey-server) for the session-store tests" >&2; exit 1; }
-	$(BIN)/pip install -q -e ".[all]"
+	$(BIN)/pip install -q $(TORCH_INDEX) -e ".[all]"
 	touch $@
 
 install: $(VENV)/.installed
