@@ -1,7 +1,7 @@
 """TensorRT engines (`model.plan`) for GPU hosts, built from the exported ONNX model.
 
 TensorRT cannot be installed on the CPU development machines (the PyPI packages are stubs that
-download from NVIDIA's own index, and nothing runs without a CUDA driver; serving-notes.md §6), so
+download from NVIDIA's own index, and nothing runs without a CUDA driver; docs/training.md), so
 this module only works on a GPU host with TensorRT 10.x (8.x and 11.x are handled where they differ).
 A plan is a build output for one GPU model and one TensorRT version: never commit or copy one.
 

@@ -6,7 +6,7 @@ inside Triton's `triton_python_backend_stub` with the project venv's interpreter
 numpy, onnxruntime, the standard library and `triton_python_backend_utils`, never the project.
 The tensor names below mirror routerkt/contract/signature.py (a unit test keeps them equal).
 
-Triton 2.51 facts this file is written around (docs: serving-notes.md):
+Triton 2.51 facts this file is written around (docs/operations.md, "Triton 2.51"):
 - the python backend does NOT merge a dynamic batch: `execute` gets a list of requests and must
   concatenate / split them itself;
 - one exception in `execute` fails every request of the batch, so each request is validated on its

@@ -30,7 +30,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # FoLiBi as its paper: ALiBi in the knowledge retriever, monotonic (AKT) encoders with gradient
     "folibi-akt": {"backbone": "akt", "attention": "alibi", "encoder_attention": "monotonic"},
     # RKT-style recency mixture (learned per-head lambda and tau); NO question-relation matrix, so
-    # it is not RKT itself (models.md section 7)
+    # it is not RKT itself (docs/training.md, "Presets")
     "relative-akt": {"backbone": "akt", "attention": "relative"},
     "routerkt-akt": {"backbone": "akt", **_ROUTER},
     # CL4KT backbone (contrastive loss on, as in CL4KT and RouterCL4KT)
