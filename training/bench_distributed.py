@@ -1,5 +1,5 @@
 """`routerkt bench distributed`: data-parallel training throughput (sequences per second) with 1 and
-with N processes (training/distributed.py), in one run, on the same data and config.
+with N processes (training/launcher.py), in one run, on the same data and config.
 
 Each process count trains a fresh run (fold 0 of a single 80/20 split, --epochs epochs) through the
 same launcher as `routerkt train --nproc N`: the global batch is train.batch_size in every case and
@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from routerkt.errors import UserError
-    from training import distributed
+    from training import launcher
     from training.models.registry import run_config
 
     try:
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         rows = []
         for n in counts:
             started = time.perf_counter()
-            distributed.launch(cfg, work / f"run-{n}", n, progress=False)
+            launcher.launch(cfg, work / f"run-{n}", n, progress=False)
             wall = time.perf_counter() - started
             history = json.loads((work / f"run-{n}" / "fold-0" / "history.json").read_text())
             rates = [h["train_seq_per_s"] for h in history]

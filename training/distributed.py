@@ -1,12 +1,8 @@
-"""Data-parallel training with torch.distributed: N processes, one model replica each (DDP), one
-global batch of train.batch_size rows split across them.
+"""Data-parallel training with torch.distributed, seen from inside one training process: its rank,
+the process group, its shard of the global batch and the collectives (N processes, one model replica
+each (DDP), one global batch of train.batch_size rows split across them). Starting the processes is
+training/launcher.py's job; nothing here imports the launcher, the run or the loop.
 
-Launch:
-- `routerkt train ... --nproc N` (and `routerkt reproduce --nproc N`): `train()` starts N worker
-  processes on this host (env MASTER_ADDR=127.0.0.1, a free MASTER_PORT, RANK, WORLD_SIZE,
-  LOCAL_RANK), waits for them and fails the run with one line when one of them fails;
-- `torchrun --nproc-per-node N -m routerkt.cli train ... --out DIR`: torchrun sets those variables,
-  `from_env()` detects them and each process is one rank.
 Backend: gloo on CPU, NCCL when train.device resolves to CUDA (training/device.py: rank r on GPU
 `local_rank`, one GPU per process). The collectives below put their small tensors on that device
 (NCCL takes no CPU tensors). Only the gloo path runs on this project's CPU machine.
@@ -35,31 +31,17 @@ Validation, early stopping, checkpoints, history, TensorBoard and metrics are ra
 (loop.train_fold, run.run_training): rank 0 evaluates and broadcasts its stop decision and which
 folds are done; the other ranks only train.
 
-Failure: a worker that dies (signal, exception) makes the launcher stop the others (SIGTERM: they
-exit through Python, so atomic writes remove their temporary files) and raise one UserError, e.g.
-"training process 1 died (signal 9, SIGKILL)". A fold without result.json is never complete and is
-trained again from scratch on resume (run.py).
-
 Test hook: env ROUTERKT_TEST_DIE_AFTER_STEPS="R:N" makes rank R SIGKILL itself after its N-th
 optimizer step (tests/integration/test_distributed_training.py); unset in normal use.
 """
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
-import shutil
 import signal
-import socket
-import subprocess
-import sys
-import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -68,14 +50,8 @@ from torch import Tensor
 
 from routerkt.errors import UserError
 from training.batching import Batch
-from training.device import resolve as resolve_device
 
-JOB_ENV = "ROUTERKT_DIST_JOB"          # launcher -> worker: the run (config, out, progress) as JSON
-ERRORS_ENV = "ROUTERKT_DIST_ERRORS"    # launcher -> worker: folder for one-line UserError messages
 DIE_ENV = "ROUTERKT_TEST_DIE_AFTER_STEPS"
-PEER_LOST = 3                           # worker exit code: a collective failed because another process did
-GRACE_S = 3.0                           # after a failure, how long the others get to exit on their own
-TERM_WAIT_S = 10.0                      # SIGTERM -> SIGKILL
 
 
 @dataclass(frozen=True)
@@ -234,145 +210,8 @@ def step_hook() -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _peer_failure(exc: BaseException) -> bool:
+def peer_failure(exc: BaseException) -> bool:
     """Whether `exc` is a collective failing because another process went away."""
     text = str(exc).lower()
     return isinstance(exc, dist.DistError) or (isinstance(exc, RuntimeError) and any(
         s in text for s in ("gloo", "connection closed", "connection reset", "broken pipe")))
-
-
-# ----------------------------------------------------------------------------------------------
-# entry points: one process, torchrun, or N workers started here
-
-def train(cfg, out: Path, nproc: int = 1, progress: bool = True) -> dict | None:
-    """Train `cfg` into `out` with `nproc` processes, or as one rank under torchrun. Returns the run's
-    metrics (None on ranks other than 0 under torchrun)."""
-    info = from_env()
-    if nproc < 1:
-        raise UserError("--nproc must be >= 1")
-    if nproc > 1 and (info is None or not info.distributed):
-        return launch(cfg, Path(out), nproc, progress)
-    from training.run import run_training
-    if info is not None and info.distributed:
-        if nproc > 1:
-            raise UserError("--nproc with torchrun: torchrun already started the processes; drop --nproc")
-        try:
-            with process_group(info, resolve_device(cfg.train.device, info.local_rank)):
-                metrics = run_training(cfg, Path(out), progress=progress and info.is_main)
-        except Exception as exc:
-            if _peer_failure(exc):
-                raise UserError(f"training process {info.rank}: lost contact with another training process "
-                                f"({str(exc).splitlines()[0][:160]})") from None
-            raise
-        return metrics if info.is_main else None
-    return run_training(cfg, Path(out), progress=progress)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch(cfg, out: Path, nproc: int, progress: bool) -> dict:
-    """Run `cfg` in `nproc` worker processes on this host; rank 0's metrics.json once all succeeded."""
-    from training.config import to_dict
-    if cfg.train.threads <= 0:                      # share the cores instead of oversubscribing them
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, threads=max(1, cores // nproc)))
-    errors = Path(tempfile.mkdtemp(prefix="routerkt-dist-"))
-    base = dict(os.environ)
-    base.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(nproc),
-                 "LOCAL_WORLD_SIZE": str(nproc), ERRORS_ENV: str(errors),
-                 JOB_ENV: json.dumps({"config": to_dict(cfg), "out": str(out), "progress": progress})})
-    # workers run with the malloc setting of the training commands (routerkt/cli.py)
-    from routerkt.cli import MALLOC_TUNABLE
-    if MALLOC_TUNABLE not in base.get("GLIBC_TUNABLES", ""):
-        base["GLIBC_TUNABLES"] = ":".join(filter(None, [base.get("GLIBC_TUNABLES"), MALLOC_TUNABLE]))
-    code = "import sys; from training.distributed import _worker; sys.exit(_worker())"
-    procs: list[subprocess.Popen] = []
-    try:
-        for rank in range(nproc):
-            env = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank)}
-            procs.append(subprocess.Popen([sys.executable, "-c", code], env=env))
-        failed = _wait(procs)
-        if failed:
-            raise UserError(_describe(failed, errors))
-    finally:
-        _stop(procs)
-        shutil.rmtree(errors, ignore_errors=True)
-    return json.loads((out / "metrics.json").read_text())
-
-
-def _wait(procs: list[subprocess.Popen]) -> dict[int, int]:
-    """Wait for every worker; on the first failure, the exit codes of all that failed by themselves."""
-    while True:
-        codes = [p.poll() for p in procs]
-        if all(c == 0 for c in codes):
-            return {}
-        if any(c not in (None, 0) for c in codes):
-            deadline = time.monotonic() + GRACE_S          # the others notice the lost peer and exit
-            while time.monotonic() < deadline and any(p.poll() is None for p in procs):
-                time.sleep(0.05)
-            return {r: p.returncode for r, p in enumerate(procs) if p.returncode not in (None, 0)}
-        time.sleep(0.1)
-
-
-def _describe(failed: dict[int, int], errors: Path) -> str:
-    """One line naming the process that failed first (a UserError's own message when there is one)."""
-    for rank in sorted(failed):
-        message = errors / f"rank-{rank}.txt"
-        if message.is_file():
-            return message.read_text().strip()
-    for rank, code in sorted(failed.items()):
-        if code < 0:
-            try:
-                name = f", {signal.Signals(-code).name}"
-            except ValueError:
-                name = ""
-            return f"training process {rank} died (signal {-code}{name})"
-    for rank, code in sorted(failed.items()):
-        if code != PEER_LOST:
-            return f"training process {rank} failed (exit code {code}; its error is above)"
-    rank = min(failed)
-    return f"training process {rank} lost contact with the other training processes"
-
-
-def _stop(procs: list[subprocess.Popen]) -> None:
-    alive = [p for p in procs if p.poll() is None]
-    for p in alive:
-        p.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + TERM_WAIT_S
-    for p in alive:
-        try:
-            p.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
-
-def _on_sigterm(signum, frame) -> None:
-    raise SystemExit(128 + signum)     # unwinds through atomic_path, which removes its temporary file
-
-
-def _worker() -> int:
-    """A worker process of `launch`: one rank of the run described by env JOB_ENV."""
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    info = from_env() or RankInfo()
-    job = json.loads(os.environ[JOB_ENV])
-    try:
-        from training.config import RunConfig, from_dict
-        from training.run import run_training
-        cfg = from_dict(RunConfig, job["config"])
-        with process_group(info, resolve_device(cfg.train.device, info.local_rank)):
-            run_training(cfg, Path(job["out"]), progress=job["progress"] and info.is_main)
-        return 0
-    except UserError as exc:             # reported once, by the launcher
-        (Path(os.environ[ERRORS_ENV]) / f"rank-{info.rank}.txt").write_text(str(exc))
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    except Exception as exc:
-        if _peer_failure(exc):           # the launcher names the process that failed first
-            return PEER_LOST
-        raise

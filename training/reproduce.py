@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--learners", type=int, default=50, help="learners for --diversity")
     p.add_argument("--dry-run", action="store_true", help="list the jobs and exit")
     p.add_argument("--nproc", type=int, default=1, metavar="N",
-                   help="data-parallel processes per training run (training/distributed.py; not under torchrun)")
+                   help="data-parallel processes per training run (training/launcher.py; not under torchrun)")
 
 
 def dataset_file(root: Path, name: str) -> Path:
@@ -84,8 +84,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {path}")
         return 0
     from tqdm import tqdm
-    from training import distributed
-    if distributed.from_env() is not None:
+    from training import launcher
+    from training.distributed import from_env
+    if from_env() is not None:
         raise UserError("reproduce does not run under torchrun (each rank would run the whole grid); use --nproc N")
     if args.nproc < 1:
         raise UserError("--nproc must be >= 1")
@@ -111,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
             continue
         started = time.perf_counter()
         try:
-            metrics = distributed.train(cfg, run_dir, args.nproc, progress=sys.stderr.isatty())
+            metrics = launcher.train(cfg, run_dir, args.nproc, progress=sys.stderr.isatty())
             if leaky:
                 metrics["history_only"] = history_only(run_dir)
         except (RuntimeError, MemoryError, UserError) as exc:   # one failing run must not stop the grid

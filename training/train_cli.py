@@ -1,7 +1,7 @@
 """`routerkt train`: train a preset on a canonical CSV with K-fold cross-validation.
 
 Example: routerkt train --data ../shared/datasets/assist2009/interactions.csv.gz --preset routerkt-akt --folds 1 --epochs 3
-Data-parallel (training/distributed.py): add --nproc N, or run under torchrun with --out:
+Data-parallel (training/launcher.py): add --nproc N, or run under torchrun with --out:
     torchrun --nproc-per-node 2 -m routerkt.cli train --data ... --preset routerkt-akt --out runs/x
 """
 from __future__ import annotations
@@ -50,12 +50,13 @@ def build_config(args: argparse.Namespace) -> RunConfig:
 
 def run(args: argparse.Namespace) -> int:
     cfg = build_config(args)
-    from training import distributed
-    under_torchrun = distributed.from_env() is not None
+    from training import launcher
+    from training.distributed import from_env
+    under_torchrun = from_env() is not None
     if under_torchrun and not args.out:
         raise UserError("under torchrun give --out: every process must name the same run directory")
     out = Path(args.out or f"runs/{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}")
-    metrics = distributed.train(cfg, out, args.nproc, progress=not args.no_progress and sys.stderr.isatty())
+    metrics = launcher.train(cfg, out, args.nproc, progress=not args.no_progress and sys.stderr.isatty())
     if metrics is None:                      # a torchrun rank other than 0: rank 0 reports
         return 0
     summary = {k: {"mean": round(metrics[k]["mean"], 4), "std": round(metrics[k]["std"], 4)} for k in ("auc", "acc", "rmse")}

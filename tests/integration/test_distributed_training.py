@@ -1,7 +1,8 @@
-"""Data-parallel training (training/distributed.py) on CPU, gloo over loopback, 2 processes: the same
-preset, seed and global batch train like one process (same validation AUCs and losses per epoch,
-same early stop, same test AUC within 1e-4); a process killed mid-run fails the run with one line,
-leaves no half-written file, and the resumed run keeps the finished fold and redoes the other.
+"""Data-parallel training (training/distributed.py, started by training/launcher.py) on CPU, gloo
+over loopback, 2 processes: the same preset, seed and global batch train like one process (same
+validation AUCs and losses per epoch, same early stop, same test AUC within 1e-4); a process killed
+mid-run fails the run with one line, leaves no half-written file, and the resumed run keeps the
+finished fold and redoes the other.
 
 Dropout is off in the comparison: each rank draws its own dropout masks, which cannot be one
 process's. The router's load-balance loss stays on (its statistics are summed over the ranks)."""
@@ -70,14 +71,14 @@ def test_shards_losses_and_gradients_add_up_to_the_global_batch(synthetic_csv):
 
 @pytest.mark.slow
 def test_two_processes_train_like_one(synthetic_csv, tmp_path):
-    from training import distributed
+    from training import launcher
     from training.config import RunConfig, apply_overrides
     from training.models.registry import preset_config
     one = train_tiny(synthetic_csv, tmp_path / "one", extra=COMPARE, epochs=4)
     cfg = RunConfig(preset="routerkt-akt", model=preset_config("routerkt-akt"))
     cfg.data.path, cfg.data.folds, cfg.train.epochs = str(synthetic_csv), 1, 4     # as train_tiny
     cfg = apply_overrides(cfg, TINY_OVERRIDES + COMPARE)
-    metrics = distributed.train(cfg, tmp_path / "two", nproc=2, progress=False)
+    metrics = launcher.train(cfg, tmp_path / "two", nproc=2, progress=False)
 
     (r1, h1), (r2, h2) = _fold(one), _fold(tmp_path / "two")
     assert r1["epochs_run"] == r2["epochs_run"] < 4                 # early stopping, the same epoch

@@ -16,6 +16,8 @@ EXPECTED = {
     "Layers point down: loadtest -> serving | export -> training -> routerkt",
     "serving uses only the contract: no training, no export, no torch",
     "The contract is torch-free",
+    "No import cycles inside training, export or routerkt (lazy imports count)",
+    "The training loop and models do not import the launcher or the run",
 }
 
 
