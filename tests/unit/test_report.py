@@ -1,6 +1,7 @@
 """Tests of training/report.py: the prose comes from report_template.md and the published numbers
 from published_numbers.json, the committed results/RESULTS.md and results/neutral/RESULTS.md are
-exactly what the report renders from the committed runs, and README's neutral table is a true copy."""
+exactly what the report renders from the committed runs, and the headline numbers of docs/training.md
+are results/neutral/RESULTS.md's."""
 from __future__ import annotations
 
 import json
@@ -40,14 +41,29 @@ def _auc_table(text: str, after: str) -> list[str]:
     return lines[start:end]
 
 
-def test_readme_neutral_table_is_the_reports_auc_table():
-    """README copies results/neutral/RESULTS.md's AUC table verbatim; a stale copy fails here."""
+def _cells(row: str) -> list[str]:
+    return [cell.strip() for cell in row.strip().strip("|").split("|")]
+
+
+def test_training_doc_headline_numbers_are_the_reports():
+    """docs/training.md's headline table (dataset, best preset, its AUC, routerkt-akt, akt-standard)
+    quotes results/neutral/RESULTS.md's AUC table; a stale or wrong cell fails here, and so does a
+    "best preset" that is not the one RESULTS.md marks best (bold) for that dataset."""
     neutral = RESULTS / "neutral" / "RESULTS.md"
     if not neutral.is_file():
         pytest.skip("no results/neutral/RESULTS.md")
-    readme = (RESULTS.parent / "README.md").read_text()
-    heading = next(line for line in readme.splitlines() if line.startswith("### Neutral default"))
-    assert _auc_table(readme, heading) == _auc_table(neutral.read_text(), "## AUC")
+    table = _auc_table(neutral.read_text(), "## AUC")
+    datasets = _cells(table[0])[1:]
+    auc = {(cells[0], dataset): cell for cells in map(_cells, table[2:]) for dataset, cell in zip(datasets, cells[1:])}
+    doc = (RESULTS.parent / "docs" / "training.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(doc) if line.startswith("| dataset | best preset |"))
+    end = next((i for i in range(start, len(doc)) if not doc[i].startswith("|")), len(doc))
+    rows = [_cells(line) for line in doc[start + 2:end]]
+    assert {r[0] for r in rows} == set(datasets)
+    for dataset, best, best_auc, router, standard in rows:
+        assert auc[best, dataset] == f"**{best_auc}**", (dataset, best)
+        assert auc["routerkt-akt", dataset].strip("*") == router, dataset
+        assert auc["akt-standard", dataset].strip("*") == standard, dataset
 
 
 def test_leaking_runs_are_known_from_their_config(tmp_path):
