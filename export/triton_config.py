@@ -134,8 +134,8 @@ def settings_comment(options: TritonModelOptions) -> str:
     ours = (options.max_queue_delay_us, options.ort_intra_op_threads, options.instance_count)
     default = TritonModelOptions()
     measured = (default.max_queue_delay_us, default.ort_intra_op_threads, default.instance_count)
-    origin = ("the defaults, chosen by `routerkt bench cost` under 1, 8 and 32 callers (README, \"One Predict's "
-              "cost\"; the measurement is quoted in export/triton_config.py)" if ours == measured else
+    origin = ("the defaults, chosen by `routerkt bench cost` under 1, 8 and 32 callers (docs/benchmarks.md, "
+              "\"One Predict's cost\"; the measurement is quoted in export/triton_config.py)" if ours == measured else
               f"set at export; the measured defaults are {measured[0]} us, {measured[1]} thread(s), "
               f"{measured[2]} instance(s) (`routerkt bench cost`)")
     return (f"# Runtime settings: max_queue_delay_microseconds {ours[0]}, {PARAM_ORT_INTRA_OP_THREADS} {ours[1]}, "
