@@ -66,8 +66,9 @@ def run(args: argparse.Namespace) -> int:
     from serving.api import knowledge_tracing_pb2 as pb
     from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
     from serving.client import connect
-    from serving.processes import children, cmdline, terminate
-    from serving.triton_launcher import free_port
+    from serving.processes import terminate
+    from serving.tritonserver.procfs import children, cmdline
+    from serving.processes import free_port
 
     if args.callers < 1 or args.phase_seconds <= 0:
         raise UserError("--callers must be >= 1 and --phase-seconds > 0")

@@ -1,13 +1,13 @@
 """`routerkt bench convert`: the gateway's two per-call conversions, each with its alternatives
 side by side in one run:
 
-1. request -> arrays (serving/grpc_api.py), history sent as `repeated Interaction` messages vs as
+1. request -> arrays (serving/transport/grpc_api.py), history sent as `repeated Interaction` messages vs as
    `HistoryColumns`: one Predict (99-interaction history, 1 candidate) and one maximal PredictBatch
    (64 learners x 1,000 interactions x 64 candidates); median ms of each form, their ratio and the
    encoded sizes. Parsing the bytes (protobuf's C code) is not included: both forms share it.
 2. arrays -> the Triton request of one rank inference (1 row, history 99, 1 candidate):
    tritonclient's InferInput objects and request builder (what the gateway used before) vs the
-   request prepared once per model version (serving/triton_client.py); median us each.
+   request prepared once per model version (serving/backends/triton/client.py); median us each.
 
     routerkt bench convert [--repeats 200]
 """
@@ -58,7 +58,7 @@ def triton_requests():
 
     from routerkt.contract.signature import RANK
     from serving.metrics import Metrics
-    from serving.triton_client import TritonClient
+    from serving.backends.triton.client import TritonClient
     feeds = {spec.name: np.ones((1, 99 if spec.name.startswith("history") else 1), dtype=np.int64) for spec in RANK.inputs}
     client = TritonClient("127.0.0.1:1", Metrics())
 
@@ -78,7 +78,7 @@ def triton_requests():
 
 
 def run(args: argparse.Namespace) -> int:
-    from serving.grpc_api import batch_query, predict_query
+    from serving.transport.grpc_api import batch_query, predict_query
     if args.repeats < 1:
         raise UserError("--repeats must be >= 1")
     print("| request | Interaction messages ms | HistoryColumns ms | ratio | bytes (messages / columns) |")

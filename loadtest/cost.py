@@ -103,7 +103,7 @@ def rank_feeds(repository: Path, request, name: str, version: int):
     (validation, vocabulary mapping, candidate padding: serving/features.py)."""
     from serving.catalog import ModelCatalog
     from serving.features import WindowEncoder
-    from serving.grpc_api import predict_query
+    from serving.transport.grpc_api import predict_query
     from serving.settings import Settings
     from serving.validation import validate_query
 
@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     from serving.api import knowledge_tracing_pb2 as pb
     from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
     from serving.client import connect
-    from serving.triton_launcher import TritonServer
+    from serving.tritonserver.launcher import TritonServer
 
     delays = _ints(args.queue_delays, "--queue-delays", 0)
     threads_list = _ints(args.ort_threads, "--ort-threads", 1)

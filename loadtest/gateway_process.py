@@ -43,7 +43,7 @@ def stop_children_on_sigterm(stack: ExitStack) -> None:
 class GatewayProcess:
     def __init__(self, repository: Path, folder: Path, args: Sequence[str] = (), env: dict[str, str] | None = None,
                  http: bool = True) -> None:
-        from serving.triton_launcher import free_port
+        from serving.processes import free_port
 
         self.repository, self.folder, self.args = Path(repository), Path(folder), list(args)
         self.env = {**os.environ, **(env or {})}

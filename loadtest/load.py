@@ -220,7 +220,7 @@ def validate(args: argparse.Namespace) -> tuple[int, dict[str, int], float]:
 
 # -- servers and locust --------------------------------------------------------------------------
 def start_triton(stack: ExitStack, repository: Path, out: Path):
-    from serving.triton_launcher import TritonServer
+    from serving.tritonserver.launcher import TritonServer
 
     triton = TritonServer(repository, log_path=out / "triton.log", exit_timeout_s=5)
     stack.callback(triton.stop)
@@ -237,8 +237,8 @@ def start_gateway(stack: ExitStack, repository: Path, model: str, triton_url: st
     from serving.metrics import Metrics
     from serving.server import ThreadedGateway
     from serving.sessions.keys import LearnerKeys
-    from serving.sessions.service import SessionService
-    from serving.sessions.store import open_store
+    from serving.sessions.session_service import SessionService
+    from serving.sessions.factory import open_store
     from serving.settings import Settings
 
     settings = Settings(repository=repository, triton_url=triton_url, grpc_port=0, http_port=None,

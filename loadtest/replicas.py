@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     from serving.api import knowledge_tracing_pb2 as pb
     from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
     from serving.client import connect
-    from serving.triton_launcher import TritonServer
+    from serving.tritonserver.launcher import TritonServer
 
     if args.seconds <= 0 or args.callers < 1 or args.rounds < 1 or args.history < 0 or args.candidates < 1:
         raise UserError("--seconds must be > 0, --callers, --rounds and --candidates >= 1, --history >= 0")

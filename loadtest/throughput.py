@@ -204,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
     server = None
     try:
         if "triton" in levels:
-            from serving.triton_launcher import TritonServer
+            from serving.tritonserver.launcher import TritonServer
             build_repository(presets, models, onnx, work / "repository", args.batch, args.seq_len, args.threads)
             server = TritonServer(work / "repository")
             server.start(timeout=180)

@@ -26,18 +26,18 @@ class OneLineParser(argparse.ArgumentParser):
 
 # command -> (module, help). Command groups (GROUPS) nest: "bench <name>", "sessions <name>".
 COMMANDS: dict[str, tuple[str, str]] = {
-    "synth": ("training.data.synthetic_cli", "write a synthetic learner dataset (canonical CSV)"),
-    "train": ("training.train_cli", "train a preset with K-fold cross-validation"),
-    "evaluate": ("training.evaluate_cli", "evaluate a run on a dataset and write plots"),
-    "audit": ("training.audit", "leak audit of a trained run: perturbation probe, visible answers, shuffled-label control"),
-    "reproduce": ("training.reproduce", "run the paper's comparison grid, resumable"),
-    "export": ("export.cli", "export a run to ONNX and the Triton model repository"),
+    "synth": ("training.data.cli_synth", "write a synthetic learner dataset (canonical CSV)"),
+    "train": ("training.cli_train", "train a preset with K-fold cross-validation"),
+    "evaluate": ("training.cli_evaluate", "evaluate a run on a dataset and write plots"),
+    "audit": ("training.cli_audit", "leak audit of a trained run: perturbation probe, visible answers, shuffled-label control"),
+    "reproduce": ("training.cli_reproduce", "run the paper's comparison grid, resumable"),
+    "export": ("export.cli_export", "export a run to ONNX and the Triton model repository"),
     "serve": ("serving.cli_serve", "start tritonserver and the gRPC/HTTP gateway"),
     "predict": ("serving.cli_predict", "call the gateway's Predict from the command line"),
-    "rollout": ("serving.rollout.cli", "show and change the rollout policy (status, set, promote, rollback)"),
+    "rollout": ("serving.rollout.cli_rollout", "show and change the rollout policy (status, set, promote, rollback)"),
 }
 BENCHES: dict[str, tuple[str, str]] = {
-    "train": ("training.bench", "training throughput per preset"),
+    "train": ("training.bench_train", "training throughput per preset"),
     "throughput": ("loadtest.throughput", "inference throughput: PyTorch vs onnxruntime vs Triton"),
     "load": ("loadtest.load", "locust load test against the gateway"),
     "ranking": ("loadtest.ranking", "history-once ranking vs one window per candidate, N candidates"),
@@ -50,7 +50,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "distributed": ("training.bench_distributed", "data-parallel training throughput: 1 vs N processes (DDP, gloo)"),
 }
 SESSIONS: dict[str, tuple[str, str]] = {
-    "import": ("serving.sessions.importer", "bulk-load a canonical CSV into a session store"),
+    "import": ("serving.sessions.cli_import", "bulk-load a canonical CSV into a session store"),
 }
 GROUPS: dict[str, dict[str, tuple[str, str]]] = {"bench": BENCHES, "sessions": SESSIONS}
 # Commands that train with PyTorch: glibc returning memory through mmap made CPU training ~1.8x

@@ -27,42 +27,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import signal
-import sys
-import time
 from pathlib import Path
 
 from routerkt.errors import UserError
+from serving.logs import configure_logging
 from serving.settings import Settings
 
 log = logging.getLogger("routerkt.serve")
-SAMPLE_WAIT_S = 120.0          # how long --sample-model waits for the model to become ready
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message (and the exception, if any)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
-                 "level": record.levelname.lower(), "logger": record.name, "message": record.getMessage()}
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, ensure_ascii=False)
-
-
-def configure_logging(json_logs: bool | None = None, level: int = logging.INFO) -> None:
-    """JSON lines when stderr is not a TTY (or when asked), plain text otherwise."""
-    if json_logs is None:
-        json_logs = not sys.stderr.isatty()
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if json_logs else
-                         logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level)
-    logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -136,7 +109,9 @@ def run(args: argparse.Namespace) -> int:
             log.info("Triton: using %s", urls[0] if len(urls) == 1 else
                      f"{len(urls)} replicas: " + ", ".join(f"{i}={url}" for i, url in enumerate(urls)))
         else:
-            triton = _start_triton(settings, args.triton_log)
+            from serving.tritonserver.launcher import start_beside_gateway
+            triton = start_beside_gateway(settings.repository, {settings.grpc_port, settings.http_port}, args.triton_log)
+            settings.triton_url = triton.grpc_url
         code = asyncio.run(_serve(settings, args, triton))
     finally:
         if triton is not None:                                  # a second signal must not orphan Triton
@@ -154,37 +129,10 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _start_triton(settings: Settings, log_path: Path | None):
-    from serving.triton_launcher import TritonPorts, TritonServer, free_port
-
-    taken = {settings.grpc_port, settings.http_port}
-    ports = []
-    while len(ports) < 3:                                       # free ports, never the gateway's
-        port = free_port()
-        if port not in taken and port not in ports:
-            ports.append(port)
-    server = TritonServer(settings.repository, ports=TritonPorts(*ports), log_path=log_path)
-    log.info("Triton: starting tritonserver for %s", settings.repository)
-    try:
-        server.start(timeout=180)
-    except RuntimeError as exc:                                 # one line; the tail of Triton's log follows
-        server.stop()
-        head, _, tail = str(exc).partition("\n")
-        print(tail, file=sys.stderr)
-        raise UserError(f"{head} (Triton's log: {server.log_path})") from None
-    except BaseException:
-        server.stop()
-        raise
-    settings.triton_url = server.grpc_url
-    log.info("Triton: gRPC %s, HTTP http://%s, metrics http://%s/metrics (pid %s, log %s)",
-             server.grpc_url, server.http_url, server.metrics_url, server.pid, server.log_path)
-    return server
-
-
 def _session_parts(settings: Settings, args: argparse.Namespace):
     """(store, keys) for the --store flags, or (None, None) with --store none."""
     from serving.sessions.keys import LearnerKeys, load_secret
-    from serving.sessions.store import open_store
+    from serving.sessions.factory import open_store
 
     url = args.store or f"sqlite:///{args.state_dir / 'sessions.sqlite3'}"
     if url == "none":
@@ -194,16 +142,13 @@ def _session_parts(settings: Settings, args: argparse.Namespace):
 
 
 async def _serve(settings: Settings, args: argparse.Namespace, triton=None) -> int:
-    from serving.catalog import ModelCatalog
-    from serving.metrics import Metrics
+    from serving.demo import sample_prediction
     from serving.server import GatewayServer, serve
-    from serving.sessions.service import SessionService
 
-    metrics, catalog = Metrics(outcome_window_s=settings.outcome_window_s), ModelCatalog(settings.repository)
-    parts: dict[str, object] = {"metrics": metrics, "catalog": catalog}
+    parts: dict[str, object] = {}
     store, keys = _session_parts(settings, args)
     if store is not None:
-        parts["sessions"] = SessionService(settings, store, keys, catalog, metrics)
+        parts.update(store=store, keys=keys)
         log.info("session store: %s; outcome tracking %s", store.kind, "on" if settings.track_outcomes else "off")
     log.info("rollout policy file: %s (watched)", settings.rollout_policy)
     if args.backend == "onnxruntime":
@@ -219,8 +164,8 @@ async def _serve(settings: Settings, args: argparse.Namespace, triton=None) -> i
             log.info("gateway metrics: %s/metrics, health %s/livez %s/readyz", base, base, base)
         restarter = None
         if triton is not None:
-            from serving.triton_restarts import TritonRestarter
-            restarter = asyncio.create_task(TritonRestarter(triton, metrics).run())
+            from serving.tritonserver.restarts import TritonRestarter
+            restarter = asyncio.create_task(TritonRestarter(triton, server.metrics).run())
         try:
             if args.sample_model:
                 await sample_prediction(server, args.sample_model)
@@ -231,67 +176,3 @@ async def _serve(settings: Settings, args: argparse.Namespace, triton=None) -> i
                 restarter.cancel()
 
     return await serve(settings, on_started=started, **parts)
-
-
-async def sample_prediction(server, model: str) -> None:
-    """One Predict over real gRPC loopback with a made-up history; prints request and answer."""
-    import grpc
-    from google.protobuf import json_format
-
-    from serving.api import knowledge_tracing_pb2 as pb
-    from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
-
-    deadline = time.monotonic() + SAMPLE_WAIT_S
-    while not server.backend.ready_versions(model) and time.monotonic() < deadline:
-        await asyncio.sleep(0.5)
-    versions = server.catalog.versions(model)
-    if not versions or not server.backend.ready_versions(model):
-        log.error("sample prediction skipped: model %r is not ready (models ready: %s)", model,
-                  server.backend.ready_models())
-        return
-    vocab = server.catalog.get(model, max(server.backend.ready_versions(model))).vocab
-    questions = sorted(vocab.questions)[:8]
-    history = [pb.Interaction(question_id=q, skill_id=vocab.question_skill.get(q, -1), correct=i % 2)
-               for i, q in enumerate(questions[:5])]
-    request = pb.PredictRequest(model=model, history=history,
-                                candidates=[pb.Candidate(question_id=q) for q in questions[5:]])
-    host = "127.0.0.1" if server.settings.host in ("0.0.0.0", "::") else server.settings.host
-    async with grpc.aio.insecure_channel(f"{host}:{server.grpc_port}") as channel:
-        stub = pb_grpc.KnowledgeTracingServiceStub(channel)
-        try:
-            response = await stub.Predict(request, timeout=10.0)
-        except grpc.aio.AioRpcError as exc:
-            log.error("sample prediction failed: %s: %s", exc.code().name, exc.details())
-            return
-        body = json_format.MessageToDict(request, preserving_proto_field_name=True,
-                                         always_print_fields_with_no_presence=True)
-        print("sample request: " + json.dumps(body), flush=True)
-        pairs = ", ".join(f"question {c.question_id}: {p:.4f}"
-                          for c, p in zip(request.candidates, response.probabilities))
-        print(f"sample response: model {response.model} version {response.version}, "
-              f"history_used {response.history_used}, P(correct) {pairs}", flush=True)
-        if server.sessions is not None:
-            await sample_session(stub, request, response)
-
-
-async def sample_session(stub, request, explicit) -> None:
-    """Observe the sample history for a sample learner, then Predict by learner id (same answer)."""
-    import grpc
-
-    from serving.api import knowledge_tracing_pb2 as pb
-
-    learner = "routerkt-sample-learner"
-    try:
-        await stub.ForgetLearner(pb.ForgetLearnerRequest(learner_id=learner), timeout=10.0)
-        events = [pb.Event(event_id=f"sample-{i}", question_id=h.question_id, skill_id=h.skill_id, correct=h.correct)
-                  for i, h in enumerate(request.history)]
-        observed = await stub.Observe(pb.ObserveRequest(learner_id=learner, events=events), timeout=10.0)
-        by_id = await stub.Predict(pb.PredictRequest(model=request.model, learner_id=learner,
-                                                     candidates=request.candidates), timeout=10.0)
-    except grpc.aio.AioRpcError as exc:
-        log.error("sample session failed: %s: %s", exc.code().name, exc.details())
-        return
-    diff = max(abs(a - b) for a, b in zip(by_id.probabilities, explicit.probabilities))
-    print(f"sample session: Observe stored {observed.stored} events (history_length {observed.history_length}); "
-          f"Predict by learner_id: P(correct) {', '.join(f'{p:.4f}' for p in by_id.probabilities)} "
-          f"(max |diff| to the explicit history: {diff:.1e})", flush=True)

@@ -1,16 +1,18 @@
-"""The injected parts of the serving pipeline (serving/service.py), each behind a small interface:
+"""The injected parts of the serving pipeline (serving/prediction.py), each behind a small interface:
 
     query --validate--> HistorySource --> VersionPolicy --> Encoder --> InferenceBackend --> PredictionSink
           (validation)  where the history  which version   ids ->        P(correct) per     sees every
                         comes from         answers         model rows    row                prediction
 
 Today's parts: RequestHistory (the request carries the history) or SessionHistory (the session
-store's, when the request names the learner: serving/sessions/service.py), LatestReadyVersion (the newest
-version the backend serves, or the one the request pins) or RolloutPolicy (a policy file's latest /
-pinned / canary / shadow per model: serving/rollout/), WindowEncoder (serving/features.py),
+store's, when the request names the learner: serving/sessions/history.py), LatestReadyVersion (the
+newest version the backend serves, or the one the request pins) or RolloutPolicy (a policy file's
+rollout kind per model: serving/rollout/), WindowEncoder (serving/features.py),
 TritonInferenceBackend or OnnxRuntimeBackend (serving/backends/), MetricsSink (serving/metrics.py)
 and OutcomeTracker (remembers what was served, for outcome tracking: serving/outcomes/).
-`create_server(...)` (serving/server.py) takes any of them.
+`create_server(...)` (serving/server.py) takes any of them. A part with work of its own while the
+gateway runs is a `Background` (maintain until cancelled, close at shutdown): the server runs
+every one it is given, without knowing its type.
 """
 from __future__ import annotations
 
@@ -62,8 +64,23 @@ class Route:
     shadow: ModelVersion | None = None
 
 
+class Background(Protocol):
+    """A part with background work: the gateway runs `maintain` from start until shutdown, then `close`."""
+
+    async def maintain(self) -> None:
+        """Upkeep until cancelled (returns at once when there is none)."""
+
+    async def close(self) -> None: ...
+
+
 class VersionPolicy(Protocol):
-    """Which version of a model answers a learner."""
+    """Which version of a model answers a learner (and its upkeep: a watched file, guardrails)."""
+
+    async def maintain(self) -> None:
+        """Upkeep until cancelled (returns at once when there is none)."""
+
+    def status(self) -> dict[str, object]:
+        """What is in force: {"file", "error", "models"} (GET /v1/rollout)."""
 
     def route(self, name: str, requested: int, versions: Mapping[int, ModelVersion], ready: frozenset[int],
               learner_id: str) -> Route:

@@ -1,6 +1,6 @@
 """The serving core: `PredictionService` runs one Predict / PredictBatch query through the
-pipeline of injected parts (serving/parts.py). It knows no transport: gRPC (serving/grpc_api.py)
-and HTTP (serving/http.py) hand it a PredictQuery and render its PredictResult or ServingError.
+pipeline of injected parts (serving/parts.py). It knows no transport: gRPC (serving/transport/grpc_api.py)
+and HTTP (serving/transport/http_api.py) hand it a PredictQuery and render its PredictResult or ServingError.
 
 One call: take an in-flight slot (RESOURCE_EXHAUSTED when none is free) -> validate
 (INVALID_ARGUMENT + field) -> model from the catalog (NOT_FOUND) -> version policy per learner over

@@ -1,11 +1,13 @@
-"""Child processes this program started: stopping one (SIGTERM with a bounded wait, then SIGKILL),
-and finding its children (Linux /proc), for tests and benchmarks that kill a part on purpose."""
+"""Process helpers shared by every part that starts a server (tritonserver, redis-server, gateways):
+stopping a child (SIGTERM with a bounded wait, then SIGKILL) and picking a free loopback port.
+Facts read from /proc (children, command lines, start times) live in serving/tritonserver/procfs.py."""
 from __future__ import annotations
 
-import os
 import signal
+import socket
 import subprocess
-from pathlib import Path
+
+LOOPBACK = "127.0.0.1"
 
 
 def terminate(process: subprocess.Popen | None, timeout_s: float = 20.0) -> None:
@@ -26,22 +28,8 @@ def kill(process: subprocess.Popen | None) -> None:
         process.wait(timeout=10)
 
 
-def children(pid: int) -> list[int]:
-    """PIDs whose parent is `pid` (Linux /proc)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                out.append(int(entry))
-    return out
-
-
-def cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port on `host` that was free a moment ago (bound to port 0, then released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]

@@ -16,8 +16,8 @@ import numpy as np
 
 from serving import errors
 from serving.requests import Deadline, LearnerQuery, PredictQuery
-from serving.service import PredictionService
-from serving.sessions.service import SessionService
+from serving.prediction import PredictionService
+from serving.sessions.session_service import SessionService
 
 DEFAULT_TARGET = 0.7
 

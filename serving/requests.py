@@ -1,6 +1,6 @@
 """The transport-independent request and response types of the serving core.
 
-Transports (serving/grpc_api.py, serving/http.py) turn their messages into these plain dataclasses
+Transports (serving/transport/grpc_api.py, serving/transport/http_api.py) turn their messages into these plain dataclasses
 and back; nothing below them sees protobuf or JSON. A learner travels as numpy arrays of the
 platform's raw ids, built once at the edge (no per-interaction Python objects further in):
 

@@ -1,5 +1,5 @@
 """The gateway process: gRPC server (KnowledgeTracingService, grpc.health.v1, reflection) plus the
-HTTP app (serving/http.py, uvicorn) on ONE asyncio event loop, the backend's upkeep (readiness
+HTTP app (serving/transport/http_api.py, uvicorn) on ONE asyncio event loop, the backend's upkeep (readiness
 probes), the repository poller, the health updater, and graceful shutdown.
 
     server, port = create_server(settings)        # inside a running event loop; binds both ports
@@ -37,20 +37,24 @@ from grpc_reflection.v1alpha import reflection
 
 from routerkt.errors import UserError
 from serving.api import knowledge_tracing_pb2 as pb
-from serving.backends.triton_replicas import triton_backend
+from serving.backends.triton.replicas import triton_backend
 from serving.catalog import ModelCatalog
 from serving.features import WindowEncoder
-from serving.grpc_api import KnowledgeTracingServicer, add_to_server
-from serving.history import RequestHistory
-from serving.http import create_app
 from serving.metrics import Metrics, MetricsSink
 from serving.outcomes.tracker import OutcomeTracker
-from serving.parts import Encoder, HistorySource, InferenceBackend, PredictionSink, SinkChain, VersionPolicy
+from serving.parts import Background, Encoder, HistorySource, InferenceBackend, PredictionSink, SinkChain, VersionPolicy
+from serving.prediction import PredictionService
+from serving.recommend import Recommender
+from serving.rollout.kinds.latest import LatestReadyVersion
 from serving.rollout.policy import RolloutPolicy
-from serving.service import PredictionService
-from serving.sessions.service import SessionHistory, SessionService
+from serving.sessions.history import RequestHistory, SessionHistory
+from serving.sessions.keys import LearnerKeys
+from serving.sessions.session_service import SessionService
+from serving.sessions.store import SessionStore
 from serving.settings import SERVICE_NAME, SESSIONS_SERVICE_NAME, Settings
-from serving.version_policy import LatestReadyVersion
+from serving.transport.endpoints import Endpoints
+from serving.transport.grpc_api import KnowledgeTracingServicer, add_to_server
+from serving.transport.http_api import create_app
 
 log = logging.getLogger("routerkt.gateway")
 
@@ -71,11 +75,14 @@ class _EmbeddedUvicorn(uvicorn.Server):
 class GatewayServer:
     """Both servers of one gateway and the tasks around them (see the module docstring)."""
 
-    def __init__(self, service: PredictionService, sessions: SessionService | None = None) -> None:
+    def __init__(self, service: PredictionService, recommender: Recommender, sessions: SessionService | None = None,
+                 background: tuple[Background, ...] = ()) -> None:
         self.service = service
+        self.recommender = recommender
         self.sessions = sessions
         self.policy = service.policy
-        self.tracker = sessions.tracker if sessions is not None else None
+        self.background = background          # parts with upkeep of their own (sessions, tracker, policy)
+        self.endpoints = Endpoints(service, recommender, sessions, self.policy, self)
         self.settings = settings = service.settings
         self.metrics = metrics = service.metrics
         self.catalog = service.catalog
@@ -86,9 +93,7 @@ class GatewayServer:
             options=[("grpc.max_receive_message_length", settings.max_message_bytes),
                      ("grpc.max_send_message_length", settings.max_message_bytes),
                      ("grpc.so_reuseport", 0)])
-        servicer = KnowledgeTracingServicer(self.service, sessions)
-        self.recommender = servicer.recommender
-        add_to_server(servicer, self.grpc)
+        add_to_server(KnowledgeTracingServicer(self.endpoints), self.grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
         reflection.enable_server_reflection(
             (pb.DESCRIPTOR.services_by_name["KnowledgeTracingService"].full_name,
@@ -123,12 +128,12 @@ class GatewayServer:
         log.info("gateway settings: %s", json.dumps(self.settings.describe(), sort_keys=True))
         await asyncio.to_thread(self.catalog.refresh)
         await self.backend.start(self.catalog)
-        if self.sessions is not None:
+        if self.sessions is not None:                  # the store is probed once before SERVING
             await self.sessions.start()
         await self._update_health()
         await self.grpc.start()
         if self._http_socket is not None:
-            app = create_app(self)
+            app = create_app(self.endpoints)
             config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off",
                                     timeout_graceful_shutdown=max(1, int(self.settings.grace_period_s)))
             self._http = _EmbeddedUvicorn(config)
@@ -136,12 +141,7 @@ class GatewayServer:
         self._tasks.append(asyncio.create_task(self.backend.maintain(self.catalog)))
         self._tasks.append(asyncio.create_task(self._repository_loop()))
         self._tasks.append(asyncio.create_task(self._health_loop()))
-        if self.sessions is not None:
-            self._tasks.append(asyncio.create_task(self.sessions.maintain()))
-        if self.tracker is not None:
-            self._tasks.append(asyncio.create_task(self.tracker.maintain()))
-        if isinstance(self.policy, RolloutPolicy):
-            self._tasks.append(asyncio.create_task(self.policy.maintain(self.settings.rollout_poll_s)))
+        self._tasks.extend(asyncio.create_task(part.maintain()) for part in self.background)
         log.info("gateway started: gRPC %s:%d, HTTP %s, Triton %s, models %s", self.settings.host, self.grpc_port,
                  f"{self.settings.host}:{self.http_port}" if self.http_port else "off", self.settings.triton_url,
                  self.backend.ready_models() or "none ready yet")
@@ -171,12 +171,8 @@ class GatewayServer:
             self._http_socket.close()
         for task in self._tasks:
             task.cancel()
-        closing = [asyncio.gather(*self._tasks, return_exceptions=True), self.service.close()]
-        if self.tracker is not None:
-            closing.append(self.tracker.close())
-        closing.append(self.backend.close())
-        if self.sessions is not None:
-            closing.append(self.sessions.close())
+        closing = [asyncio.gather(*self._tasks, return_exceptions=True), self.service.close(),
+                   *(part.close() for part in self.background), self.backend.close()]
         for step in closing:
             try:
                 await asyncio.wait_for(step, STOP_STEP_S)
@@ -233,21 +229,27 @@ class GatewayServer:
 def create_server(settings: Settings, *, metrics: Metrics | None = None, catalog: ModelCatalog | None = None,
                   backend: InferenceBackend | None = None, history: HistorySource | None = None,
                   policy: VersionPolicy | None = None, encoder: Encoder | None = None,
-                  sink: PredictionSink | None = None, sessions: SessionService | None = None) -> tuple[GatewayServer, int]:
+                  sink: PredictionSink | None = None, sessions: SessionService | None = None,
+                  store: SessionStore | None = None, keys: LearnerKeys | None = None) -> tuple[GatewayServer, int]:
     """Build the gateway from its parts (defaults: the repository's catalog, Triton at
     settings.triton_url (several URLs: TritonReplicaBackend over them), the request's history, the
     policy file's versions (settings.rollout_policy) or else the latest ready version, window
-    encoding, metrics, and with a session store and settings.track_outcomes, outcome tracking) and
-    bind its ports (call inside a running event loop). Returns the server (not started) and the
-    bound gRPC port (useful with settings.grpc_port = 0)."""
+    encoding, metrics, and with a session store (`sessions`, or `store` + `keys`) and
+    settings.track_outcomes, outcome tracking) and bind its ports (call inside a running event loop).
+    Returns the server (not started) and the bound gRPC port (useful with settings.grpc_port = 0)."""
     settings.validate()
     metrics = metrics or Metrics(outcome_window_s=settings.outcome_window_s)
     catalog = catalog or (sessions.catalog if sessions is not None else ModelCatalog(settings.repository))
+    if sessions is None and store is not None:
+        if keys is None:
+            raise ValueError("a session store needs the learner keys (keys=LearnerKeys(secret))")
+        sessions = SessionService(settings, store, keys, catalog, metrics)
     if history is None:
         history = SessionHistory(sessions) if sessions is not None else RequestHistory()
     keys = sessions.keys if sessions is not None else None
     if policy is None:
-        policy = RolloutPolicy(settings.rollout_policy, metrics, keys) if settings.rollout_policy else LatestReadyVersion()
+        policy = RolloutPolicy(settings.rollout_policy, metrics, keys, poll_s=settings.rollout_poll_s) \
+            if settings.rollout_policy else LatestReadyVersion()
     tracker = None
     if sessions is not None and settings.track_outcomes:
         tracker = sessions.tracker = OutcomeTracker(settings, sessions.store, sessions.keys, metrics)
@@ -257,7 +259,9 @@ def create_server(settings: Settings, *, metrics: Metrics | None = None, catalog
         metrics, history=history, policy=policy,
         encoder=encoder or WindowEncoder(lambda kind, n: metrics.unknown_ids.labels(kind=kind).inc(n)),
         sink=SinkChain(sink, tracker) if tracker is not None else sink, issue_prediction_ids=tracker is not None)
-    server = GatewayServer(service, sessions)
+    # closed in this order at shutdown: the tracker flushes into the store before the store closes
+    background: tuple[Background, ...] = tuple(part for part in (tracker, policy, sessions) if part is not None)
+    server = GatewayServer(service, Recommender(service, sessions), sessions, background)
     return server, server.grpc_port
 
 

@@ -21,8 +21,9 @@ import urllib.request
 from pathlib import Path
 
 from routerkt.errors import UserError
-from serving.rollout.policy_file import (ModelRollout, PolicyError, PolicyKind, RolloutPolicyFile, parse_model,
-                                         read_policy, write_policy)
+from serving.rollout.kinds import KINDS
+from serving.rollout.kinds.pinned import Pinned
+from serving.rollout.policy_file import PolicyError, RolloutPolicyFile, parse_model, read_policy, write_policy
 
 DEFAULT_FILE = Path(".routerkt") / "rollout.json"
 
@@ -33,12 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     status.add_argument("--gateway", default=None, metavar="URL", help="a gateway's HTTP base URL")
     change = sub.add_parser("set", help="set one model's policy")
     change.add_argument("model")
-    change.add_argument("kind", choices=[k.value for k in PolicyKind])
-    change.add_argument("--version", type=int, default=None, help="pinned: the version")
-    change.add_argument("--baseline", type=int, default=None, help="canary/shadow: the version answering today")
-    change.add_argument("--candidate", type=int, default=None, help="canary/shadow: the new version")
-    change.add_argument("--weight", type=float, default=None, help="canary: share of learners on the candidate")
-    change.add_argument("--sample", type=float, default=None, help="shadow: share of calls it also scores")
+    change.add_argument("kind", choices=list(KINDS))
+    for flag in _flags():
+        change.add_argument("--" + flag.name.replace("_", "-"), type=flag.type, default=None, help=flag.help)
     change.add_argument("--min-outcomes", type=int, default=None, help="canary guardrail: outcomes per version")
     change.add_argument("--max-log-loss-increase", type=float, default=None,
                         help="canary guardrail: allowed candidate - baseline mean log loss")
@@ -64,11 +62,11 @@ def run(args: argparse.Namespace) -> int:
         rollout = _build(args)
     else:
         current = policy.get(args.model)
-        if current.kind not in (PolicyKind.CANARY, PolicyKind.SHADOW):
-            raise UserError(f"model {args.model} has a {current.kind.value} policy: nothing to {args.action}")
-        version = current.candidate if args.action == "promote" else current.baseline
-        rollout = ModelRollout(PolicyKind.PINNED, version=version,
-                               note=f"{args.action}: {current.kind.value} of {current.candidate} over {current.baseline}")
+        split = current.split()
+        if split is None:
+            raise UserError(f"model {args.model} has a {current.name} policy: nothing to {args.action}")
+        version = split.candidate if args.action == "promote" else split.baseline
+        rollout = Pinned(version, note=f"{args.action}: {current.name} of {split.candidate} over {split.baseline}")
     models = dict(policy.models)
     models[args.model] = rollout
     write_policy(args.file, RolloutPolicyFile(models))
@@ -76,21 +74,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _build(args: argparse.Namespace) -> ModelRollout:
-    value: dict[str, object] = {"policy": args.kind}
-    for name in ("version", "baseline", "candidate", "weight", "sample"):
-        if getattr(args, name) is not None:
-            value[name] = getattr(args, name)
-    if args.kind == PolicyKind.CANARY.value:
-        if args.no_guardrail:
-            value["guardrail"] = None
-        else:
-            guard = {}
-            if args.min_outcomes is not None:
-                guard["min_outcomes"] = args.min_outcomes
-            if args.max_log_loss_increase is not None:
-                guard["max_log_loss_increase"] = args.max_log_loss_increase
-            value["guardrail"] = guard
+def _flags():
+    """Every kind's flags, each once (kinds share --baseline / --candidate); nested ones excluded."""
+    seen = {}
+    for kind in KINDS.values():
+        for flag in kind.flags:
+            if flag.type in (int, float):
+                seen.setdefault(flag.name, flag)
+    return list(seen.values())
+
+
+def _build(args: argparse.Namespace):
+    kind = KINDS[args.kind]
+    given = {f.name: getattr(args, f.name) for f in _flags() if getattr(args, f.name) is not None}
+    value = kind.from_flags(given, {"no_guardrail": args.no_guardrail, "min_outcomes": args.min_outcomes,
+                                    "max_log_loss_increase": args.max_log_loss_increase})
     try:
         return parse_model(args.model, value)
     except PolicyError as exc:

@@ -29,18 +29,19 @@ from typing import Mapping
 from serving.catalog import ModelVersion
 from serving.metrics import Metrics
 from serving.parts import Route
-from serving.rollout.policy_file import (Guardrail, ModelRollout, PolicyError, PolicyKind, RolloutPolicyFile,
-                                         read_policy, write_policy)
+from serving.rollout.kinds.base import Guardrail, Rollout, RouteInputs, Split, requested_version
+from serving.rollout.kinds.pinned import Pinned
+from serving.rollout.policy_file import PolicyError, RolloutPolicyFile, read_policy, write_policy
 from serving.sessions.keys import LearnerKeys
-from serving.version_policy import latest_ready, requested_version
-from serving import errors
 
 log = logging.getLogger("routerkt.gateway.rollout")
 
 
 @dataclass
 class _CanaryStart:
-    rollout: ModelRollout
+    rollout: Rollout
+    split: Split
+    guard: Guardrail
     baseline: tuple[int, float]      # (outcomes, log-loss sum) when the canary began
     candidate: tuple[int, float]
 
@@ -49,8 +50,9 @@ class RolloutPolicy:
     """VersionPolicy from a watched policy file (see the module docstring)."""
 
     def __init__(self, path: Path | None, metrics: Metrics, keys: LearnerKeys | None = None,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, poll_s: float = 1.0) -> None:
         self.path = Path(path) if path is not None else None
+        self.poll_s = poll_s
         self.metrics = metrics
         self.keys = keys
         self.rng = rng or random.Random()
@@ -65,45 +67,26 @@ class RolloutPolicy:
               learner_id: str = "") -> Route:
         if requested:
             return Route(requested_version(name, requested, versions, ready))
-        rollout = self.policy.get(name)
-        if rollout.kind is PolicyKind.LATEST:
-            return Route(latest_ready(name, versions, ready))
-        if rollout.kind is PolicyKind.PINNED:
-            return Route(self._served(name, rollout.version, versions, ready))
-        baseline_ok = rollout.baseline in versions and rollout.baseline in ready
-        candidate_ok = rollout.candidate in versions and rollout.candidate in ready
-        if not baseline_ok and not candidate_ok:
-            raise errors.unavailable(f"model {errors.shown(name)} versions {rollout.baseline} and "
-                                     f"{rollout.candidate} are not ready; retry shortly")
-        if rollout.kind is PolicyKind.CANARY:
-            to_candidate = self._bucket(name, learner_id) < rollout.weight
-            pick = rollout.candidate if (to_candidate and candidate_ok) or not baseline_ok else rollout.baseline
-            return Route(versions[pick])
-        primary = versions[rollout.baseline] if baseline_ok else versions[rollout.candidate]
-        shadow = versions[rollout.candidate] if baseline_ok and candidate_ok and \
-            self.rng.random() < rollout.sample else None
-        return Route(primary, shadow)
-
-    def _served(self, name: str, version: int, versions: Mapping[int, ModelVersion], ready: frozenset[int]):
-        if version not in versions:
-            raise errors.unavailable(f"model {errors.shown(name)} is pinned to version {version}, which the "
-                                     "repository does not hold")
-        return requested_version(name, version, versions, ready)
+        return self.policy.get(name).route(RouteInputs(name, versions, ready, lambda: self._bucket(name, learner_id),
+                                                       self.rng.random))
 
     def _bucket(self, name: str, learner_id: str) -> float:
         if learner_id and self.keys is not None:
             return self.keys.bucket(learner_id, name)
         return self.rng.random()
 
-    async def maintain(self, poll_s: float) -> None:
+    async def maintain(self) -> None:
         """Watch the file and run the guardrail every `poll_s` until cancelled."""
         while True:
-            await asyncio.sleep(poll_s)
+            await asyncio.sleep(self.poll_s)
             try:
                 self.check_file()
                 self.check_guardrails()
             except Exception:                                  # never let the loop die
                 log.exception("rollout policy upkeep failed")
+
+    async def close(self) -> None:
+        """Nothing to release: the file is read, never held open."""
 
     # -- the file ----------------------------------------------------------------------------------
     def check_file(self) -> bool:
@@ -138,15 +121,14 @@ class RolloutPolicy:
         """Put `policy` in force (canaries that did not change keep their guardrail counts)."""
         canaries = {}
         for name, rollout in policy.models.items():
-            if rollout.kind is PolicyKind.CANARY:
+            split, guard = rollout.split(), rollout.guardrail()
+            if split is not None and guard is not None:
                 kept = self._canaries.get(name)
                 canaries[name] = kept if kept is not None and kept.rollout == rollout else _CanaryStart(
-                    rollout, self.metrics.quality.totals(name, rollout.baseline),
-                    self.metrics.quality.totals(name, rollout.candidate))
+                    rollout, split, guard, self.metrics.quality.totals(name, split.baseline),
+                    self.metrics.quality.totals(name, split.candidate))
         for name in set(self.policy.models) | set(policy.models):
-            rollout = policy.get(name)
-            self.metrics.rollout_weight.labels(model=name).set(
-                rollout.weight if rollout.kind is PolicyKind.CANARY else 0.0)
+            self.metrics.rollout_weight.labels(model=name).set(policy.get(name).candidate_weight())
         self.policy, self._canaries = policy, canaries
 
     # -- the guardrail -----------------------------------------------------------------------------
@@ -154,31 +136,27 @@ class RolloutPolicy:
         """Roll back every canary whose guardrail trips; returns their model names."""
         rolled = []
         for name, start in list(self._canaries.items()):
-            guard = start.rollout.guardrail
-            if guard is None:
-                continue
-            verdict = self._verdict(name, start, guard)
+            verdict = self._verdict(name, start, start.guard)
             if verdict is not None:
-                self._roll_back(name, start.rollout, verdict)
+                self._roll_back(name, start.split, verdict)
                 rolled.append(name)
         return rolled
 
     def _verdict(self, name: str, start: _CanaryStart, guard: Guardrail) -> str | None:
-        base = _since(self.metrics.quality.totals(name, start.rollout.baseline), start.baseline)
-        cand = _since(self.metrics.quality.totals(name, start.rollout.candidate), start.candidate)
+        base = _since(self.metrics.quality.totals(name, start.split.baseline), start.baseline)
+        cand = _since(self.metrics.quality.totals(name, start.split.candidate), start.candidate)
         if base[0] < guard.min_outcomes or cand[0] < guard.min_outcomes:
             return None
         base_loss, cand_loss = base[1] / base[0], cand[1] / cand[0]
         if cand_loss - base_loss <= guard.max_log_loss_increase:
             return None
-        return (f"candidate {start.rollout.candidate} log loss {cand_loss:.4f} over {cand[0]} outcomes vs baseline "
-                f"{start.rollout.baseline} {base_loss:.4f} over {base[0]} (allowed +{guard.max_log_loss_increase:g})")
+        return (f"candidate {start.split.candidate} log loss {cand_loss:.4f} over {cand[0]} outcomes vs baseline "
+                f"{start.split.baseline} {base_loss:.4f} over {base[0]} (allowed +{guard.max_log_loss_increase:g})")
 
-    def _roll_back(self, name: str, rollout: ModelRollout, reason: str) -> None:
+    def _roll_back(self, name: str, rollout: Split, reason: str) -> None:
         stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        pinned = ModelRollout(PolicyKind.PINNED, version=rollout.baseline,
-                              note=f"canary of version {rollout.candidate} rolled back by the guardrail at {stamp}: "
-                                   f"{reason}")
+        pinned = Pinned(rollout.baseline, note=f"canary of version {rollout.candidate} rolled back by the guardrail "
+                                               f"at {stamp}: {reason}")
         self.apply(replace(self.policy, models={**self.policy.models, name: pinned}))
         self.metrics.rollout_rollbacks.labels(model=name).inc()
         log.warning("rollout guardrail: model %s rolled back to version %d: %s", name, rollout.baseline, reason)
@@ -199,10 +177,9 @@ class RolloutPolicy:
             if start is not None:
                 entry["since_canary_began"] = {
                     str(v): dict(zip(("outcomes", "log_loss_sum"), _since(self.metrics.quality.totals(name, v), s)))
-                    for v, s in ((rollout.baseline, start.baseline), (rollout.candidate, start.candidate))}
+                    for v, s in ((start.split.baseline, start.baseline), (start.split.candidate, start.candidate))}
             models[name] = entry
-        return {"file": str(self.path) if self.path else None, "error": self.error, "models": models,
-                "quality": self.metrics.quality.summary()}
+        return {"file": str(self.path) if self.path else None, "error": self.error, "models": models}
 
 
 def _since(now: tuple[int, float], then: tuple[int, float]) -> tuple[int, float]:

@@ -10,18 +10,8 @@
       }
     }
 
-Policies (a model the file does not name gets `latest`):
-- latest:  the newest version the backend serves (a new version takes over once it is loaded).
-- pinned:  `version` only (UNAVAILABLE while it is not served).
-- canary:  a share `weight` of learners goes to `candidate`, the rest to `baseline`; sticky per
-           learner (a keyed hash of learner_id, so one learner always sees one version). Calls that
-           carry the history instead of a learner_id are assigned at random per call. While the
-           candidate is not served, everyone gets the baseline. `guardrail` (optional; the defaults
-           above when absent, `null` to disable): once both versions have `min_outcomes` outcomes
-           since the canary began, the candidate is rolled back when its mean log loss exceeds the
-           baseline's by more than `max_log_loss_increase`.
-- shadow:  `baseline` answers; `candidate` also scores a share `sample` of the calls in the
-           background; its answers are never returned, its outcomes are tracked.
+Each "policy" names a rollout kind (serving/rollout/kinds/: latest, pinned, canary, shadow; a model
+the file does not name gets `latest`); the kind's class validates and writes its own fields.
 A request that names a version gets that version whatever the policy. `note` (any policy) is free
 text; the guardrail writes one when it rolls a canary back.
 
@@ -31,141 +21,43 @@ text; the guardrail writes one when it rolls a canary back.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 
 from routerkt.atomic import atomic_write_json
+from serving.rollout.kinds import KINDS
+from serving.rollout.kinds.base import PolicyError, Rollout
+from serving.rollout.kinds.latest import Latest
 
 FORMAT = 1
-
-
-class PolicyError(ValueError):
-    """The policy file is malformed; str() names the field."""
-
-
-class PolicyKind(str, Enum):
-    LATEST = "latest"
-    PINNED = "pinned"
-    CANARY = "canary"
-    SHADOW = "shadow"
-
-
-@dataclass(frozen=True)
-class Guardrail:
-    min_outcomes: int = 500                 # per version, counted since the canary began
-    max_log_loss_increase: float = 0.02     # candidate mean log loss - baseline mean log loss
-
-
-@dataclass(frozen=True)
-class ModelRollout:
-    kind: PolicyKind = PolicyKind.LATEST
-    version: int = 0                        # pinned
-    baseline: int = 0                       # canary, shadow
-    candidate: int = 0                      # canary, shadow
-    weight: float = 0.0                     # canary: share of learners on the candidate
-    sample: float = 1.0                     # shadow: share of calls the candidate also scores
-    guardrail: Guardrail | None = None      # canary only
-    note: str = ""
-
-    def to_json(self) -> dict[str, object]:
-        out: dict[str, object] = {"policy": self.kind.value}
-        if self.kind is PolicyKind.PINNED:
-            out["version"] = self.version
-        if self.kind in (PolicyKind.CANARY, PolicyKind.SHADOW):
-            out.update(baseline=self.baseline, candidate=self.candidate)
-        if self.kind is PolicyKind.CANARY:
-            out["weight"] = self.weight
-            out["guardrail"] = None if self.guardrail is None else {
-                "min_outcomes": self.guardrail.min_outcomes,
-                "max_log_loss_increase": self.guardrail.max_log_loss_increase}
-        if self.kind is PolicyKind.SHADOW:
-            out["sample"] = self.sample
-        if self.note:
-            out["note"] = self.note
-        return out
+__all__ = ["FORMAT", "PolicyError", "RolloutPolicyFile", "parse_model", "parse_policy", "read_policy", "write_policy"]
 
 
 @dataclass(frozen=True)
 class RolloutPolicyFile:
-    models: dict[str, ModelRollout] = field(default_factory=dict)
+    models: dict[str, Rollout] = field(default_factory=dict)
 
-    def get(self, model: str) -> ModelRollout:
-        return self.models.get(model, ModelRollout())
+    def get(self, model: str) -> Rollout:
+        return self.models.get(model, Latest())
 
     def to_json(self) -> dict[str, object]:
         return {"format": FORMAT, "models": {name: r.to_json() for name, r in sorted(self.models.items())}}
 
 
-def _version(value: object, where: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise PolicyError(f"{where}: must be a version number >= 1, got {json.dumps(value)}")
-    return value
-
-
-def _share(value: object, where: str) -> float:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) \
-            or not 0.0 <= value <= 1.0:
-        raise PolicyError(f"{where}: must be a number in [0, 1], got {json.dumps(value)}")
-    return float(value)
-
-
-ALLOWED = {
-    PolicyKind.LATEST: {"policy", "note"},
-    PolicyKind.PINNED: {"policy", "version", "note"},
-    PolicyKind.CANARY: {"policy", "baseline", "candidate", "weight", "guardrail", "note"},
-    PolicyKind.SHADOW: {"policy", "baseline", "candidate", "sample", "note"},
-}
-
-
-def _guardrail(value: object, where: str) -> Guardrail | None:
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise PolicyError(f"{where}: must be an object or null")
-    unknown = set(value) - {"min_outcomes", "max_log_loss_increase"}
-    if unknown:
-        raise PolicyError(f"{where}.{sorted(unknown)[0]}: unknown field")
-    default = Guardrail()
-    m = value.get("min_outcomes", default.min_outcomes)
-    if not isinstance(m, int) or isinstance(m, bool) or m < 1:
-        raise PolicyError(f"{where}.min_outcomes: must be an integer >= 1, got {json.dumps(m)}")
-    margin = value.get("max_log_loss_increase", default.max_log_loss_increase)
-    if not isinstance(margin, (int, float)) or isinstance(margin, bool) or not math.isfinite(margin) or margin < 0:
-        raise PolicyError(f"{where}.max_log_loss_increase: must be a number >= 0, got {json.dumps(margin)}")
-    return Guardrail(m, float(margin))
-
-
-def parse_model(name: str, value: object) -> ModelRollout:
+def parse_model(name: str, value: object) -> Rollout:
+    """One model's entry, validated by its kind's class; PolicyError names the first bad field."""
     where = f"models.{name}"
     if not isinstance(value, dict):
         raise PolicyError(f"{where}: must be an object")
-    try:
-        kind = PolicyKind(value.get("policy"))
-    except ValueError:
-        raise PolicyError(f"{where}.policy: must be one of {[k.value for k in PolicyKind]}, "
-                          f"got {json.dumps(value.get('policy'))}") from None
-    unknown = set(value) - ALLOWED[kind]
+    kind = KINDS.get(value.get("policy")) if isinstance(value.get("policy"), str) else None
+    if kind is None:
+        raise PolicyError(f"{where}.policy: must be one of {list(KINDS)}, got {json.dumps(value.get('policy'))}")
+    unknown = set(value) - {"policy", "note", *(flag.name for flag in kind.flags)}
     if unknown:
-        raise PolicyError(f"{where}.{sorted(unknown)[0]}: not a field of a {kind.value} policy")
-    note = value.get("note", "")
-    if not isinstance(note, str):
+        raise PolicyError(f"{where}.{sorted(unknown)[0]}: not a field of a {kind.name} policy")
+    if not isinstance(value.get("note", ""), str):
         raise PolicyError(f"{where}.note: must be text")
-    if kind is PolicyKind.LATEST:
-        return ModelRollout(kind, note=note)
-    if kind is PolicyKind.PINNED:
-        return ModelRollout(kind, version=_version(value.get("version"), f"{where}.version"), note=note)
-    baseline = _version(value.get("baseline"), f"{where}.baseline")
-    candidate = _version(value.get("candidate"), f"{where}.candidate")
-    if baseline == candidate:
-        raise PolicyError(f"{where}.candidate: must differ from the baseline ({baseline})")
-    if kind is PolicyKind.CANARY:
-        return ModelRollout(kind, baseline=baseline, candidate=candidate,
-                            weight=_share(value.get("weight"), f"{where}.weight"),
-                            guardrail=_guardrail(value.get("guardrail", {}), f"{where}.guardrail"), note=note)
-    return ModelRollout(kind, baseline=baseline, candidate=candidate,
-                        sample=_share(value.get("sample", 1.0), f"{where}.sample"), note=note)
+    return kind.parse(value, where)
 
 
 def parse_policy(text: str) -> RolloutPolicyFile:

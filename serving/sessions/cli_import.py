@@ -24,7 +24,8 @@ from pathlib import Path
 
 from routerkt.errors import UserError
 from serving.sessions.keys import LearnerKeys, load_secret
-from serving.sessions.store import StoredEvent, open_store
+from serving.sessions.factory import open_store
+from serving.sessions.store import StoredEvent
 
 COLUMNS = ("user_id", "order", "question_id", "skill_id", "correct")
 CHUNK_LEARNERS = 256

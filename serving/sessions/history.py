@@ -1,11 +1,15 @@
 """History sources (serving/parts.py: HistorySource). `RequestHistory`: the request carries the
-learner's whole recent history; a gateway without a session store uses it. (With a store:
-SessionHistory, serving/sessions/service.py.)"""
+learner's whole recent history; a gateway without a session store uses it. `SessionHistory`: the
+session store's history when the request names the learner, else the request's."""
 from __future__ import annotations
 
+import numpy as np
+
+from routerkt.contract.signature import UNK_ID
 from serving import errors
 from serving.catalog import ModelVersion
-from serving.requests import Deadline
+from serving.requests import UNKNOWN_SKILL, Deadline
+from serving.sessions.session_service import SessionService
 from serving.validation import LearnerInput
 
 
@@ -16,3 +20,21 @@ class RequestHistory:
         if learner.learner_id:
             raise errors.invalid_argument(f"{learner.prefix}learner_id", "this gateway runs without a session store")
         return learner
+
+
+class SessionHistory:
+    """HistorySource: the store's history when the learner is named, else the request's."""
+
+    def __init__(self, sessions: SessionService) -> None:
+        self.sessions = sessions
+
+    async def complete(self, learner: LearnerInput, model: ModelVersion, deadline: Deadline) -> LearnerInput:
+        if not learner.learner_id:
+            return learner
+        stored = await self.sessions.history(learner.learner_id, max(model.window - 1, 0), deadline)
+        # a stored skill this version does not know counts as unknown (-1), not as a request error
+        explicit = stored.skills >= 0
+        unknown = explicit & (model.vocab.encode_skills(stored.skills) == UNK_ID)
+        skills = np.where(unknown, UNKNOWN_SKILL, stored.skills)
+        return LearnerInput(stored.questions, skills, stored.correct, learner.candidate_questions,
+                            learner.candidate_skills, learner.prefix, learner.learner_id)

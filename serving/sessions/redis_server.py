@@ -11,7 +11,7 @@ from pathlib import Path
 
 from routerkt.errors import UserError
 from serving.processes import kill, terminate
-from serving.triton_launcher import free_port
+from serving.processes import free_port
 
 BINARIES = ("redis-server", "valkey-server")
 

@@ -1,5 +1,5 @@
-"""Observe and ForgetLearner over a SessionStore, and `SessionHistory`: the pipeline's
-HistorySource that reads a learner's history from the store when the request names the learner.
+"""SessionService: Observe and ForgetLearner over a SessionStore, and the stored histories that
+SessionHistory (serving/sessions/history.py) reads when a request names the learner.
 
 Every store call is bounded by the caller's deadline: a store that does not answer in time, or
 cannot be reached, gives UNAVAILABLE ("the session store is not available") well within the
@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
@@ -34,8 +34,16 @@ from serving.sessions.store import AppendResult, History, SessionStore, StoredEv
 from serving.settings import Settings
 from serving.validation import LearnerInput
 
-if TYPE_CHECKING:
-    from serving.outcomes.tracker import OutcomeTracker
+
+
+class OutcomeJoin(Protocol):
+    """What an Observe, a ReportOutcome and a ForgetLearner tell outcome tracking (serving/outcomes/)."""
+
+    def observed(self, learner_key: str, questions: np.ndarray, correct: np.ndarray, new: tuple[bool, ...]) -> None: ...
+
+    async def report(self, prediction_id: str, question_id: int, correct: int) -> int: ...
+
+    async def discard(self, owner: str) -> None: ...
 
 log = logging.getLogger("routerkt.gateway.sessions")
 
@@ -52,7 +60,7 @@ class SessionService:
         self.keys = keys
         self.catalog = catalog
         self.metrics = metrics
-        self.tracker: OutcomeTracker | None = None        # set by create_server when outcomes are tracked
+        self.tracker: OutcomeJoin | None = None        # set by create_server when outcomes are tracked
         self.up = False
         self._known_skills: tuple[object, np.ndarray | None] = (None, None)   # (catalog table, its skill ids)
 
@@ -169,21 +177,3 @@ class SessionService:
         if known is None:
             return np.ones(raw_skills.shape, dtype=bool)       # nothing to check against yet
         return np.isin(raw_skills, known)
-
-
-class SessionHistory:
-    """HistorySource: the store's history when the learner is named, else the request's."""
-
-    def __init__(self, sessions: SessionService) -> None:
-        self.sessions = sessions
-
-    async def complete(self, learner: LearnerInput, model: ModelVersion, deadline: Deadline) -> LearnerInput:
-        if not learner.learner_id:
-            return learner
-        stored = await self.sessions.history(learner.learner_id, max(model.window - 1, 0), deadline)
-        # a stored skill this version does not know counts as unknown (-1), not as a request error
-        explicit = stored.skills >= 0
-        unknown = explicit & (model.vocab.encode_skills(stored.skills) == UNK_ID)
-        skills = np.where(unknown, UNKNOWN_SKILL, stored.skills)
-        return LearnerInput(stored.questions, skills, stored.correct, learner.candidate_questions,
-                            learner.candidate_skills, learner.prefix, learner.learner_id)

@@ -19,18 +19,16 @@ answer at most once). These are a bounded cache, not a log: SQLite keeps them in
 own written without fsync, so a crash may lose the last moments of it, never a stored event.
 `forget` deletes them too.
 
-URLs: `sqlite:///relative/path.sqlite3`, `sqlite:////absolute/path.sqlite3`, `redis://HOST:PORT/DB`.
+Implementations are chosen by URL in serving/sessions/factory.py (`open_store`); this interface
+imports none of them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol
-from urllib.parse import urlparse
 
 import numpy as np
 
-from routerkt.errors import UserError
 
 NO_TIMESTAMP = -1
 
@@ -116,23 +114,3 @@ class SessionStore(Protocol):
 
     async def take_served(self, owner: str, questions: list[int], now_ms: int) -> list[ServedEntry]:
         """The unexpired entries of `owner` for `questions`, deleted from the store."""
-
-
-def open_store(url: str, ttl_s: float = 0.0) -> SessionStore:
-    """The store a URL names (not yet opened); UserError for an unsupported or malformed URL."""
-    parsed = urlparse(url)
-    if parsed.scheme == "sqlite":
-        path = url[len("sqlite:///"):] if url.startswith("sqlite:///") else ""
-        if not path:
-            raise UserError(f"--store {url!r}: expected sqlite:///PATH")
-        from serving.sessions.sqlite_store import SqliteStore
-        return SqliteStore(Path(path), ttl_s=ttl_s)
-    if parsed.scheme == "redis":
-        if not parsed.hostname or not parsed.port:
-            raise UserError(f"--store {url!r}: expected redis://HOST:PORT/DB")
-        from serving.sessions.redis_store import RedisStore
-        db = parsed.path.lstrip("/") or "0"
-        if not db.isdigit():
-            raise UserError(f"--store {url!r}: the database must be a number")
-        return RedisStore(parsed.hostname, parsed.port, int(db), ttl_s=ttl_s)
-    raise UserError(f"--store {url!r}: use sqlite:///PATH or redis://HOST:PORT/DB")

@@ -1,7 +1,9 @@
 """The gRPC transport: `KnowledgeTracingServicer` adapts routerkt.v1 messages to the serving core
-(serving/service.py) and back. Protobuf stops here: each learner's repeated fields become numpy
-arrays in one pass (serving/requests.py), errors become status code + message, and the offending
-field travels in the trailing metadata key `routerkt-field`.
+(serving/prediction.py) and back. Protobuf stops here: each learner's repeated fields become numpy
+arrays in one pass (serving/requests.py). Every method is registered through one wrapper
+(`_handler`): it refuses an undecodable body, gives the handler the call's Deadline, and maps a
+ServingError to status code + message, with the offending field in the trailing metadata key
+`routerkt-field`; the handlers themselves hold no error handling.
 
 Decoding is the gateway's own (`add_to_server`): a body that is not a valid message of the
 method's request type (garbage, truncated, invalid UTF-8 in a string field) is answered
@@ -21,13 +23,12 @@ import numpy as np
 
 from serving import errors
 from serving.api import knowledge_tracing_pb2 as pb
-from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
 from serving.errors import ServingError
-from serving.recommend import Recommender, RecommendQuery
+from serving.transport.endpoints import Endpoints
+from serving.recommend import RecommendQuery
 from serving.requests import Deadline, LearnerQuery, PredictQuery, PredictResult, column_arrays, skill_array
-from serving.service import PredictionService
 from serving.sessions.events import ObserveQuery, timestamp_array
-from serving.sessions.service import SessionService
+from serving.sessions.session_service import SessionService
 
 
 log = logging.getLogger("routerkt.gateway.grpc")
@@ -64,7 +65,7 @@ def add_to_server(servicer: "KnowledgeTracingServicer", server: grpc.aio.Server)
         request_type = getattr(pb, method.input_type.name)
         response_type = getattr(pb, method.output_type.name)
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-            getattr(servicer, method.name),
+            _handler(getattr(servicer, method.name), servicer.default_deadline_s),
             request_deserializer=_decoder(request_type, servicer.undecodable(method.name)),
             response_serializer=response_type.SerializeToString)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),))
@@ -145,13 +146,14 @@ def batch_response(result: PredictResult) -> pb.PredictBatchResponse:
                  for l in result.learners], model=result.model, version=result.version)
 
 
-class KnowledgeTracingServicer(pb_grpc.KnowledgeTracingServiceServicer):
-    """gRPC adapter: deadline from the call, ServingError -> status code + message + field."""
+class KnowledgeTracingServicer:
+    """gRPC adapter: one method per RPC, (request, deadline) -> response; see `_handler`."""
 
-    def __init__(self, service: PredictionService, sessions: SessionService | None = None) -> None:
-        self.service = service
-        self.sessions = sessions
-        self.recommender = Recommender(service, sessions)
+    def __init__(self, endpoints: Endpoints) -> None:
+        self.service = endpoints.service
+        self.sessions = endpoints.sessions
+        self.recommender = endpoints.recommender
+        self.default_deadline_s = self.service.settings.default_deadline_s
         self._last_log = -LOG_EVERY_S
 
     def undecodable(self, method: str):
@@ -166,69 +168,36 @@ class KnowledgeTracingServicer(pb_grpc.KnowledgeTracingServiceServicer):
                             "routerkt_undecodable_requests_total; logged at most every %.0fs)", method, LOG_EVERY_S)
         return count
 
-    async def Predict(self, request: pb.PredictRequest, context: grpc.aio.ServicerContext) -> pb.PredictResponse:
-        try:
-            result = await self.service.predict(predict_query(_decoded(request)), self._deadline(context))
-        except ServingError as exc:
-            await _abort(context, exc)
-            raise AssertionError("unreachable") from None
-        return predict_response(result)
+    async def Predict(self, request: pb.PredictRequest, deadline: Deadline) -> pb.PredictResponse:
+        return predict_response(await self.service.predict(predict_query(request), deadline))
 
-    async def PredictBatch(self, request: pb.PredictBatchRequest,
-                           context: grpc.aio.ServicerContext) -> pb.PredictBatchResponse:
-        try:
-            request = _decoded(request)
-            if interactions_in(request) > OFFLOAD_INTERACTIONS:      # keep the event loop for small calls
-                query = await asyncio.to_thread(batch_query, request)
-            else:
-                query = batch_query(request)
-            result = await self.service.predict(query, self._deadline(context))
-        except ServingError as exc:
-            await _abort(context, exc)
-            raise AssertionError("unreachable") from None
-        return batch_response(result)
+    async def PredictBatch(self, request: pb.PredictBatchRequest, deadline: Deadline) -> pb.PredictBatchResponse:
+        if interactions_in(request) > OFFLOAD_INTERACTIONS:      # keep the event loop for small calls
+            query = await asyncio.to_thread(batch_query, request)
+        else:
+            query = batch_query(request)
+        return batch_response(await self.service.predict(query, deadline))
 
-    async def Recommend(self, request: pb.RecommendRequest, context: grpc.aio.ServicerContext) -> pb.RecommendResponse:
-        try:
-            result = await self.recommender.recommend(recommend_query(_decoded(request)), self._deadline(context))
-        except ServingError as exc:
-            await _abort(context, exc)
-            raise AssertionError("unreachable") from None
+    async def Recommend(self, request: pb.RecommendRequest, deadline: Deadline) -> pb.RecommendResponse:
+        result = await self.recommender.recommend(recommend_query(request), deadline)
         return pb.RecommendResponse(
             recommendations=[pb.Recommendation(question_id=q, probability=p)
                              for q, p in zip(result.question_ids, result.probabilities)],
             model=result.model, version=result.version, history_used=result.history_used, excluded=result.excluded,
             prediction_id=result.prediction_id)
 
-    async def Observe(self, request: pb.ObserveRequest, context: grpc.aio.ServicerContext) -> pb.ObserveResponse:
-        try:
-            query = observe_query(_decoded(request))
-            result = await self._sessions().observe(query, self._deadline(context))
-        except ServingError as exc:
-            await _abort(context, exc)
-            raise AssertionError("unreachable") from None
+    async def Observe(self, request: pb.ObserveRequest, deadline: Deadline) -> pb.ObserveResponse:
+        result = await self._sessions().observe(observe_query(request), deadline)
         return pb.ObserveResponse(stored=result.stored, duplicates=result.duplicates,
                                   history_length=result.history_length)
 
-    async def ForgetLearner(self, request: pb.ForgetLearnerRequest,
-                            context: grpc.aio.ServicerContext) -> pb.ForgetLearnerResponse:
-        try:
-            learner_id = _decoded(request).learner_id
-            existed, deleted = await self._sessions().forget(learner_id, self._deadline(context))
-        except ServingError as exc:
-            await _abort(context, exc)
-            raise AssertionError("unreachable") from None
+    async def ForgetLearner(self, request: pb.ForgetLearnerRequest, deadline: Deadline) -> pb.ForgetLearnerResponse:
+        existed, deleted = await self._sessions().forget(request.learner_id, deadline)
         return pb.ForgetLearnerResponse(existed=existed, deleted=deleted)
 
-    async def ReportOutcome(self, request: pb.ReportOutcomeRequest,
-                            context: grpc.aio.ServicerContext) -> pb.ReportOutcomeResponse:
-        try:
-            request = _decoded(request)
-            recorded = await self._sessions("does not track outcomes (it runs without a session store)").report_outcome(
-                request.prediction_id, request.question_id, request.correct, self._deadline(context))
-        except ServingError as exc:
-            await _abort(context, exc)
-            raise AssertionError("unreachable") from None
+    async def ReportOutcome(self, request: pb.ReportOutcomeRequest, deadline: Deadline) -> pb.ReportOutcomeResponse:
+        sessions = self._sessions("does not track outcomes (it runs without a session store)")
+        recorded = await sessions.report_outcome(request.prediction_id, request.question_id, request.correct, deadline)
         return pb.ReportOutcomeResponse(recorded=recorded)
 
     def _sessions(self, missing: str = "runs without a session store") -> SessionService:
@@ -236,19 +205,18 @@ class KnowledgeTracingServicer(pb_grpc.KnowledgeTracingServiceServicer):
             raise errors.failed_precondition(f"this gateway {missing}")
         return self.sessions
 
-    def _deadline(self, context: grpc.aio.ServicerContext) -> Deadline:
-        remaining = context.time_remaining()
-        return Deadline.after(self.service.settings.default_deadline_s if remaining is None else remaining)
 
-
-def _decoded(request):
-    """The request, or INVALID_ARGUMENT when its body did not decode."""
-    if isinstance(request, Undecodable):
-        raise errors.invalid_argument("body", f"the request body is not a valid {request.type_name}")
-    return request
-
-
-async def _abort(context: grpc.aio.ServicerContext, exc: ServingError) -> None:
-    if exc.field:
-        context.set_trailing_metadata(((errors.FIELD_METADATA_KEY, exc.field),))
-    await context.abort(exc.code, exc.message)
+def _handler(method, default_deadline_s: float):
+    """The one frame of every RPC: decoded body, the call's deadline, ServingError -> status."""
+    async def handle(request, context: grpc.aio.ServicerContext):
+        try:
+            if isinstance(request, Undecodable):
+                raise errors.invalid_argument("body", f"the request body is not a valid {request.type_name}")
+            remaining = context.time_remaining()
+            return await method(request, Deadline.after(default_deadline_s if remaining is None else remaining))
+        except ServingError as exc:
+            if exc.field:
+                context.set_trailing_metadata(((errors.FIELD_METADATA_KEY, exc.field),))
+            await context.abort(exc.code, exc.message)
+    handle.__name__ = method.__name__
+    return handle

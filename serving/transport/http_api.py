@@ -25,10 +25,10 @@ chunked (413), arriving within settings.http_body_timeout_s (408).
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Annotated, Any, Awaitable, Callable
+from typing import Annotated, Any
 
 import grpc
-from fastapi import FastAPI, Header, Request
+from fastapi import Depends, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -36,11 +36,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import AfterValidator, BaseModel, Field, StrictInt
 
 from serving.errors import ServingError, failed_precondition, invalid_argument
+from serving.transport.endpoints import Endpoints
 from serving.recommend import RecommendQuery
 from serving.requests import Deadline, LearnerQuery, PredictQuery, column_arrays
-
-if TYPE_CHECKING:
-    from serving.server import GatewayServer
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
@@ -222,9 +220,11 @@ class BodyGuard:
             scope, receive, send)
 
 
-def create_app(gateway: "GatewayServer") -> FastAPI:
-    """The FastAPI app of one gateway."""
-    settings, metrics, service = gateway.settings, gateway.metrics, gateway.service
+def create_app(endpoints: Endpoints) -> FastAPI:
+    """The FastAPI app over a gateway's endpoints. One error mapping for every route: a ServingError
+    raised anywhere (the deadline header, the service) becomes the JSON error with its HTTP status."""
+    service, sessions, recommender = endpoints.service, endpoints.sessions, endpoints.recommender
+    settings, metrics = service.settings, service.metrics
     app = FastAPI(title="RouterKT gateway", version="1",
                   description="JSON mirror of routerkt.v1.KnowledgeTracingService, plus health and metrics.")
 
@@ -237,6 +237,10 @@ def create_app(gateway: "GatewayServer") -> FastAPI:
         route = request.scope.get("route")
         metrics.http_requests.labels(handler=getattr(route, "path", "other"), status=str(response.status_code)).inc()
         return response
+
+    @app.exception_handler(ServingError)
+    async def serving_error(request: Request, exc: ServingError) -> JSONResponse:
+        return _error(exc)
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -255,6 +259,14 @@ def create_app(gateway: "GatewayServer") -> FastAPI:
                                                                              "field": None}},
                             headers=getattr(exc, "headers", None))
 
+    def call_deadline(x_request_timeout: str | None = Header(None)) -> Deadline:
+        """The call's deadline: settings.default_deadline_s, or the X-Request-Timeout header."""
+        try:
+            return _deadline(x_request_timeout, settings.default_deadline_s)
+        except ServingError as exc:
+            metrics.errors.labels(code=exc.code_name).inc()
+            raise
+
     @app.get("/livez", summary="the process is up")
     async def livez() -> dict[str, str]:
         return {"status": "live"}
@@ -262,82 +274,59 @@ def create_app(gateway: "GatewayServer") -> FastAPI:
     @app.get("/readyz", summary="Triton and at least one model are ready",
              responses={503: {"description": "not ready"}})
     async def readyz() -> JSONResponse:
-        ready = gateway.ready
-        body = {"ready": ready, **gateway.backend.describe(), "stopping": gateway.stopping,
-                "models": gateway.backend.ready_models()}
-        if gateway.sessions is not None:
-            body["store"] = {"kind": gateway.sessions.store.kind, "up": gateway.sessions.up}
+        ready = endpoints.health.ready
+        body = {"ready": ready, **service.backend.describe(), "stopping": endpoints.health.stopping,
+                "models": service.backend.ready_models()}
+        if sessions is not None:
+            body["store"] = {"kind": sessions.store.kind, "up": sessions.up}
         return JSONResponse(status_code=200 if ready else 503, content=body)
 
     @app.get("/metrics", summary="Prometheus metrics of the gateway", response_class=PlainTextResponse)
     async def prometheus() -> PlainTextResponse:
         return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    async def answer(timeout_header: str | None, call: Callable[[Deadline], Awaitable[Any]]) -> Any:
-        """The JSON calls' shared frame: the deadline from the header, ServingError -> JSON error."""
-        deadline = _deadline(timeout_header, settings.default_deadline_s)
-        if isinstance(deadline, ServingError):
-            metrics.errors.labels(code=deadline.code_name).inc()
-            return _error(deadline)
-        try:
-            return await call(deadline)
-        except ServingError as exc:
-            return _error(exc)
-
     @app.post("/v1/predict", response_model=PredictOut, responses=ERROR_RESPONSES,
               summary="P(correct) for each candidate question of one learner")
-    async def predict(body: PredictIn, x_request_timeout: str | None = Header(None)) -> Any:
-        async def call(deadline: Deadline) -> PredictOut:
-            query = PredictQuery(model=body.model, version=body.version,
-                                 learners=[_learner(body)])
-            learner = (result := await service.predict(query, deadline)).learners[0]
-            return PredictOut(probabilities=learner.probabilities.tolist(), model=result.model,
-                              version=learner.version, history_used=learner.history_used,
-                              prediction_id=learner.prediction_id)
-        return await answer(x_request_timeout, call)
+    async def predict(body: PredictIn, deadline: Deadline = Depends(call_deadline)) -> PredictOut:
+        query = PredictQuery(model=body.model, version=body.version, learners=[_learner(body)])
+        learner = (result := await service.predict(query, deadline)).learners[0]
+        return PredictOut(probabilities=learner.probabilities.tolist(), model=result.model,
+                          version=learner.version, history_used=learner.history_used,
+                          prediction_id=learner.prediction_id)
 
     @app.post("/v1/predict_batch", response_model=PredictBatchOut, responses=ERROR_RESPONSES,
               summary="P(correct) for the candidates of several learners")
-    async def predict_batch(body: PredictBatchIn, x_request_timeout: str | None = Header(None)) -> Any:
-        async def call(deadline: Deadline) -> PredictBatchOut:
-            query = PredictQuery(model=body.model, version=body.version, batch=True,
-                                 learners=[_learner(l, f"learners[{i}].") for i, l in enumerate(body.learners)])
-            result = await service.predict(query, deadline)
-            return PredictBatchOut(results=[LearnerOut(probabilities=r.probabilities.tolist(),
-                                                       history_used=r.history_used, version=r.version,
-                                                       prediction_id=r.prediction_id) for r in result.learners],
-                                   model=result.model, version=result.version)
-        return await answer(x_request_timeout, call)
+    async def predict_batch(body: PredictBatchIn, deadline: Deadline = Depends(call_deadline)) -> PredictBatchOut:
+        query = PredictQuery(model=body.model, version=body.version, batch=True,
+                             learners=[_learner(l, f"learners[{i}].") for i, l in enumerate(body.learners)])
+        result = await service.predict(query, deadline)
+        return PredictBatchOut(results=[LearnerOut(probabilities=r.probabilities.tolist(),
+                                                   history_used=r.history_used, version=r.version,
+                                                   prediction_id=r.prediction_id) for r in result.learners],
+                               model=result.model, version=result.version)
 
     @app.post("/v1/recommend", response_model=RecommendOut, responses=ERROR_RESPONSES,
               summary="candidates ordered by |P(correct) - target_probability| (default 0.7), closest first")
-    async def recommend(body: RecommendIn, x_request_timeout: str | None = Header(None)) -> Any:
-        async def call(deadline: Deadline) -> RecommendOut:
-            query = RecommendQuery(body.model, body.version, _learner(body),
-                                   body.target_probability, body.top_k, body.exclude_seen)
-            result = await gateway.recommender.recommend(query, deadline)
-            return RecommendOut(recommendations=[RecommendationOut(question_id=q, probability=p) for q, p in
-                                                 zip(result.question_ids, result.probabilities)],
-                                model=result.model, version=result.version, history_used=result.history_used,
-                                excluded=result.excluded, prediction_id=result.prediction_id)
-        return await answer(x_request_timeout, call)
+    async def recommend(body: RecommendIn, deadline: Deadline = Depends(call_deadline)) -> RecommendOut:
+        query = RecommendQuery(body.model, body.version, _learner(body),
+                               body.target_probability, body.top_k, body.exclude_seen)
+        result = await recommender.recommend(query, deadline)
+        return RecommendOut(recommendations=[RecommendationOut(question_id=q, probability=p) for q, p in
+                                             zip(result.question_ids, result.probabilities)],
+                            model=result.model, version=result.version, history_used=result.history_used,
+                            excluded=result.excluded, prediction_id=result.prediction_id)
 
     @app.post("/v1/report_outcome", response_model=ReportOutcomeOut, responses=ERROR_RESPONSES,
               summary="record the answer to a question a stateless predict scored")
-    async def report_outcome(body: ReportOutcomeIn, x_request_timeout: str | None = Header(None)) -> Any:
-        async def call(deadline: Deadline) -> ReportOutcomeOut:
-            if gateway.sessions is None:
-                raise failed_precondition("this gateway does not track outcomes (it runs without a session store)")
-            return ReportOutcomeOut(recorded=await gateway.sessions.report_outcome(
-                body.prediction_id, body.question_id, body.correct, deadline))
-        return await answer(x_request_timeout, call)
+    async def report_outcome(body: ReportOutcomeIn, deadline: Deadline = Depends(call_deadline)) -> ReportOutcomeOut:
+        if sessions is None:
+            raise failed_precondition("this gateway does not track outcomes (it runs without a session store)")
+        return ReportOutcomeOut(recorded=await sessions.report_outcome(
+            body.prediction_id, body.question_id, body.correct, deadline))
 
     @app.get("/v1/rollout", summary="the rollout policy in force and the outcomes per version")
     async def rollout() -> dict[str, Any]:
-        status = getattr(gateway.policy, "status", None)
-        if status is not None:
-            return status()
-        return {"file": None, "error": None, "models": {}, "quality": metrics.quality.summary()}
+        return {**endpoints.policy.status(), "quality": metrics.quality.summary()}
 
     return app
 
@@ -353,8 +342,8 @@ def _learner(body: PredictIn | LearnerIn | RecommendIn, prefix: str = "") -> Lea
     return query
 
 
-def _deadline(header: str | None, default_s: float) -> Deadline | ServingError:
-    """The call's deadline, or the INVALID_ARGUMENT error for a bad X-Request-Timeout header."""
+def _deadline(header: str | None, default_s: float) -> Deadline:
+    """The call's deadline; INVALID_ARGUMENT for a bad X-Request-Timeout header."""
     if header is None:
         return Deadline.after(default_s)
     try:
@@ -362,7 +351,7 @@ def _deadline(header: str | None, default_s: float) -> Deadline | ServingError:
     except ValueError:
         seconds = float("nan")
     if not seconds > 0 or seconds == float("inf"):
-        return invalid_argument("X-Request-Timeout", f"must be a positive number of seconds, got {header[:32]!r}")
+        raise invalid_argument("X-Request-Timeout", f"must be a positive number of seconds, got {header[:32]!r}")
     return Deadline.after(min(seconds, MAX_REQUEST_TIMEOUT_S))
 
 

@@ -11,7 +11,7 @@ version, but running it standalone needs four things (docs: serving-notes.md §1
 Everything is found relative to the CURRENT interpreter (sys.executable's venv). The repository is
 byte-compiled before start (the stub writes __pycache__ otherwise, which reloads poll-mode models).
 Servers listen on 127.0.0.1 only; only processes started here are signalled, by PID. Each server
-gets a guard process (serving/triton_watchdog.py) that stops it, its stubs and their shared memory
+gets a guard process (serving/tritonserver/watchdog.py) that stops it, its stubs and their shared memory
 if the process that started it dies without doing so.
 """
 from __future__ import annotations
@@ -19,10 +19,10 @@ from __future__ import annotations
 import atexit
 import compileall
 import importlib.util
+import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -36,8 +36,10 @@ from pathlib import Path
 from typing import Sequence
 
 from routerkt.errors import UserError
-from serving.procfs import alive, children, cmdline, mapped_files, start_time, wait_gone
+from serving.processes import free_port
+from serving.tritonserver.procfs import alive, children, cmdline, mapped_files, start_time, wait_gone
 
+log = logging.getLogger("routerkt.serve")
 HOST = "127.0.0.1"
 STUB_NAME = "triton_python_backend_stub"
 SHM_PREFIX = "/dev/shm/triton_python_backend_shm_region"
@@ -56,13 +58,6 @@ class ModelControl(str, Enum):
     EXPLICIT = "explicit"    # --model-control-mode=explicit --load-model=*  (load/unload API on)
     POLL = "poll"            # Triton rescans the repository every 2 s (load/unload API refused)
     NONE = "none"            # load everything once at start
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then released)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
 
 
 @dataclass(frozen=True)
@@ -365,11 +360,11 @@ def _same_file(src: Path, dst: Path) -> bool:
 
 
 def _start_watchdog(triton_pid: int, log) -> subprocess.Popen | None:
-    """serving/triton_watchdog.py for the server `triton_pid` (None when /proc cannot name the processes)."""
+    """serving/tritonserver/watchdog.py for the server `triton_pid` (None when /proc cannot name the processes)."""
     own, triton = start_time(os.getpid()), start_time(triton_pid)
     if own is None or triton is None:
         return None
-    return subprocess.Popen([sys.executable, "-m", "serving.triton_watchdog", str(os.getpid()), own,
+    return subprocess.Popen([sys.executable, "-m", "serving.tritonserver.watchdog", str(os.getpid()), own,
                              str(triton_pid), triton], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=log, start_new_session=True)
 
@@ -406,3 +401,29 @@ def _stop_leftovers() -> None:
             server.stop(timeout=10.0)
         except Exception:
             pass
+
+
+def start_beside_gateway(repository: Path, gateway_ports: set[int | None], log_path: Path | None) -> "TritonServer":
+    """Start tritonserver for `repository` on free loopback ports (never the gateway's) and wait until
+    it is ready; a failure is one UserError line (the tail of Triton's log goes to stderr)."""
+    taken = gateway_ports
+    ports = []
+    while len(ports) < 3:                                       # free ports, never the gateway's
+        port = free_port()
+        if port not in taken and port not in ports:
+            ports.append(port)
+    server = TritonServer(repository, ports=TritonPorts(*ports), log_path=log_path)
+    log.info("Triton: starting tritonserver for %s", repository)
+    try:
+        server.start(timeout=180)
+    except RuntimeError as exc:                                 # one line; the tail of Triton's log follows
+        server.stop()
+        head, _, tail = str(exc).partition("\n")
+        print(tail, file=sys.stderr)
+        raise UserError(f"{head} (Triton's log: {server.log_path})") from None
+    except BaseException:
+        server.stop()
+        raise
+    log.info("Triton: gRPC %s, HTTP http://%s, metrics http://%s/metrics (pid %s, log %s)",
+             server.grpc_url, server.http_url, server.metrics_url, server.pid, server.log_path)
+    return server

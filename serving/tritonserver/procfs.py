@@ -1,7 +1,7 @@
 """Facts about processes by PID, read from /proc: children, command line, start time, liveness, mapped files.
 
 A PID alone can be reused; a (PID, start time) pair names one process, which is how the Triton
-launcher and its watchdog (serving/triton_launcher.py, serving/triton_watchdog.py) decide what is
+launcher and its watchdog (serving/tritonserver/launcher.py, serving/tritonserver/watchdog.py) decide what is
 theirs to signal. Linux only.
 """
 from __future__ import annotations

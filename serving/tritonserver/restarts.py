@@ -12,7 +12,7 @@ import asyncio
 import logging
 
 from serving.metrics import Metrics
-from serving.triton_launcher import TritonServer
+from serving.tritonserver.launcher import TritonServer
 
 log = logging.getLogger("routerkt.serve.triton")
 

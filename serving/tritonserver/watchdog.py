@@ -2,14 +2,14 @@
 dies without stopping it (SIGKILL, the OOM killer), the guard stops Triton, its python-backend
 stubs and their shared memory, so nothing of ours outlives `routerkt serve`.
 
-    python -m serving.triton_watchdog OWNER_PID OWNER_START TRITON_PID TRITON_START
+    python -m serving.tritonserver.watchdog OWNER_PID OWNER_START TRITON_PID TRITON_START
 
 PIDs with their start times (/proc/<pid>/stat field 22) name processes exactly (a reused PID has
 another start time). The guard runs in its own session (a Ctrl-C or a signal to the owner's
 process group does not reach it), checks both processes every POLL_S, and exits as soon as
 Triton is gone; `TritonServer` reaps it when it stops the server itself.
 Why not a parent-death signal on Triton: Linux sends it when the *thread* that forked the child
-exits, and the gateway restarts Triton from worker threads (serving/triton_restarts.py).
+exits, and the gateway restarts Triton from worker threads (serving/tritonserver/restarts.py).
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import signal
 import sys
 import time
 
-from serving.procfs import alive, children, cmdline, start_time, wait_gone
-from serving.triton_launcher import STUB_NAME, reap_stubs, shm_files
+from serving.tritonserver.procfs import alive, children, cmdline, start_time, wait_gone
+from serving.tritonserver.launcher import STUB_NAME, reap_stubs, shm_files
 
 POLL_S = 0.5
 TERM_WAIT_S = 10.0      # Triton's own --exit-timeout-secs default in TritonServer

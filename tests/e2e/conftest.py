@@ -81,7 +81,7 @@ def tiny_kt_onnx(tiny_kt_model: TinyModel, tmp_path_factory: pytest.TempPathFact
 @pytest.fixture(scope="module")
 def triton(kt_repository, tmp_path_factory):
     """A tritonserver over the tiny exported routerkt-akt (tests/conftest.py), one per test module."""
-    from serving.triton_launcher import TritonServer
+    from serving.tritonserver.launcher import TritonServer
     server = TritonServer(kt_repository.path, log_path=tmp_path_factory.mktemp("triton") / "triton.log",
                           exit_timeout_s=3)
     server.start(timeout=120)

@@ -25,7 +25,8 @@ from serving.api import knowledge_tracing_pb2 as pb
 from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
 from serving.server import ThreadedGateway
 from serving.settings import Settings
-from serving.triton_launcher import TritonPorts, TritonServer, free_port
+from serving.processes import free_port
+from serving.tritonserver.launcher import TritonPorts, TritonServer
 
 from tests.helpers import wait_for
 
@@ -241,10 +242,10 @@ def test_routerkt_serve_starts_triton_prints_a_sample_and_stops_both(kt_reposito
 
 def test_a_sigkilled_serve_leaves_no_triton_and_no_stubs(kt_repository, tmp_path) -> None:
     """SIGKILL of `routerkt serve` (nothing of it runs any more): its Triton guard
-    (serving/triton_watchdog.py) stops the tritonserver it started, the python stubs and their
+    (serving/tritonserver/watchdog.py) stops the tritonserver it started, the python stubs and their
     shared-memory files, instead of leaving them running."""
-    from serving.procfs import children, cmdline
-    from serving.triton_launcher import STUB_NAME, shm_files
+    from serving.tritonserver.procfs import children, cmdline
+    from serving.tritonserver.launcher import STUB_NAME, shm_files
     grpc_port, http_port = free_port(), free_port()
     proc, out, err = spawn_routerkt(["serve", "--repository", str(kt_repository.path), "--grpc-port", str(grpc_port),
                                      "--http-port", str(http_port)], tmp_path, "serve")

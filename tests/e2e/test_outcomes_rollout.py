@@ -29,8 +29,8 @@ from serving.catalog import ModelCatalog
 from serving.metrics import Metrics
 from serving.server import ThreadedGateway
 from serving.sessions.keys import LearnerKeys
-from serving.sessions.service import SessionService
-from serving.sessions.store import open_store
+from serving.sessions.session_service import SessionService
+from serving.sessions.factory import open_store
 from serving.settings import Settings
 from tests.conftest import train_tiny
 
@@ -57,7 +57,7 @@ def two_versions(kt_repository, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def triton2(two_versions, tmp_path_factory):
-    from serving.triton_launcher import TritonServer
+    from serving.tritonserver.launcher import TritonServer
     server = TritonServer(two_versions, log_path=tmp_path_factory.mktemp("triton2") / "triton.log", exit_timeout_s=3)
     server.start(timeout=120)
     try:

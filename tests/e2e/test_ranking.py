@@ -15,8 +15,8 @@ from serving.metrics import Metrics
 from serving.recommend import DEFAULT_TARGET, order
 from serving.server import ThreadedGateway
 from serving.sessions.keys import LearnerKeys
-from serving.sessions.service import SessionService
-from serving.sessions.store import open_store
+from serving.sessions.session_service import SessionService
+from serving.sessions.factory import open_store
 from serving.settings import Settings
 
 pytestmark = pytest.mark.e2e

@@ -21,7 +21,7 @@ from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
 from serving.client import connect_balanced
 from serving.sessions.keys import SECRET_ENV
 from serving.sessions.redis_server import RedisServer
-from serving.triton_launcher import TritonServer
+from serving.tritonserver.launcher import TritonServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -18,8 +18,8 @@ from serving.metrics import Metrics
 from serving.server import ThreadedGateway
 from serving.sessions.keys import LearnerKeys
 from serving.sessions.redis_server import RedisServer
-from serving.sessions.service import SessionService
-from serving.sessions.store import open_store
+from serving.sessions.session_service import SessionService
+from serving.sessions.factory import open_store
 from serving.settings import Settings
 
 pytestmark = pytest.mark.e2e

@@ -17,8 +17,8 @@ from serving.api import knowledge_tracing_pb2 as pb
 from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
 from serving.sessions.keys import SECRET_ENV, LearnerKeys
 from serving.sessions.redis_server import RedisServer
-from serving.sessions.store import open_store
-from serving.triton_launcher import TritonServer
+from serving.sessions.factory import open_store
+from serving.tritonserver.launcher import TritonServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -16,8 +16,8 @@ import pytest
 
 from serving.api import knowledge_tracing_pb2 as pb
 from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
-from serving.processes import children, cmdline
-from serving.triton_launcher import free_port
+from serving.tritonserver.procfs import children, cmdline
+from serving.processes import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -1,7 +1,7 @@
 """A real tritonserver (nvidia-pytriton's 2.51) serving a tiny ONNX model through our python backend.
 
 The model is published with export/repository.py and export/triton_config.py, the server started
-with serving/triton_launcher.py; inference goes through tritonclient over gRPC on loopback.
+with serving/tritonserver/launcher.py; inference goes through tritonclient over gRPC on loopback.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from routerkt.contract import signature
 from export.repository import list_versions, publish_version
 from export.triton_python_model import MODEL_PY
 from export.triton_config import PARAM_N_QUESTIONS, PARAM_N_SKILLS, TritonModelOptions, render_config
-from serving.triton_launcher import STUB_NAME, TritonServer
+from serving.tritonserver.launcher import STUB_NAME, TritonServer
 
 pytestmark = pytest.mark.e2e
 

@@ -17,7 +17,7 @@ from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
 from serving.metrics import Metrics
 from serving.server import ThreadedGateway
 from serving.settings import Settings
-from serving.triton_launcher import TritonServer
+from serving.tritonserver.launcher import TritonServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -16,7 +16,7 @@ from serving.api import knowledge_tracing_pb2 as pb
 from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
 from serving.server import ThreadedGateway
 from serving.settings import SERVICE_NAME, Settings
-from serving.triton_launcher import free_port
+from serving.processes import free_port
 
 pytestmark = pytest.mark.integration
 

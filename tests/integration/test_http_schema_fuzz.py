@@ -16,8 +16,8 @@ from serving.catalog import ModelCatalog  # noqa: E402
 from serving.metrics import Metrics  # noqa: E402
 from serving.server import ThreadedGateway  # noqa: E402
 from serving.sessions.keys import LearnerKeys  # noqa: E402
-from serving.sessions.service import SessionService  # noqa: E402
-from serving.sessions.store import open_store  # noqa: E402
+from serving.sessions.session_service import SessionService  # noqa: E402
+from serving.sessions.factory import open_store  # noqa: E402
 from serving.settings import Settings  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -11,7 +11,8 @@ import pytest
 
 from serving.sessions.keys import LearnerKeys
 from serving.sessions.redis_server import RedisServer
-from serving.sessions.store import StoredEvent, StoreUnavailable, open_store
+from serving.sessions.factory import open_store
+from serving.sessions.store import StoredEvent, StoreUnavailable
 
 pytestmark = pytest.mark.integration
 
@@ -140,7 +141,7 @@ def test_redis_ttl_expires_a_learner(redis_server) -> None:
 
 
 def test_an_unreachable_redis_is_store_unavailable(tmp_path) -> None:
-    from serving.triton_launcher import free_port
+    from serving.processes import free_port
 
     async def scenario():
         store = open_store(f"redis://127.0.0.1:{free_port()}/0")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from serving.sessions.keys import LearnerKeys, load_secret
-from serving.sessions.store import open_store
+from serving.sessions.factory import open_store
 
 pytestmark = pytest.mark.integration
 

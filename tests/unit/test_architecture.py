@@ -18,6 +18,10 @@ EXPECTED = {
     "The contract is torch-free",
     "No import cycles inside training, export or routerkt (lazy imports count)",
     "The training loop and models do not import the launcher or the run",
+    "No import cycles inside serving (lazy imports count)",
+    "The session store interface imports no store implementation",
+    "Serving transports import the service, never the server or the CLI",
+    "Rollout kinds are strategies: they import neither the watcher, the file nor the CLI",
 }
 
 

@@ -3,7 +3,7 @@ Grafana files, checked offline (no Docker, no cluster).
 
 The code is the single source of truth: ports and flags come from serving.settings.Settings and the
 real `routerkt serve` argument parser (serving/cli_serve.py), probe and metrics paths from the
-gateway's FastAPI routes (serving/http.py), Triton's flags from serving/triton_launcher.py. Every
+gateway's FastAPI routes (serving/transport/http_api.py), Triton's flags from serving/tritonserver/launcher.py. Every
 Kubernetes object is validated against the Kubernetes JSON schemas shipped in `kubernetes-validate`
 (strict: unknown fields fail); the ServiceMonitor CRD has no schema there and is checked by hand.
 """
@@ -25,7 +25,7 @@ kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="needs k
 
 from serving import cli_serve  # noqa: E402
 from serving.settings import Settings  # noqa: E402
-from serving.triton_launcher import TritonInstall, TritonPorts, TritonServer  # noqa: E402
+from serving.tritonserver.launcher import TritonInstall, TritonPorts, TritonServer  # noqa: E402
 
 pytestmark = pytest.mark.unit
 
@@ -60,10 +60,11 @@ def defaults() -> Settings:
 @pytest.fixture(scope="module")
 def routes() -> dict[str, str]:
     """Route name -> path of the gateway's HTTP app (livez, readyz, prometheus, ...)."""
-    from serving.http import create_app
+    from serving.transport.http_api import create_app
     from serving.metrics import Metrics
 
-    stub = SimpleNamespace(settings=Settings(), metrics=Metrics(), service=None)
+    stub = SimpleNamespace(service=SimpleNamespace(settings=Settings(), metrics=Metrics()), sessions=None,
+                           recommender=None, policy=None, health=None)
     app = create_app(stub)
     return {route.name: route.path for route in app.routes if hasattr(route, "path")}
 
@@ -84,7 +85,7 @@ def serve_args(argv: list[str]) -> argparse.Namespace:
 
 
 def launcher_flags() -> set[str]:
-    """The tritonserver flags of serving/triton_launcher.py, less paths and loopback addresses."""
+    """The tritonserver flags of serving/tritonserver/launcher.py, less paths and loopback addresses."""
     fake = Path("unused")
     install = TritonInstall(server=fake / "tritonserver", python_backend=fake, stub=fake, libs=fake, caches=fake)
     server = TritonServer("unused", ports=TritonPorts(http=TRITON_HTTP, grpc=TRITON_GRPC, metrics=TRITON_METRICS))

@@ -1,4 +1,4 @@
-"""Protobuf -> arrays at the gRPC edge (serving/grpc_api.py): every field read in one pass, skill
+"""Protobuf -> arrays at the gRPC edge (serving/transport/grpc_api.py): every field read in one pass, skill
 ids kept apart as set / not set / -1 / invalid, empty lists, the size that decides whether a
 PredictBatch is converted in a worker thread, and HistoryColumns (the same arrays as the message
 form; columns of different lengths or both forms at once refused, naming the field)."""
@@ -10,7 +10,7 @@ import pytest
 
 from serving.api import knowledge_tracing_pb2 as pb
 from serving.errors import ServingError
-from serving.grpc_api import (OFFLOAD_INTERACTIONS, batch_query, interactions_in, learner_query, predict_query,
+from serving.transport.grpc_api import (OFFLOAD_INTERACTIONS, batch_query, interactions_in, learner_query, predict_query,
                               recommend_query)
 from serving.requests import ABSENT_SKILL, INVALID_SKILL
 

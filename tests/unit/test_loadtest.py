@@ -374,7 +374,7 @@ def test_bench_convert_converts_both_forms_to_the_same_arrays_and_prints_both(ca
     import argparse
 
     from loadtest import convert
-    from serving.grpc_api import batch_query
+    from serving.transport.grpc_api import batch_query
     messages, columns = convert.requests(7, 3, 2, batch=True)
     assert len(messages.learners[0].history) == 7 and len(columns.learners[0].history_columns.question_ids) == 7
     for a, b in zip(batch_query(messages).learners, batch_query(columns).learners):

@@ -1,4 +1,4 @@
-"""serving/outcomes/quality.py: the outcome metrics equal an offline computation over the same
+"""serving/metrics/quality.py: the outcome metrics equal an offline computation over the same
 pairs, the binned AUC estimate is within its documented bound of the exact AUC, and the rolling
 window forgets old pairs."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from serving.outcomes.quality import (AUC_BINS, CALIBRATION_BUCKETS, OutcomeQuality, auc_from_bins, ece,
+from serving.metrics.quality import (AUC_BINS, CALIBRATION_BUCKETS, OutcomeQuality, auc_from_bins, ece,
                                       log_loss)
 
 pytestmark = pytest.mark.unit

@@ -1,4 +1,4 @@
-"""serving/procfs.py against real processes: a child we start is found, named and seen to die."""
+"""serving/tritonserver/procfs.py against real processes: a child we start is found, named and seen to die."""
 from __future__ import annotations
 
 import mmap
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from serving.procfs import alive, children, cmdline, mapped_files, start_time, stat_fields, wait_gone
+from serving.tritonserver.procfs import alive, children, cmdline, mapped_files, start_time, stat_fields, wait_gone
 
 pytestmark = pytest.mark.unit
 

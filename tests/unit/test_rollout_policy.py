@@ -12,7 +12,11 @@ from routerkt.cli import main
 from serving.errors import ServingError
 from serving.metrics import Metrics
 from serving.rollout.policy import RolloutPolicy
-from serving.rollout.policy_file import PolicyError, PolicyKind, parse_policy, read_policy
+from serving.rollout.kinds import KINDS
+from serving.rollout.kinds.base import Rollout
+from serving.rollout.kinds.canary import Canary
+from serving.rollout.kinds.pinned import Pinned
+from serving.rollout.policy_file import PolicyError, parse_policy, read_policy
 from serving.sessions.keys import LearnerKeys
 
 pytestmark = pytest.mark.unit
@@ -102,7 +106,7 @@ def test_a_malformed_file_keeps_the_last_good_policy(tmp_path: Path) -> None:
     policy = RolloutPolicy(path, metrics, KEYS)
     path.write_text('{"format": 1, "models": {"kt": {"policy": "pinned", "version": "two"}}}')
     assert policy.check_file() is False
-    assert policy.policy.get("kt").kind is PolicyKind.PINNED and policy.policy.get("kt").version == 1
+    assert policy.policy.get("kt").name == Pinned.name and policy.policy.get("kt").version == 1
     assert policy.error.startswith("models.kt.version:")
     assert metrics.registry.get_sample_value("routerkt_rollout_policy_ok") == 0
     assert metrics.registry.get_sample_value("routerkt_rollout_policy_errors_total") == 1
@@ -123,10 +127,10 @@ def test_the_guardrail_rolls_a_worse_canary_back_after_min_outcomes(tmp_path: Pa
     metrics.quality.record("kt", 1, 0.8, 1)
     metrics.quality.record("kt", 2, 0.2, 1)
     assert policy.check_guardrails() == ["kt"]
-    assert policy.policy.get("kt").kind is PolicyKind.PINNED and policy.policy.get("kt").version == 1
+    assert policy.policy.get("kt").name == Pinned.name and policy.policy.get("kt").version == 1
     assert metrics.registry.get_sample_value("routerkt_rollout_rollbacks_total", {"model": "kt"}) == 1
     on_disk = read_policy(path).get("kt")
-    assert on_disk.kind is PolicyKind.PINNED and on_disk.version == 1 and "guardrail" in on_disk.note
+    assert on_disk.name == Pinned.name and on_disk.version == 1 and "guardrail" in on_disk.note
     assert policy.check_file() is False               # the gateway's own rewrite changes nothing
 
 
@@ -139,7 +143,7 @@ def test_the_guardrail_keeps_a_canary_that_is_as_good(tmp_path: Path) -> None:
         metrics.quality.record("kt", 1, 0.7, i % 3 != 0)
         metrics.quality.record("kt", 2, 0.7, i % 3 != 0)
     assert policy.check_guardrails() == []
-    assert policy.policy.get("kt").kind is PolicyKind.CANARY
+    assert policy.policy.get("kt").name == Canary.name
 
 
 def test_outcomes_before_the_canary_began_do_not_count(tmp_path: Path) -> None:
@@ -158,9 +162,9 @@ def test_the_cli_sets_promotes_and_rolls_back(tmp_path: Path, capsys) -> None:
     assert main(["rollout", "set", "kt", "canary", "--baseline", "1", "--candidate", "2", "--weight", "0.2",
                  "--min-outcomes", "300", "--file", str(path)]) == 0
     got = read_policy(path).get("kt")
-    assert (got.kind, got.weight, got.guardrail.min_outcomes) == (PolicyKind.CANARY, 0.2, 300)
+    assert (got.name, got.weight, got.guardrail().min_outcomes) == (Canary.name, 0.2, 300)
     assert main(["rollout", "promote", "kt", "--file", str(path)]) == 0
-    assert (read_policy(path).get("kt").kind, read_policy(path).get("kt").version) == (PolicyKind.PINNED, 2)
+    assert read_policy(path).get("kt") == Pinned(2, note="promote: canary of 2 over 1")
     assert main(["rollout", "set", "kt", "shadow", "--baseline", "2", "--candidate", "3", "--file", str(path)]) == 0
     assert main(["rollout", "rollback", "kt", "--file", str(path)]) == 0
     assert read_policy(path).get("kt").version == 2
@@ -171,3 +175,26 @@ def test_the_cli_sets_promotes_and_rolls_back(tmp_path: Path, capsys) -> None:
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--weight" in err[0]
     assert main(["rollout", "promote", "kt", "--file", str(path)]) == 2        # pinned: nothing to promote
+
+
+def test_every_kind_in_the_table_round_trips_and_routes(tmp_path: Path) -> None:
+    """The one table of kinds: each entry is a Rollout whose JSON parses back to itself."""
+    examples = {"latest": {"policy": "latest"}, "pinned": {"policy": "pinned", "version": 2},
+                "canary": {"policy": "canary", "baseline": 1, "candidate": 2, "weight": 0.5},
+                "shadow": {"policy": "shadow", "baseline": 1, "candidate": 2, "sample": 0.5}}
+    assert set(KINDS) == set(examples)
+    for name, kind in KINDS.items():
+        assert issubclass(kind, Rollout) and kind.name == name
+        parsed = parse_policy(json.dumps({"format": 1, "models": {"kt": examples[name]}})).get("kt")
+        assert isinstance(parsed, kind)
+        assert parse_policy(json.dumps({"format": 1, "models": {"kt": parsed.to_json()}})).get("kt") == parsed
+        write(tmp_path / f"{name}.json", {"kt": examples[name]})
+        route = RolloutPolicy(tmp_path / f"{name}.json", Metrics(), KEYS).route("kt", 0, CATALOG, frozenset({1, 2}),
+                                                                               "learner-1")
+        assert route.primary.version in (1, 2)
+
+
+def test_a_flag_of_another_kind_is_refused_naming_it(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "rollout.json"
+    assert main(["rollout", "set", "kt", "pinned", "--version", "1", "--weight", "0.5", "--file", str(path)]) == 2
+    assert "--weight" in capsys.readouterr().err

@@ -9,7 +9,7 @@ import pytest
 from routerkt.cli import main
 from routerkt.errors import UserError
 from serving.cli_predict import parse_candidates, parse_history
-from serving.cli_serve import JsonFormatter
+from serving.logs import JsonFormatter
 from serving.settings import Settings
 
 pytestmark = pytest.mark.unit

@@ -8,7 +8,7 @@ from routerkt.contract.signature import PAD_ID, UNK_ID
 from serving.features import CANDIDATE_RESPONSE, PAD_RESPONSE, build_windows, encode_learner
 from serving.api import knowledge_tracing_pb2 as pb
 from serving.settings import Settings
-from serving.grpc_api import predict_query
+from serving.transport.grpc_api import predict_query
 from serving.validation import validate_query
 from routerkt.contract.vocab import Vocab
 

@@ -10,9 +10,9 @@ import pytest
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
-MODULES = ["serving.server", "serving.cli_serve", "serving.cli_predict", "serving.http", "serving.service",
-           "serving.grpc_api", "serving.backends.triton", "serving.backends.onnxruntime", "serving.triton_client",
-           "serving.triton_supervisor", "serving.catalog", "serving.features", "serving.validation",
+MODULES = ["serving.server", "serving.cli_serve", "serving.cli_predict", "serving.transport.http_api", "serving.prediction",
+           "serving.transport.grpc_api", "serving.backends.triton.backend", "serving.backends.onnxruntime", "serving.backends.triton.client",
+           "serving.backends.triton.supervisor", "serving.catalog", "serving.features", "serving.validation",
            "serving.metrics", "serving.settings", "serving.errors", "routerkt.contract.repository"]
 
 

@@ -1,4 +1,4 @@
-"""serving/models.py (registry over a hand-made repository) and serving/service.py with a FAKE
+"""serving/models.py (registry over a hand-made repository) and serving/prediction.py with a FAKE
 backend standing in for Triton: version resolution, NOT_FOUND / UNAVAILABLE, in-flight limit,
 deadlines, error mapping without leaking Triton's text, batch packing, metrics."""
 from __future__ import annotations
@@ -23,14 +23,14 @@ from serving.metrics import Metrics
 from serving.api import knowledge_tracing_pb2 as pb
 from serving.catalog import ModelCatalog
 from serving.features import WindowEncoder
-from serving.grpc_api import batch_query, batch_response, predict_query, predict_response
-from serving.history import RequestHistory
+from serving.transport.grpc_api import batch_query, batch_response, predict_query, predict_response
+from serving.sessions.history import RequestHistory
 from serving.metrics import MetricsSink
 from serving.parts import BackendError, FailureKind
 from serving.requests import Deadline
-from serving.service import PredictionService
+from serving.prediction import PredictionService
 from serving.settings import Settings
-from serving.version_policy import LatestReadyVersion
+from serving.rollout.kinds.latest import LatestReadyVersion
 from routerkt.contract.vocab import Vocab
 
 pytestmark = pytest.mark.unit

@@ -10,11 +10,11 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from serving.metrics import Metrics
-from serving.backends.triton import TritonInferenceBackend
+from serving.backends.triton.backend import TritonInferenceBackend
 from serving.catalog import ModelVersion
 from serving.parts import BackendError, FailureKind
 from serving.settings import Settings
-from serving.triton_client import classify, classify_status
+from serving.backends.triton.client import classify, classify_status
 from routerkt.contract.vocab import Vocab
 from tests.helpers import triton_answer, triton_rpc_error
 

@@ -10,7 +10,7 @@ from serving.errors import ServingError
 from serving.features import encode_learner
 from serving.api import knowledge_tracing_pb2 as pb
 from serving.settings import Settings
-from serving.grpc_api import batch_query, predict_query
+from serving.transport.grpc_api import batch_query, predict_query
 from serving.requests import ABSENT_SKILL, UNKNOWN_SKILL
 from serving.validation import validate_query
 from routerkt.contract.vocab import Vocab

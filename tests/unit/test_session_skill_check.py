@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from serving.sessions.service import SessionService
+from serving.sessions.session_service import SessionService
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""serving/triton_launcher.py without starting a server: install lookup, backend dir, argv, env."""
+"""serving/tritonserver/launcher.py without starting a server: install lookup, backend dir, argv, env."""
 from __future__ import annotations
 
 import os
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from serving import triton_launcher as tl
+from serving.tritonserver import launcher as tl
 from routerkt.errors import UserError
 
 pytestmark = pytest.mark.unit

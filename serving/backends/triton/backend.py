@@ -1,6 +1,6 @@
 """The production inference backend: a Triton server, reached through TritonClient
-(serving/triton_client.py), with its readiness and recovery kept by TritonSupervisor
-(serving/triton_supervisor.py). Inference failures are reported to the supervisor, which updates
+(serving/backends/triton/client.py), with its readiness and recovery kept by TritonSupervisor
+(serving/backends/triton/supervisor.py). Inference failures are reported to the supervisor, which updates
 readiness and schedules reloads; the caller gets the BackendError."""
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from serving.errors import shown
 from serving.metrics import Metrics
 from serving.parts import BackendError
 from serving.settings import Settings
-from serving.triton_client import TritonClient
-from serving.triton_supervisor import TritonSupervisor
+from serving.backends.triton.client import TritonClient
+from serving.backends.triton.supervisor import TritonSupervisor
 
 log = logging.getLogger("routerkt.gateway.triton")
 

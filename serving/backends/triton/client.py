@@ -1,5 +1,5 @@
 """The gateway's client of one Triton server: inference with a timeout, the repository index, and
-model control, over `tritonclient.grpc.aio`. It holds no readiness state (serving/triton_supervisor.py
+model control, over `tritonclient.grpc.aio`. It holds no readiness state (serving/backends/triton/supervisor.py
 does) and turns every Triton failure into a BackendError whose `detail` (Triton's text, which carries
 paths and tracebacks) is for the log only.
 

@@ -3,7 +3,7 @@
     backend = triton_backend(settings, metrics)     # one URL: TritonInferenceBackend; several: this
 
 TritonReplicaBackend is one InferenceBackend over N TritonInferenceBackend instances, one per URL,
-each with its own client, supervisor and readiness probes (serving/backends/triton.py), so a replica
+each with its own client, supervisor and readiness probes (serving/backends/triton/backend.py), so a replica
 that fails its probe, or an inference with UNAVAILABLE, is marked not ready by its own supervisor
 and gets no more traffic until a later probe finds it ready again (a restarted Triton on the same
 address is found again within about probe_interval_s plus the client's 1 s reconnect backoff).
@@ -34,12 +34,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from serving.backends.triton import TritonInferenceBackend
+from serving.backends.triton.backend import TritonInferenceBackend
 from serving.catalog import ModelCatalog, ModelVersion
 from serving.metrics import Metrics
 from serving.parts import BackendError, FailureKind, InferenceBackend
 from serving.settings import Settings
-from serving.triton_client import TritonClient
+from serving.backends.triton.client import TritonClient
 
 log = logging.getLogger("routerkt.gateway.triton")
 

@@ -1,5 +1,5 @@
 """Readiness and recovery of the models in one Triton server: which versions answer, and when to
-reload or load a model. It owns that state; the inference path (serving/backends/triton.py) only
+reload or load a model. It owns that state; the inference path (serving/backends/triton/backend.py) only
 reports failures to it.
 
 Facts it is written around (serving-notes §7):
@@ -30,7 +30,7 @@ from serving.catalog import ModelVersion
 from serving.metrics import Metrics
 from serving.parts import BackendError, FailureKind
 from serving.settings import Settings
-from serving.triton_client import TritonClient
+from serving.backends.triton.client import TritonClient
 
 log = logging.getLogger("routerkt.gateway.triton")
 

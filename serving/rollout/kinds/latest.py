@@ -1,35 +1,44 @@
-"""Version policies (serving/parts.py: VersionPolicy). `LatestReadyVersion`: a request that names a
-version gets that one (UNAVAILABLE while the backend does not serve it); otherwise the newest
-version of the catalog that the backend serves right now. The rollout policies (pinned, canary,
-shadow) build on it: serving/rollout/policy.py."""
+"""`latest`: the newest version the backend serves (a new version takes over once it is loaded);
+also the gateway's VersionPolicy when it runs without a policy file (LatestReadyVersion)."""
 from __future__ import annotations
 
-from typing import Mapping
+from dataclasses import dataclass
+from typing import Any, Mapping
 
-from serving import errors
 from serving.catalog import ModelVersion
 from serving.parts import Route
+from serving.rollout.kinds.base import Rollout, RouteInputs, latest_ready, requested_version
 
 
-def requested_version(name: str, requested: int, versions: Mapping[int, ModelVersion],
-                      ready: frozenset[int]) -> ModelVersion:
-    if requested not in ready:
-        raise errors.unavailable(f"model {errors.shown(name)} version {requested} is not ready; retry shortly")
-    return versions[requested]
+@dataclass(frozen=True)
+class Latest(Rollout):
+    name = "latest"
+    note: str = ""
 
+    @classmethod
+    def parse(cls, value: Mapping[str, Any], where: str) -> "Latest":
+        return cls(note=value.get("note", ""))
 
-def latest_ready(name: str, versions: Mapping[int, ModelVersion], ready: frozenset[int]) -> ModelVersion:
-    usable = [v for v in versions if v in ready]
-    if not usable:
-        raise errors.unavailable(f"model {errors.shown(name)} is not ready; retry shortly")
-    return versions[max(usable)]
+    def fields(self) -> dict[str, object]:
+        return {}
+
+    def route(self, inputs: RouteInputs) -> Route:
+        return Route(latest_ready(inputs.model, inputs.versions, inputs.ready))
 
 
 class LatestReadyVersion:
-    """The pinned version if the request names one, else the newest ready one; no shadow."""
+    """VersionPolicy: the version the request names, else the newest ready one; no shadow."""
 
     def route(self, name: str, requested: int, versions: Mapping[int, ModelVersion], ready: frozenset[int],
               learner_id: str = "") -> Route:
         if requested:
             return Route(requested_version(name, requested, versions, ready))
         return Route(latest_ready(name, versions, ready))
+
+    async def maintain(self) -> None:
+        """No file to watch."""
+
+    def status(self) -> dict[str, object]:
+        return {"file": None, "error": None, "models": {}}
+
+    async def close(self) -> None: ...

@@ -6,7 +6,7 @@ follow go-grpc-prometheus / the common gRPC dashboards (labels grpc_service, grp
 and grpc_code); the domain metrics are `routerkt_*` in base units (seconds, counts). Buckets suit
 millisecond latencies. Labels never carry learner ids, only model names, codes and reasons.
 
-Served by the gateway's HTTP port (serving/http.py) at /metrics. Triton's own metrics stay on its
+Served by the gateway's HTTP port (serving/transport/http_api.py) at /metrics. Triton's own metrics stay on its
 metrics port; `TRITON_METRICS` lists the ones our Grafana dashboard reads from there.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from routerkt import build
-from serving.outcomes.quality import OutcomeQuality
+from serving.metrics.quality import OutcomeQuality
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5,
                    1.0, 2.5, 5.0, 10.0)

@@ -1,0 +1,72 @@
+"""The sample client `routerkt serve --sample-model NAME` runs once the model is ready: one Predict over
+real gRPC loopback with a made-up history (ids from the model's vocabulary), printed; then, with a
+session store, an Observe of the same history for a sample learner and a Predict by its learner id."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+import grpc
+from google.protobuf import json_format
+
+from serving.api import knowledge_tracing_pb2 as pb
+from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
+
+log = logging.getLogger("routerkt.serve")
+SAMPLE_WAIT_S = 120.0          # how long the sample waits for the model to become ready
+
+
+async def sample_prediction(server, model: str) -> None:
+    """One Predict over real gRPC loopback with a made-up history; prints request and answer."""
+    deadline = time.monotonic() + SAMPLE_WAIT_S
+    while not server.backend.ready_versions(model) and time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+    versions = server.catalog.versions(model)
+    if not versions or not server.backend.ready_versions(model):
+        log.error("sample prediction skipped: model %r is not ready (models ready: %s)", model,
+                  server.backend.ready_models())
+        return
+    vocab = server.catalog.get(model, max(server.backend.ready_versions(model))).vocab
+    questions = sorted(vocab.questions)[:8]
+    history = [pb.Interaction(question_id=q, skill_id=vocab.question_skill.get(q, -1), correct=i % 2)
+               for i, q in enumerate(questions[:5])]
+    request = pb.PredictRequest(model=model, history=history,
+                                candidates=[pb.Candidate(question_id=q) for q in questions[5:]])
+    host = "127.0.0.1" if server.settings.host in ("0.0.0.0", "::") else server.settings.host
+    async with grpc.aio.insecure_channel(f"{host}:{server.grpc_port}") as channel:
+        stub = pb_grpc.KnowledgeTracingServiceStub(channel)
+        try:
+            response = await stub.Predict(request, timeout=10.0)
+        except grpc.aio.AioRpcError as exc:
+            log.error("sample prediction failed: %s: %s", exc.code().name, exc.details())
+            return
+        body = json_format.MessageToDict(request, preserving_proto_field_name=True,
+                                         always_print_fields_with_no_presence=True)
+        print("sample request: " + json.dumps(body), flush=True)
+        pairs = ", ".join(f"question {c.question_id}: {p:.4f}"
+                          for c, p in zip(request.candidates, response.probabilities))
+        print(f"sample response: model {response.model} version {response.version}, "
+              f"history_used {response.history_used}, P(correct) {pairs}", flush=True)
+        if server.sessions is not None:
+            await sample_session(stub, request, response)
+
+
+async def sample_session(stub, request, explicit) -> None:
+    """Observe the sample history for a sample learner, then Predict by learner id (same answer)."""
+    learner = "routerkt-sample-learner"
+    try:
+        await stub.ForgetLearner(pb.ForgetLearnerRequest(learner_id=learner), timeout=10.0)
+        events = [pb.Event(event_id=f"sample-{i}", question_id=h.question_id, skill_id=h.skill_id, correct=h.correct)
+                  for i, h in enumerate(request.history)]
+        observed = await stub.Observe(pb.ObserveRequest(learner_id=learner, events=events), timeout=10.0)
+        by_id = await stub.Predict(pb.PredictRequest(model=request.model, learner_id=learner,
+                                                     candidates=request.candidates), timeout=10.0)
+    except grpc.aio.AioRpcError as exc:
+        log.error("sample session failed: %s: %s", exc.code().name, exc.details())
+        return
+    diff = max(abs(a - b) for a, b in zip(by_id.probabilities, explicit.probabilities))
+    print(f"sample session: Observe stored {observed.stored} events (history_length {observed.history_length}); "
+          f"Predict by learner_id: P(correct) {', '.join(f'{p:.4f}' for p in by_id.probabilities)} "
+          f"(max |diff| to the explicit history: {diff:.1e})", flush=True)

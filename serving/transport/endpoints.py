@@ -1,0 +1,32 @@
+"""What the transports serve: `Endpoints`, assembled once by create_server (serving/server.py) and
+handed to the gRPC servicer and the HTTP app, which never see the server itself."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from serving.parts import VersionPolicy
+from serving.prediction import PredictionService
+from serving.recommend import Recommender
+from serving.sessions.session_service import SessionService
+
+
+class GatewayHealth(Protocol):
+    """The gateway's own state, as the transports report it (/readyz)."""
+
+    @property
+    def ready(self) -> bool: ...
+
+    @property
+    def stopping(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """The services behind both transports, and the gateway's health."""
+
+    service: PredictionService
+    recommender: Recommender
+    sessions: SessionService | None
+    policy: VersionPolicy
+    health: GatewayHealth
