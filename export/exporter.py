@@ -103,7 +103,7 @@ def export_run(run: Path, repository: Path, name: str | None = None, version: in
         if not ok:
             raise UserError(f"--backend tensorrt needs TensorRT and a GPU on this host: {why}; "
                             "export with --backend onnxruntime here and build the plan on the GPU host "
-                            "(see README, 'TensorRT')")
+                            "(see docs/training.md, 'TensorRT')")
 
     with tempfile.TemporaryDirectory(prefix="routerkt-export-") as tmp:
         onnx_path, rank_path = Path(tmp) / signature.ONNX_FILE, Path(tmp) / signature.RANK_ONNX_FILE

@@ -13,7 +13,7 @@ is refused at once with RESOURCE_EXHAUSTED:
 it would most likely miss its deadline after taking Triton time from calls that can still make
 theirs. With fewer calls in flight every call is admitted, so the estimate follows the load down.
 Off by default (shed_min_inflight = 0): on this 2-core machine it did not raise goodput at 4x
-overload (README, "Overload"), because refusing calls costs the CPU that admitted calls need.
+overload (docs/benchmarks.md, "Overload"), because refusing calls costs the CPU that admitted calls need.
 What did raise it is the queue in front of the in-flight slots (serving/prediction.py `_acquire`):
 a call waits for a slot only while its deadline still covers `expected_call()` after the wait.
 """
@@ -46,7 +46,7 @@ class ServiceTime:
         self.per_row: float | None = None
         self.per_call: float | None = None     # seconds of a call, whatever its size (for queueing)
 
-    def observe(self, rows: int, seconds: float) -> None:
+    def add(self, rows: int, seconds: float) -> None:
         if rows <= 0:
             return
         self.per_row = _smoothed(self.per_row, seconds / rows)

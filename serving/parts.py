@@ -144,7 +144,7 @@ class PredictionRecord:
 class PredictionSink(Protocol):
     """Sees every prediction the gateway returns (and every shadow scoring)."""
 
-    def record(self, prediction: PredictionRecord) -> None: ...
+    def on_prediction(self, prediction: PredictionRecord) -> None: ...
 
 
 class SinkChain:
@@ -153,6 +153,6 @@ class SinkChain:
     def __init__(self, *sinks: PredictionSink) -> None:
         self.sinks = sinks
 
-    def record(self, prediction: PredictionRecord) -> None:
+    def on_prediction(self, prediction: PredictionRecord) -> None:
         for sink in self.sinks:
-            sink.record(prediction)
+            sink.on_prediction(prediction)

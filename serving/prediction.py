@@ -82,16 +82,16 @@ class PredictionService:
                 answers = await self._answer_groups(learners, [r.primary for r in routes], deadline)
             except ServingError as exc:
                 if exc.code_name == "DEADLINE_EXCEEDED":          # out of time: a lower bound, still load
-                    self.service_time.observe(rows, time.perf_counter() - started)
+                    self.service_time.add(rows, time.perf_counter() - started)
                 raise
-            self.service_time.observe(rows, time.perf_counter() - started)
+            self.service_time.add(rows, time.perf_counter() - started)
             ids = [uuid.uuid4().hex if self.issue_prediction_ids and not learner.learner_id else ""
                    for learner in learners]
             served = {r.primary.version for r in routes}
             result = PredictResult(model=routes[0].primary.name, version=served.pop() if len(served) == 1 else 0,
                                    learners=[LearnerPrediction(p, used, r.primary.version, i)
                                              for (p, used), r, i in zip(answers, routes, ids)])
-            self.sink.record(PredictionRecord(query=query, result=result))
+            self.sink.on_prediction(PredictionRecord(query=query, result=result))
             self._start_shadow(query, learners, routes, ids)
             return result
 
@@ -148,7 +148,7 @@ class PredictionService:
         result = PredictResult(model=models[0].name, version=0,
                                learners=[LearnerPrediction(p, used, m.version, i)
                                          for (p, used), m, i in zip(answers, models, ids)])
-        self.sink.record(PredictionRecord(query=PredictQuery(query.model, 0, raw, query.batch), result=result,
+        self.sink.on_prediction(PredictionRecord(query=PredictQuery(query.model, 0, raw, query.batch), result=result,
                                           shadow=True))
 
     async def close(self) -> None:

@@ -34,13 +34,13 @@ class Settings:
     rank_rows_per_infer: int = 1                  # learners per rank inference; a call sends its inferences one
                                                   # at a time, so large batches do not stall other callers
                                                   # (bench fairness: small p99 beside maximal batches 2.6x
-                                                  # unloaded with 1, 3.8x with 4; README)
+                                                  # unloaded with 1, 3.8x with 4; docs/benchmarks.md)
     bulk_pause_ratio: float = 1.0                 # a call of several rank inferences yields a fair share: after
                                                   # each inference it waits this x its round trip x the other
                                                   # calls in flight (1: one turn each), shortened to fit its
                                                   # deadline. bench fairness --rounds 3, small p99 beside /
                                                   # alone: 1.50x with 1 vs 1.86x for a pause of one round trip
-                                                  # (README, "A maximal batch beside small callers")
+                                                  # (docs/benchmarks.md, "A maximal batch ...")
     rank_candidates_per_infer: int = 64           # candidates per rank inference: a learner with more is split
                                                   # into several (exact; the history is computed once per piece)
     http_body_timeout_s: float = 10.0            # an HTTP request body must arrive within this (408 otherwise)
@@ -70,17 +70,17 @@ class Settings:
     # -- backpressure and deadlines ----------------------------------------------------------------
     max_inflight: int = 16                        # Predict/PredictBatch calls served at once; beyond: RESOURCE_EXHAUSTED.
                                                   # 16, not 64: at 128 callers goodput stayed 18.6 calls/s instead of
-                                                  # 3.7 (README "Overload"); ~ throughput x the latency one accepts
+                                                  # 3.7 (docs/benchmarks.md "Overload"); ~ throughput x the latency one accepts
     max_call_rows: int = 16_384                   # cost of one call: learners x (window + candidates) rows;
                                                   # beyond: INVALID_ARGUMENT (split the call; serving/admission.py)
     shed_min_inflight: int = 0                    # >0: with this many calls in flight, a call whose deadline is shorter
                                                   # than 1.5x its expected service time is refused (RESOURCE_EXHAUSTED);
-                                                  # 0 = off (the default: not shown to raise goodput, README)
+                                                  # 0 = off (the default: not shown to raise goodput, docs/benchmarks.md)
     max_queued: int = 128                         # calls waiting for a slot at once; beyond: RESOURCE_EXHAUSTED at once
     inflight_wait_s: float = 1.0                  # longest wait for a slot (less when the call's deadline would not cover
                                                   # its expected service time after it; 0 = no queue). Waiting, not
                                                   # refusing: at 128 callers refused callers retrying at once cost the
-                                                  # CPU that admitted calls need (README "Overload")
+                                                  # CPU that admitted calls need (docs/benchmarks.md "Overload")
     default_deadline_s: float = 5.0               # deadline applied when the caller sets none (HTTP: always,
                                                   # unless the X-Request-Timeout header says otherwise)
     deadline_margin_s: float = 0.005              # kept back from the caller's deadline so the gateway answers

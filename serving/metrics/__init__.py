@@ -74,7 +74,7 @@ METRIC_NAMES = (
     "routerkt_triton_replica_retries_total",
 )
 
-# Metrics read from Triton's own /metrics port (Triton 2.51, serving-notes.md §1), plus the
+# Metrics read from Triton's own /metrics port (Triton 2.51; docs/operations.md, "Triton 2.51 facts"), plus the
 # execution histogram our python-backend model.py registers there.
 TRITON_METRICS = (
     "nv_inference_request_success",
@@ -224,7 +224,7 @@ class MetricsSink:
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
 
-    def record(self, prediction) -> None:
+    def on_prediction(self, prediction) -> None:
         result = prediction.result
         counter = self.metrics.shadow_predictions if prediction.shadow else self.metrics.predictions
         for learner in result.learners:

@@ -165,7 +165,7 @@ class OutcomeQuality:
         self._lock = threading.Lock()
         registry.register(_WindowCollector(self))
 
-    def record(self, model: str, version: int, p: float, correct: int) -> None:
+    def add_outcome(self, model: str, version: int, p: float, correct: int) -> None:
         p, correct = float(p), int(correct)
         labels = (model, str(version))
         loss = log_loss(p, correct)

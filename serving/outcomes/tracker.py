@@ -76,7 +76,7 @@ class OutcomeTracker:
         self._lock = asyncio.Lock()                    # one worker pass at a time
 
     # -- producers (no I/O) ------------------------------------------------------------------------
-    def record(self, prediction: PredictionRecord) -> None:
+    def on_prediction(self, prediction: PredictionRecord) -> None:
         """The sink: queue every candidate probability of the call."""
         result = prediction.result
         entries = []
@@ -179,7 +179,7 @@ class OutcomeTracker:
                 join.result.set_exception(exc)
             return
         for entry in taken:
-            self.quality.record(entry.model, entry.version, entry.probability, join.answers[entry.question_id])
+            self.quality.add_outcome(entry.model, entry.version, entry.probability, join.answers[entry.question_id])
         if join.result is not None and not join.result.done():
             join.result.set_result(len(taken))
 

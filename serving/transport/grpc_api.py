@@ -37,7 +37,7 @@ SERVICE = pb.DESCRIPTOR.services_by_name["KnowledgeTracingService"]
 LOG_EVERY_S = 10.0
 # A PredictBatch with more interactions + candidates than this is converted to arrays in a worker
 # thread: a maximal one (64 x 1,064) took 130 ms of Python that would otherwise stall every other
-# call on the event loop (`routerkt bench fairness`, README).
+# call on the event loop (`routerkt bench fairness`, docs/benchmarks.md).
 OFFLOAD_INTERACTIONS = 4096
 
 

@@ -1,7 +1,7 @@
 """Start and stop the `tritonserver` binary bundled in the nvidia-pytriton wheel (Triton 2.51, CPU).
 
 The wheel ships the server, the python backend library and one Python stub per interpreter
-version, but running it standalone needs four things (docs: serving-notes.md §1), all done here:
+version, but running it standalone needs four things (docs/operations.md, "Triton 2.51 facts"), all done here:
 1. a backend directory assembled by hand: python/{libtriton_python.so,
    triton_python_backend_utils.py, triton_python_backend_stub (for this interpreter's X.Y)};
    built once, atomically, under the venv (or the temp dir when the venv is read-only);

@@ -27,7 +27,7 @@ class CountingSink:
     def __init__(self) -> None:
         self.records = []
 
-    def record(self, prediction) -> None:
+    def on_prediction(self, prediction) -> None:
         self.records.append(prediction)
 
 

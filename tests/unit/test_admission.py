@@ -27,7 +27,7 @@ def test_shedding_refuses_only_under_load_and_only_what_cannot_make_its_deadline
     estimate = ServiceTime()
     estimate.admit(100, 0.001, inflight=50, settings=settings)          # no estimate yet: admitted
     for _ in range(20):
-        estimate.observe(rows=100, seconds=0.5)                          # 5 ms per row
+        estimate.add(rows=100, seconds=0.5)                          # 5 ms per row
     assert estimate.expected(100) == pytest.approx(0.5)
     estimate.admit(100, 0.8, inflight=50, settings=settings)            # 1.5 x 0.5 s expected < 0.8 s left
     with pytest.raises(ServingError) as info:
@@ -39,13 +39,13 @@ def test_shedding_refuses_only_under_load_and_only_what_cannot_make_its_deadline
 def test_the_estimate_follows_the_load_down() -> None:
     estimate = ServiceTime()
     for _ in range(20):
-        estimate.observe(rows=10, seconds=1.0)
+        estimate.add(rows=10, seconds=1.0)
     for _ in range(30):
-        estimate.observe(rows=10, seconds=0.01)
+        estimate.add(rows=10, seconds=0.01)
     assert estimate.expected(10) < 0.02
 
 
 def test_shedding_is_off_by_default() -> None:
     estimate = ServiceTime()
-    estimate.observe(rows=10, seconds=10.0)
+    estimate.add(rows=10, seconds=10.0)
     estimate.admit(10, 0.001, inflight=1000, settings=Settings())

@@ -1,4 +1,4 @@
-"""The layering of the packages (README, "Architecture"), enforced by import-linter's contracts in
+"""The layering of the packages (docs/architecture.md), enforced by import-linter's contracts in
 pyproject.toml: the contracts must all be there, and `lint-imports` must keep every one of them."""
 from __future__ import annotations
 

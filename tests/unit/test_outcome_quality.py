@@ -34,7 +34,7 @@ def test_counters_equal_the_offline_computation() -> None:
     registry = CollectorRegistry()
     quality = OutcomeQuality(registry)
     for pi, yi in zip(p, y):
-        quality.record("kt", 3, pi, yi)
+        quality.add_outcome("kt", 3, pi, yi)
     labels = {"model": "kt", "version": "3"}
     clipped = np.clip(p, 1e-7, 1 - 1e-7)
     offline_ll = -(y * np.log(clipped) + (1 - y) * np.log(1 - clipped)).sum()
@@ -84,14 +84,14 @@ def test_window_gauges_follow_the_recent_pairs_only() -> None:
     registry = CollectorRegistry()
     quality = OutcomeQuality(registry, window_s=100.0, clock=lambda: now[0])
     for p, y in [(0.9, 1), (0.8, 1), (0.2, 0), (0.3, 1)]:
-        quality.record("kt", 1, p, y)
+        quality.add_outcome("kt", 1, p, y)
     assert registry.get_sample_value("routerkt_online_outcomes", {"model": "kt", "version": "1"}) == 4
     assert registry.get_sample_value("routerkt_online_auc", {"model": "kt", "version": "1"}) == pytest.approx(1.0)
     assert registry.get_sample_value("routerkt_online_reliability",
                                      {"model": "kt", "version": "1", "bin": "0.2-0.3"}) == 1.0
     now[0] = 150.0                                    # the old slot left the window
-    quality.record("kt", 1, 0.9, 0)
-    quality.record("kt", 1, 0.1, 1)
+    quality.add_outcome("kt", 1, 0.9, 0)
+    quality.add_outcome("kt", 1, 0.1, 1)
     assert registry.get_sample_value("routerkt_online_outcomes", {"model": "kt", "version": "1"}) == 2
     assert registry.get_sample_value("routerkt_online_auc", {"model": "kt", "version": "1"}) == pytest.approx(0.0)
     assert quality.totals("kt", 1)[0] == 6            # the running totals keep everything

@@ -26,7 +26,7 @@ def record(tracker: OutcomeTracker, learner_id: str, questions: list[int], probs
     query = LearnerQuery.from_values([], [(q, None) for q in questions], learner_id)
     result = PredictResult("kt", version, [LearnerPrediction(np.array(probs, dtype=np.float32), 0, version,
                                                              prediction_id)])
-    tracker.record(PredictionRecord(PredictQuery("kt", 0, [query]), result))
+    tracker.on_prediction(PredictionRecord(PredictQuery("kt", 0, [query]), result))
 
 
 async def scenario(tmp_path, body, ttl_s: float = 3600.0):

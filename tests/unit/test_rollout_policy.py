@@ -121,11 +121,11 @@ def test_the_guardrail_rolls_a_worse_canary_back_after_min_outcomes(tmp_path: Pa
     metrics = Metrics()
     policy = RolloutPolicy(path, metrics, KEYS)
     for _ in range(49):
-        metrics.quality.record("kt", 1, 0.8, 1)       # baseline: right
-        metrics.quality.record("kt", 2, 0.2, 1)       # candidate: wrong
+        metrics.quality.add_outcome("kt", 1, 0.8, 1)       # baseline: right
+        metrics.quality.add_outcome("kt", 2, 0.2, 1)       # candidate: wrong
     assert policy.check_guardrails() == []            # 49 < 50 outcomes: no verdict yet
-    metrics.quality.record("kt", 1, 0.8, 1)
-    metrics.quality.record("kt", 2, 0.2, 1)
+    metrics.quality.add_outcome("kt", 1, 0.8, 1)
+    metrics.quality.add_outcome("kt", 2, 0.2, 1)
     assert policy.check_guardrails() == ["kt"]
     assert policy.policy.get("kt").name == Pinned.name and policy.policy.get("kt").version == 1
     assert metrics.registry.get_sample_value("routerkt_rollout_rollbacks_total", {"model": "kt"}) == 1
@@ -140,8 +140,8 @@ def test_the_guardrail_keeps_a_canary_that_is_as_good(tmp_path: Path) -> None:
     metrics = Metrics()
     policy = RolloutPolicy(path, metrics, KEYS)
     for i in range(40):
-        metrics.quality.record("kt", 1, 0.7, i % 3 != 0)
-        metrics.quality.record("kt", 2, 0.7, i % 3 != 0)
+        metrics.quality.add_outcome("kt", 1, 0.7, i % 3 != 0)
+        metrics.quality.add_outcome("kt", 2, 0.7, i % 3 != 0)
     assert policy.check_guardrails() == []
     assert policy.policy.get("kt").name == Canary.name
 
@@ -150,8 +150,8 @@ def test_outcomes_before_the_canary_began_do_not_count(tmp_path: Path) -> None:
     path = tmp_path / "rollout.json"
     metrics = Metrics()
     for _ in range(100):
-        metrics.quality.record("kt", 2, 0.01, 1)      # a terrible past of version 2
-        metrics.quality.record("kt", 1, 0.99, 1)
+        metrics.quality.add_outcome("kt", 2, 0.01, 1)      # a terrible past of version 2
+        metrics.quality.add_outcome("kt", 1, 0.99, 1)
     write(path, canary(0.5, min_outcomes=50))
     policy = RolloutPolicy(path, metrics, KEYS)
     assert policy.check_guardrails() == []

@@ -2,7 +2,7 @@
 reload or load a model. It owns that state; the inference path (serving/backends/triton/backend.py) only
 reports failures to it.
 
-Facts it is written around (serving-notes §7):
+Facts it is written around (docs/operations.md, "Triton 2.51 facts"):
 - a crashed python-backend stub is NOT restarted by Triton 2.51: the model keeps reporting READY
   and every request fails with "Stub process '<model>_0_0' is not healthy". Only an unload + load
   through the model-control API (tritonserver runs with --model-control-mode=explicit) brings it
