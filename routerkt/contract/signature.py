@@ -6,16 +6,23 @@ Conventions (identical in training, offline evaluation and serving):
 - Ids are the re-indexed vocabulary ids: PAD_ID 0 = padding, UNK_ID 1 = unknown, real ids start
   at FIRST_ID 2 (routerkt/contract/vocab.py).
 - Sequences are LEFT-padded: the most recent interaction sits at the last index (L-1). Padding
-  positions hold question = skill = PAD_ID and response PAD_RESPONSE (-1; the model clamps).
+  positions hold question = PAD_ID, every skill slot PAD_ID and response PAD_RESPONSE (-1; the
+  model clamps).
+- An interaction has a SET of skills: every skill tensor has a last axis `skills` (K >= 1) holding
+  the set's skill ids, unused slots PAD_ID; the model embeds the set as the mean of its skills'
+  embeddings (a set of one skill embeds exactly as that skill). In raw (platform) ids a set is a
+  row of K raw ids with NO_SKILL (-2) in unused slots; raw -1 = a skill the platform does not know.
 - The gateway puts a candidate question at index L-1 with response CANDIDATE_RESPONSE; a causal
   model never reads it.
 
 Graphs (one ONNX file per graph in a model version folder):
-- `score`: questions, skills, responses int64 [batch, seq] -> probs float32 [batch, seq], where
+- `score`: questions, responses int64 [batch, seq] and skills int64 [batch, seq, skills] -> probs
+  float32 [batch, seq], where
   probs[b, t] = P(correct at t | questions <= t, responses < t). Whole-sequence scoring for
   evaluation; the gateway reads probs[:, -1].
-- `rank`: history_questions, history_skills, history_responses int64 [batch, history] and
-  candidate_questions, candidate_skills int64 [batch, candidates] -> candidate_probs float32
+- `rank`: history_questions, history_responses int64 [batch, history], history_skills int64
+  [batch, history, skills], candidate_questions int64 [batch, candidates] and candidate_skills
+  int64 [batch, candidates, skills] -> candidate_probs float32
   [batch, candidates]. The history is left-padded like a window without its last slot (history =
   window - 1 in serving; any length up to window - 1 is accepted); candidate_probs[b, j] equals
   probs[b, -1] of the score graph on the window [history_b, candidate_j] (tolerance 1e-5), from one
@@ -32,6 +39,7 @@ UNK_ID = 1                 # id of every question or skill the vocabulary does n
 FIRST_ID = 2               # the first id of a real question or skill
 PAD_RESPONSE = -1          # response value at padding positions
 CANDIDATE_RESPONSE = 0     # response value at a candidate's slot; never read by a causal model
+NO_SKILL = -2              # raw skill id of an unused slot of a skill set (raw -1 = unknown skill)
 
 # Files inside a model version folder of the Triton repository.
 ONNX_FILE = "model.onnx"
@@ -72,18 +80,22 @@ def _int64(name: str, length: str = "seq") -> TensorSpec:
     return TensorSpec(name, "int64", "TYPE_INT64", "INT64", ("batch", length))
 
 
+def _skill_sets(name: str, length: str = "seq") -> TensorSpec:
+    return TensorSpec(name, "int64", "TYPE_INT64", "INT64", ("batch", length, "skills"))
+
+
 SCORE = Graph(
     name="score",
-    inputs=(_int64("questions"), _int64("skills"), _int64("responses")),
+    inputs=(_int64("questions"), _skill_sets("skills"), _int64("responses")),
     outputs=(TensorSpec("probs", "float32", "TYPE_FP32", "FP32", ("batch", "seq")),),
 )
 PROBS = SCORE.outputs[0].name      # the probability output of the score graph
 
 RANK = Graph(
     name="rank",
-    inputs=(_int64("history_questions", "history"), _int64("history_skills", "history"),
+    inputs=(_int64("history_questions", "history"), _skill_sets("history_skills", "history"),
             _int64("history_responses", "history"),
-            _int64("candidate_questions", "candidates"), _int64("candidate_skills", "candidates")),
+            _int64("candidate_questions", "candidates"), _skill_sets("candidate_skills", "candidates")),
     outputs=(TensorSpec("candidate_probs", "float32", "TYPE_FP32", "FP32", ("batch", "candidates")),),
 )
 CANDIDATE_PROBS = RANK.outputs[0].name   # the probability output of the rank graph
@@ -93,8 +105,8 @@ GRAPHS: dict[str, Graph] = {SCORE.name: SCORE, RANK.name: RANK}
 
 def served_dims(graph: Graph, window: int) -> dict[str, tuple[int, ...]]:
     """Non-batch dims of each tensor of `graph` as Triton serves it for a model of `window`:
-    score [window]; rank history [window - 1], candidates [-1] (variable)."""
-    axis = {"seq": window, "history": window - 1, "candidates": -1}
+    score [window]; rank history [window - 1], candidates [-1] (variable); skills [-1] (variable)."""
+    axis = {"seq": window, "history": window - 1, "candidates": -1, "skills": -1}
     return {t.name: tuple(axis[a] for a in t.axes[1:]) for t in graph.inputs + graph.outputs}
 
 
@@ -108,3 +120,8 @@ def graph_with_inputs(names) -> Graph | None:
     """The graph whose input names are exactly `names` (in any order), or None."""
     wanted = set(names)
     return next((g for g in GRAPHS.values() if set(g.input_names) == wanted), None)
+
+
+def skill_axis(spec: TensorSpec) -> bool:
+    """True for a tensor that carries skill sets (its last axis is `skills`)."""
+    return spec.axes[-1] == "skills"

@@ -2,22 +2,24 @@
 
 Conventions (routerkt/contract/signature.py): PAD_ID = 0 (padding), UNK_ID = 1 (unknown id, and every raw -1),
 real ids from FIRST_ID = 2 in ascending order of the raw id, so building twice from the same data
-gives the same mapping. `question_skill` keeps, for each raw question, the raw skill of its first
-occurrence with a known skill (-1 if it never had one); the gateway uses it when a request names a
-question without its skill.
+gives the same mapping. `question_skills` keeps, for each raw question, the raw skill SET of its
+first occurrence with a known skill ((-1,) if it never had one); the gateway uses it when a request
+names a question without its skills. Raw skill sets travel as rows of K raw ids padded with
+NO_SKILL (routerkt/contract/signature.py).
 
 The vocabulary travels with a model into the Triton repository as `vocab.json`:
 
-    {"format": "routerkt-vocab/1", "pad_id": 0, "unk_id": 1,
+    {"format": "routerkt-vocab/2", "pad_id": 0, "unk_id": 1,
      "questions": {"<raw>": id, ...}, "skills": {"<raw>": id, ...},
-     "question_skill": {"<raw question>": raw_skill, ...}}
+     "question_skills": {"<raw question>": [raw_skill, ...], ...}}
+
+Format 1 files (one skill per question, "question_skill": {"<raw question>": raw_skill}) still read.
 
 No torch and no training code here: export writes this file, the serving gateway reads it.
 """
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -26,10 +28,11 @@ from typing import Protocol
 
 from routerkt.atomic import atomic_write_json
 from routerkt.contract.json_file import read_json
-from routerkt.contract.signature import FIRST_ID, PAD_ID, UNK_ID
+from routerkt.contract.signature import FIRST_ID, NO_SKILL, PAD_ID, UNK_ID
 from routerkt.errors import UserError
 
-FORMAT = "routerkt-vocab/1"
+FORMAT = "routerkt-vocab/2"
+FORMAT_V1 = "routerkt-vocab/1"      # one skill per question; read, never written
 
 
 class VocabError(UserError):
@@ -37,15 +40,28 @@ class VocabError(UserError):
 
 
 class RawIds(Protocol):
-    """What `Vocab.build` reads: raw question and skill ids, one per interaction (-1 = unknown)."""
+    """What `Vocab.build` reads: raw question ids [N] and skill ids, [N] or skill sets [N, K]
+    (NO_SKILL in unused slots; -1 = unknown)."""
 
     question_id: np.ndarray
     skill_id: np.ndarray
 
 
+def as_skill_sets(raw: np.ndarray) -> np.ndarray:
+    """Raw skill ids [N] (one per interaction) or sets [N, K] -> sets [N, K >= 1]."""
+    raw = np.asarray(raw, dtype=np.int64)
+    return raw.reshape(-1, 1) if raw.ndim == 1 else raw
+
+
+def set_tuple(row: np.ndarray) -> tuple[int, ...]:
+    """One raw set row -> its skills in slot order ((-1,) when it holds none)."""
+    skills = tuple(int(s) for s in row if s != NO_SKILL)
+    return skills or (-1,)
+
+
 def _index(raw_ids: np.ndarray) -> dict[int, int]:
-    """Distinct known raw ids (not -1), ascending -> FIRST_ID, FIRST_ID + 1, ..."""
-    known = np.unique(raw_ids[raw_ids != -1])
+    """Distinct known raw ids (>= 0: not -1 nor NO_SKILL), ascending -> FIRST_ID, FIRST_ID + 1, ..."""
+    known = np.unique(raw_ids[raw_ids >= 0])
     return {int(r): FIRST_ID + i for i, r in enumerate(known)}
 
 
@@ -65,15 +81,37 @@ def _encode(table: tuple[np.ndarray, np.ndarray], raw: np.ndarray, default: int)
     return np.where(keys[pos] == raw, values[pos], default).astype(np.int64)
 
 
-@dataclass
 class Vocab:
-    """Raw id -> model id for questions and skills, and raw question -> raw skill."""
+    """Raw id -> model id for questions and skills, and raw question -> its raw skill set."""
 
-    questions: dict[int, int]       # raw question id -> model id (>= FIRST_ID)
-    skills: dict[int, int]          # raw skill id -> model id (>= FIRST_ID)
-    question_skill: dict[int, int]  # raw question id -> raw skill id of its first occurrence (-1 = none)
-    _tables: dict[str, tuple[np.ndarray, np.ndarray]] = field(
-        default_factory=dict, init=False, repr=False, compare=False)
+    def __init__(self, questions: dict[int, int], skills: dict[int, int],
+                 question_skill: dict[int, int] | None = None,
+                 question_skills: dict[int, tuple[int, ...]] | None = None) -> None:
+        self.questions = questions          # raw question id -> model id (>= FIRST_ID)
+        self.skills = skills                # raw skill id -> model id (>= FIRST_ID)
+        if question_skills is None:         # one skill per question (format 1, older callers)
+            question_skills = {q: (s,) for q, s in (question_skill or {}).items()}
+        # raw question id -> raw skill set of its first occurrence with a known skill ((-1,) = none)
+        self.question_skills = {q: tuple(int(s) for s in ss) or (-1,) for q, ss in question_skills.items()}
+        self._tables: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._sets: np.ndarray | None = None
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Vocab) and (self.questions, self.skills, self.question_skills) == \
+            (other.questions, other.skills, other.question_skills)
+
+    def __repr__(self) -> str:
+        return f"Vocab({len(self.questions)} questions, {len(self.skills)} skills)"
+
+    @property
+    def question_skill(self) -> dict[int, int]:
+        """Raw question id -> the first raw skill of its set (-1 = none)."""
+        return {q: ss[0] for q, ss in self.question_skills.items()}
+
+    @property
+    def max_skills(self) -> int:
+        """The largest skill set of a question (>= 1)."""
+        return max((len(ss) for ss in self.question_skills.values()), default=1)
 
     # -- sizes --------------------------------------------------------------------------------
     @property
@@ -90,16 +128,16 @@ class Vocab:
     @classmethod
     def build(cls, inter: RawIds) -> Vocab:
         """Index every known question and skill of `inter` (deterministic: ascending raw id)."""
-        q, s = inter.question_id, inter.skill_id
+        q, sets = np.asarray(inter.question_id, dtype=np.int64), as_skill_sets(inter.skill_id)
         with_q = q != -1
+        known = (sets >= 0).any(axis=1)
         # first occurrence of each question among rows with a known skill, then rows without one
-        qs: dict[int, int] = {}
-        for rows in (with_q & (s != -1), with_q & (s == -1)):
+        qs: dict[int, tuple[int, ...]] = {}
+        for rows in (with_q & known, with_q & ~known):
             uq, first = np.unique(q[rows], return_index=True)
-            skills_here = s[rows][first]
-            for raw_q, raw_s in zip(uq.tolist(), skills_here.tolist()):
-                qs.setdefault(raw_q, raw_s)
-        return cls(questions=_index(q), skills=_index(s), question_skill=dict(sorted(qs.items())))
+            for raw_q, row in zip(uq.tolist(), sets[rows][first]):
+                qs.setdefault(raw_q, set_tuple(row))
+        return cls(questions=_index(q), skills=_index(sets), question_skills=dict(sorted(qs.items())))
 
     # -- encoding -----------------------------------------------------------------------------
     def _table(self, name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -116,8 +154,26 @@ class Vocab:
         return _encode(self._table("skills"), raw, UNK_ID)
 
     def skills_of_questions(self, raw_questions: np.ndarray) -> np.ndarray:
-        """Raw question ids -> the raw skill seen with each in training (-1 where unknown)."""
+        """Raw question ids -> the first raw skill seen with each in training (-1 where unknown)."""
         return _encode(self._table("question_skill"), raw_questions, -1)
+
+    def skill_sets_of_questions(self, raw_questions: np.ndarray) -> np.ndarray:
+        """Raw question ids [N] -> the raw skill set seen with each in training, [N, max_skills]
+        padded with NO_SKILL ([-1, NO_SKILL, ...] where the question is unknown)."""
+        if self._sets is None:
+            table = np.full((len(self.question_skills) + 1, self.max_skills), NO_SKILL, dtype=np.int64)
+            table[-1, 0] = -1                                    # the row of unknown questions
+            for i, ss in enumerate(self.question_skills.values()):
+                table[i, :len(ss)] = ss
+            self._sets = table
+            self._tables["question_row"] = _lookup_table({q: i for i, q in enumerate(self.question_skills)})
+        rows = _encode(self._tables["question_row"], raw_questions, len(self.question_skills))
+        return self._sets[rows]
+
+    def encode_skill_sets(self, raw: np.ndarray) -> np.ndarray:
+        """Raw skill sets [..., K] -> model ids [..., K]: NO_SKILL -> PAD_ID, unknown and -1 -> UNK_ID."""
+        raw = np.asarray(raw, dtype=np.int64)
+        return np.where(raw == NO_SKILL, PAD_ID, self.encode_skills(raw)).astype(np.int64)
 
     # -- JSON ---------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
@@ -127,7 +183,7 @@ class Vocab:
             "unk_id": UNK_ID,
             "questions": {str(k): v for k, v in self.questions.items()},
             "skills": {str(k): v for k, v in self.skills.items()},
-            "question_skill": {str(k): v for k, v in self.question_skill.items()},
+            "question_skills": {str(k): list(v) for k, v in self.question_skills.items()},
         }
 
     @classmethod
@@ -135,21 +191,24 @@ class Vocab:
         """Inverse of `to_json`; raises VocabError(`<where>: <problem>`) on anything malformed."""
         if not isinstance(d, dict):
             raise VocabError(f"{where}: expected a JSON object, got {type(d).__name__}")
-        if d.get("format") != FORMAT:
+        if d.get("format") not in (FORMAT, FORMAT_V1):
             raise VocabError(f"{where}: format is {d.get('format')!r}, expected {FORMAT!r}")
         for key, expected in (("pad_id", PAD_ID), ("unk_id", UNK_ID)):
             if d.get(key) != expected:
                 raise VocabError(f"{where}: {key} is {d.get(key)!r}, this code uses {expected}")
         questions = _int_map(d, "questions", where)
         skills = _int_map(d, "skills", where)
-        question_skill = _int_map(d, "question_skill", where)
+        if d.get("format") == FORMAT_V1:
+            question_skills = {q: (s,) for q, s in _int_map(d, "question_skill", where).items()}
+        else:
+            question_skills = _set_map(d, "question_skills", where)
         for name, mapping in (("questions", questions), ("skills", skills)):
             if any(raw < 0 for raw in mapping):
                 raise VocabError(f"{where}: '{name}' has a negative raw id (-1 always means unknown)")
             if sorted(mapping.values()) != list(range(FIRST_ID, FIRST_ID + len(mapping))):
                 raise VocabError(f"{where}: '{name}' ids must be exactly {FIRST_ID}..{FIRST_ID + len(mapping) - 1}, "
                                 f"each once")
-        return cls(questions=questions, skills=skills, question_skill=question_skill)
+        return cls(questions=questions, skills=skills, question_skills=question_skills)
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the vocab JSON atomically (routerkt/atomic.py)."""
@@ -175,4 +234,20 @@ def _int_map(d: dict, key: str, where: str) -> dict[int, int]:
         if isinstance(v, bool) or not isinstance(v, int):
             raise VocabError(f"{where}: '{key}' maps {k!r} to {v!r}, expected an integer")
         out[raw] = v
+    return out
+
+
+def _set_map(d: dict, key: str, where: str) -> dict[int, tuple[int, ...]]:
+    value = d.get(key)
+    if not isinstance(value, dict):
+        raise VocabError(f"{where}: '{key}' must be an object of raw question id -> list of raw skill ids")
+    out: dict[int, tuple[int, ...]] = {}
+    for k, v in value.items():
+        try:
+            raw = int(k)
+        except ValueError:
+            raise VocabError(f"{where}: '{key}' has a non-integer key {k!r}") from None
+        if not isinstance(v, list) or not v or any(isinstance(s, bool) or not isinstance(s, int) for s in v):
+            raise VocabError(f"{where}: '{key}' maps {k!r} to {v!r}, expected a non-empty list of integers")
+        out[raw] = tuple(v)
     return out

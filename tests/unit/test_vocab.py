@@ -81,7 +81,7 @@ def test_json_round_trip_through_file(vocab, tmp_path):
     d = json.loads(path.read_text())
     assert d["format"] == FORMAT and d["pad_id"] == 0 and d["unk_id"] == 1
     assert d["questions"] == {"10": 2, "30": 3, "40": 4, "50": 5}
-    assert d["question_skill"]["40"] == -1
+    assert d["question_skills"]["40"] == [-1]
     loaded = Vocab.load(path)
     assert loaded == vocab
     assert loaded.encode_questions(np.array([30, 31])).tolist() == [3, UNK_ID]
@@ -95,7 +95,9 @@ def test_from_json_of_to_json(vocab):
 @pytest.mark.parametrize("content, problem", [
     ("{not json", ":1: invalid JSON"),
     ("[]", ": expected a JSON object, got list"),
-    ('{"format": "other"}', ": format is 'other', expected 'routerkt-vocab/1'"),
+    ('{"format": "other"}', ": format is 'other', expected 'routerkt-vocab/2'"),
+    ('{"format": "routerkt-vocab/2", "pad_id": 0, "unk_id": 1, "questions": {}, "skills": {}, '
+     '"question_skills": {"5": []}}', ": 'question_skills' maps '5' to [], expected a non-empty list of integers"),
     ('{"format": "routerkt-vocab/1", "pad_id": 1, "unk_id": 1}', ": pad_id is 1, this code uses 0"),
     ('{"format": "routerkt-vocab/1", "pad_id": 0, "unk_id": 1, "questions": [], "skills": {}, '
      '"question_skill": {}}', ": 'questions' must be an object"),
@@ -131,3 +133,22 @@ def test_importing_vocab_needs_neither_pandas_nor_torch():
             "print(sorted(m for m in ('pandas', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_skill_sets_build_read_and_encode(tmp_path):
+    """Questions tagged with several skills keep their set; format 1 files still read."""
+    from types import SimpleNamespace
+
+    from routerkt.contract.signature import NO_SKILL, PAD_ID
+    inter = SimpleNamespace(question_id=np.array([10, 10, 30, 40]),
+                            skill_id=np.array([[5, 6], [5, 6], [7, NO_SKILL], [-1, NO_SKILL]]))
+    vocab = Vocab.build(inter)
+    assert vocab.question_skills == {10: (5, 6), 30: (7,), 40: (-1,)} and vocab.max_skills == 2
+    assert vocab.skill_sets_of_questions(np.array([10, 30, 99])).tolist() == [[5, 6], [7, NO_SKILL], [-1, NO_SKILL]]
+    assert vocab.encode_skill_sets(np.array([[5, NO_SKILL], [-1, 6]])).tolist() == \
+        [[vocab.skills[5], PAD_ID], [UNK_ID, vocab.skills[6]]]
+    assert Vocab.from_json(json.loads(json.dumps(vocab.to_json()))) == vocab
+    old = tmp_path / "v1.json"
+    old.write_text(json.dumps({"format": "routerkt-vocab/1", "pad_id": 0, "unk_id": 1, "questions": {"10": 2},
+                               "skills": {"5": 2}, "question_skill": {"10": 5}}))
+    assert Vocab.load(old).question_skills == {10: (5,)}
