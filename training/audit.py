@@ -1,4 +1,5 @@
-"""`routerkt audit`: a leak audit of a trained run: perturbation probe, visible answers, shuffled-label control.
+"""A leak audit of a trained run: perturbation probe, visible answers, shuffled-label control
+(`routerkt audit`: training/cli_audit.py).
 
 The audited checkpoint is the run's best fold (highest validation AUC, as export serves) or
 `--fold K`. Its data are rebuilt by the one pipeline (training/data/pipeline.py) from `--data`
@@ -54,12 +55,10 @@ split is recomputed from the config). Three checks, each written to DIR/audit.js
     it out; the verdict then covers (a) and (b) only and says so.
 
 Verdict: PASS when every check run passes; LEAKS BY DESIGN when the model config leaks by design and
-(b), (c) pass; else FAIL with the reasons. Exit code 0 for PASS, 1 for FAIL or LEAKS BY DESIGN, 2 for
-bad input (one line).
+(b), (c) pass; else FAIL with the reasons.
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
 import json
@@ -76,19 +75,6 @@ CONTROL_TOL = 0.02           # the control's band floor: 0.5 +- 0.02 ...
 CONTROL_SIGMAS = 3.0         # ... or 3 null stds of the test set's AUC, whichever is wider
 PASS, FAIL, LEAKS = "PASS", "FAIL", "LEAKS BY DESIGN"
 FIRST_REAL_ID = 2            # ids 0 (padding) and 1 (unknown) are not real questions or skills
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--run", required=True, help="training run directory (written by `routerkt train`)")
-    p.add_argument("--data", default=None, help="the run's canonical CSV (default: the run's recorded data.path)")
-    p.add_argument("--fold", type=int, default=None, help="fold checkpoint (default: best validation AUC)")
-    p.add_argument("--probe-windows", type=int, default=256, help="test windows in the perturbation probe")
-    p.add_argument("--visible-threshold", type=float, default=VISIBLE_MAX_SHARE,
-                   help=f"largest passing share of visible answers (default {VISIBLE_MAX_SHARE})")
-    p.add_argument("--control-epochs", type=int, default=3, help="epochs of the shuffled-label control")
-    p.add_argument("--skip-control", action="store_true", help="leave out the shuffled-label control")
-    p.add_argument("--seed", type=int, default=0, help="seed of the probe sample and the label permutation")
-    p.add_argument("--batch-size", type=int, default=256)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -230,7 +216,11 @@ def _fold_learners(run_dir: Path, index: int, dc, seqs):
     return folds[index].train, folds[index].valid, folds[index].test
 
 
-def run(args: argparse.Namespace) -> int:
+def audit_run(run_dir: Path, fold: int | None = None, data: str | None = None, probe_windows: int = 256,
+              visible_threshold: float = VISIBLE_MAX_SHARE, control_epochs: int = 3, skip_control: bool = False,
+              seed: int = 0, batch_size: int = 256) -> dict:
+    """Audit fold `fold` of `run_dir` (default: the best one) on `data` (default: the run's recorded
+    data.path), write DIR/audit.json and return what it holds (module docstring)."""
     from routerkt.atomic import atomic_write_json
     from routerkt.errors import UserError
     from training.checkpoint import load_checkpoint
@@ -238,15 +228,10 @@ def run(args: argparse.Namespace) -> int:
     from training.data.pipeline import load_sequences
     from training.run import best_fold_dir
 
-    run_dir = Path(args.run)
-    if not run_dir.is_dir():
-        raise UserError(f"--run {run_dir}: not a directory")
-    if args.probe_windows < 1 or args.control_epochs < 1:
-        raise UserError("--probe-windows and --control-epochs must be >= 1")
-    fold_dir = run_dir / f"fold-{args.fold}" if args.fold is not None else best_fold_dir(run_dir)
+    fold_dir = run_dir / f"fold-{fold}" if fold is not None else best_fold_dir(run_dir)
     ckpt = load_checkpoint(fold_dir)
-    index = int(ckpt.meta.get("fold", args.fold if args.fold is not None else fold_dir.name.split("-")[-1]))
-    data_path = str(args.data) if args.data else ckpt.config.data.path
+    index = int(ckpt.meta.get("fold", fold if fold is not None else fold_dir.name.split("-")[-1]))
+    data_path = str(data) if data else ckpt.config.data.path
     dc = dataclasses.replace(ckpt.config.data, path=data_path)
     _, seqs = load_sequences(dc, ckpt.vocab)
     train_ids, valid_ids, test_ids = _fold_learners(run_dir, index, dc, seqs)
@@ -259,35 +244,19 @@ def run(args: argparse.Namespace) -> int:
     log = lambda m: print(m, file=sys.stderr)
 
     probe = perturbation_probe(ckpt.model, test, ckpt.config.model.n_questions, ckpt.config.model.n_skills,
-                               args.probe_windows, args.seed, args.batch_size)
+                               probe_windows, seed, batch_size)
     probe["leaks_by_design"] = leaks_by_design
     visible = visible_answers(test)
-    visible["threshold"] = args.visible_threshold
+    visible["threshold"] = visible_threshold
     visible["collapse_repeats"] = dc.collapse_repeats
     control = None
-    if not args.skip_control:
+    if not skip_control:
         control = shuffled_control(ckpt.config, ckpt.vocab, seqs.select_learners(train_ids),
-                                   seqs.select_learners(valid_ids), test, index, args.control_epochs, args.seed, log)
-    result, reasons = verdict(leaks_by_design, probe, visible, args.visible_threshold, control)
+                                   seqs.select_learners(valid_ids), test, index, control_epochs, seed, log)
+    result, reasons = verdict(leaks_by_design, probe, visible, visible_threshold, control)
     report = {"verdict": result, "reasons": reasons, "checkpoint": str(fold_dir), "fold": index, "data": data_path,
               "preset": ckpt.config.preset, "model": to_dict(ckpt.config.model), "test_sequences": len(test),
               "probe": probe, "visible_answers": visible,
               "control": control if control is not None else {"skipped": True}}
     atomic_write_json(run_dir / "audit.json", report)
-
-    tag = " (leaks by design: ModelConfig.leaks_future)" if leaks_by_design else ""
-    print(f"(a) probe: {probe['windows']} test windows, max |diff| at positions <= t {probe['max_diff']:.3g} "
-          f"(tolerance {PROBE_TOL:g}; after t {probe['max_diff_after_cut']:.3g}){tag}")
-    print(f"(b) visible answers: {visible['visible']} of {visible['scored']} scored positions "
-          f"({visible['visible_share']:.4%}, threshold {args.visible_threshold:.4%}); identical repeats "
-          f"(not judged) {visible['identical_repeat_share']:.4%}")
-    if control is None:
-        print("(c) shuffled-label control: skipped")
-    else:
-        print(f"(c) shuffled-label control: test AUC {control['auc']:.4f} on {control['n']} positions after "
-              f"{control['epochs_run']} epoch(s) (must be 0.5 +- {control['tolerance']:.3f}: {CONTROL_TOL} or "
-              f"{CONTROL_SIGMAS:g} null stds of {control['null_std']:.4f}, the wider)")
-    for reason in reasons:
-        print(f"  FAIL {reason}")
-    print(f"verdict: {result}{' (control skipped)' if control is None else ''}  -> {run_dir / 'audit.json'}")
-    return 0 if result == PASS else 1
+    return report

@@ -14,9 +14,9 @@ pytestmark = pytest.mark.integration
 
 
 def _args(tmp_path, **kw) -> argparse.Namespace:
-    from training import reproduce
+    from training import cli_reproduce
     parser = argparse.ArgumentParser()
-    reproduce.add_arguments(parser)
+    cli_reproduce.add_arguments(parser)
     argv = ["--datasets", "toy", "--root", str(tmp_path / "datasets"), "--out", str(tmp_path / "results"),
             "--folds", "2", "--only-folds", "1", "--epochs", "1"] + [x for o in TINY_OVERRIDES for x in ("--set", o)]
     for key, value in kw.items():
@@ -25,7 +25,7 @@ def _args(tmp_path, **kw) -> argparse.Namespace:
 
 
 def test_reproduce_runs_resumes_and_reports(synthetic_csv, tmp_path):
-    from training import reproduce
+    from training import cli_reproduce as reproduce
     from training.history_score import HISTORY_SCORING
     (tmp_path / "datasets" / "toy").mkdir(parents=True)
     (tmp_path / "datasets" / "toy" / "interactions.csv").write_bytes(synthetic_csv.read_bytes())

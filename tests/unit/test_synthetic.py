@@ -10,7 +10,7 @@ import pytest
 
 from routerkt import cli
 from routerkt.errors import UserError
-from training.data import synthetic_cli
+from training.data import cli_synth
 from training.data.csv_reader import COLUMNS, read_interactions
 from training.data.synthetic import SyntheticConfig, dependent_skills, generate, simulate, write_csv
 
@@ -138,7 +138,7 @@ def test_pivotal_skill(data):
 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser()
-    synthetic_cli.add_arguments(p)
+    cli_synth.add_arguments(p)
     return p.parse_args(argv)
 
 
@@ -146,7 +146,7 @@ def test_cli_writes_file_and_summary(tmp_path, capsys):
     out = tmp_path / "syn.csv"
     args = parse(["--out", str(out), "--learners", "12", "--seed", "9", "--min-len", "5", "--max-len", "20"])
     assert args.skills == 20 and args.questions == 200
-    assert synthetic_cli.run(args) == 0
+    assert cli_synth.run(args) == 0
     line = capsys.readouterr().out.strip()
     assert "\n" not in line and "12 learners" in line and str(out) in line
     inter = read_interactions(out)
