@@ -4,6 +4,7 @@
                    [--triton-url HOST:PORT[,HOST:PORT...]] [--sample-model NAME]
                    [--store sqlite:///PATH | redis://HOST:PORT/DB] [--store-keep N] [--store-ttl S]
                    [--rollout-policy FILE] [--no-track-outcomes] [--outcome-ttl S]
+                   [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]] [--api-keys FILE] [--insecure]
 
 With --triton-url A,B,... (several Triton replicas, started elsewhere), inference is spread
 round-robin over the ready ones, a replica failing its probe gets no traffic until it is back, and
@@ -21,7 +22,8 @@ SQLite file <state dir>/sessions.sqlite3; learner ids are keyed by HMAC with the
 ROUTERKT_STORE_SECRET or --store-secret-file (created when missing). With a store, outcome tracking
 is on (what was served waits --outcome-ttl seconds for its answer). The rollout policy file
 (default <state dir>/rollout.json, watched; absent = latest version everywhere) is what
-`routerkt rollout` edits. Logs are JSON lines when stderr is not a terminal.
+`routerkt rollout` edits. Logs are JSON lines when stderr is not a terminal. A --host beyond
+loopback needs --tls-cert/--tls-key and --api-keys, or --insecure (docs/security.md).
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ from pathlib import Path
 
 from routerkt.errors import UserError
 from serving.logs import configure_logging
+from serving.security.exposure import refuse_exposure
 from serving.settings import Settings
 
 log = logging.getLogger("routerkt.serve")
@@ -80,6 +83,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds a served prediction waits for the learner's answer")
     parser.add_argument("--backend", choices=("triton", "onnxruntime"), default="triton",
                         help="inference backend: Triton (default), or onnxruntime in-process (development)")
+    security = parser.add_argument_group("security (docs/security.md)")
+    security.add_argument("--tls-cert", type=Path, default=None, metavar="PEM",
+                          help="TLS certificate (chain) for gRPC and HTTP; re-read when it changes")
+    security.add_argument("--tls-key", type=Path, default=None, metavar="PEM", help="the certificate's private key")
+    security.add_argument("--tls-client-ca", type=Path, default=None, metavar="PEM",
+                          help="require client certificates signed by this CA (mTLS)")
+    security.add_argument("--api-keys", type=Path, default=None, metavar="FILE",
+                          help="API keys file (`routerkt keys issue`); every call then needs a key with its scope")
+    security.add_argument("--insecure", action="store_true",
+                          help="allow a non-loopback --host without TLS or API keys (logged at every start)")
+    security.add_argument("--triton-key-file", type=Path, default=None, metavar="FILE",
+                          help="file holding HEADER=KEY sent on Triton's model-control calls "
+                               "(Triton's --grpc-restricted-protocol)")
+    security.add_argument("--store-password-file", type=Path, default=None, metavar="FILE",
+                          help="password of the --store redis(s)://USER@HOST:PORT/DB user")
+    security.add_argument("--store-ca-file", type=Path, default=None, metavar="PEM",
+                          help="CA that signed the store's certificate (rediss://)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -92,8 +112,11 @@ def run(args: argparse.Namespace) -> int:
                         inflight_wait_s=args.inflight_wait, grace_period_s=args.grace_period,
                         store_keep=args.store_keep, store_ttl_s=args.store_ttl,
                         track_outcomes=not args.no_track_outcomes, outcome_ttl_s=args.outcome_ttl,
-                        rollout_policy=args.rollout_policy or args.state_dir / "rollout.json")
+                        rollout_policy=args.rollout_policy or args.state_dir / "rollout.json",
+                        tls_cert=args.tls_cert, tls_key=args.tls_key, tls_client_ca=args.tls_client_ca,
+                        api_keys=args.api_keys, insecure=args.insecure, triton_key_file=args.triton_key_file)
     settings.validate()
+    refuse_exposure(settings)                                   # before Triton starts
     if args.triton_url:
         settings.triton_url = args.triton_url
         settings.validate()
@@ -138,7 +161,8 @@ def _session_parts(settings: Settings, args: argparse.Namespace):
     if url == "none":
         return None, None
     keys = LearnerKeys(load_secret(args.store_secret_file or args.state_dir / "store.secret"))
-    return open_store(url, ttl_s=settings.store_ttl_s), keys
+    return open_store(url, ttl_s=settings.store_ttl_s, password_file=args.store_password_file,
+                      ca_file=args.store_ca_file), keys
 
 
 async def _serve(settings: Settings, args: argparse.Namespace, triton=None) -> int:

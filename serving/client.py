@@ -58,9 +58,41 @@ def channel_options(service_config: dict | None = None) -> list[tuple[str, objec
             ("grpc.enable_http_proxy", 0)]
 
 
-def connect(target: str) -> grpc.Channel:
-    """An insecure channel to the gateway at `target` with the retry policy above."""
-    return grpc.insecure_channel(target, options=channel_options())
+MAX_TIMEOUT_S = 300.0       # a longer timeout is sent as this: grpcio itself fails a call at once whose
+                            # deadline overflows (timeout=3e10 s), and the gateway caps at 300 s anyway
+
+
+class _Access(grpc.UnaryUnaryClientInterceptor):
+    """Adds the API key (authorization: Bearer) and caps the timeout at MAX_TIMEOUT_S."""
+
+    def __init__(self, api_key: str | None) -> None:
+        self.metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
+
+    def intercept_unary_unary(self, continuation, details, request):
+        timeout = details.timeout if details.timeout is None or details.timeout <= MAX_TIMEOUT_S else MAX_TIMEOUT_S
+        metadata = tuple(details.metadata or ()) + self.metadata
+        return continuation(_Details(details.method, timeout, metadata, details.credentials,
+                                     details.wait_for_ready, details.compression), request)
+
+
+class _Details(grpc.ClientCallDetails):
+    def __init__(self, method, timeout, metadata, credentials, wait_for_ready, compression) -> None:
+        self.method, self.timeout, self.metadata = method, timeout, metadata
+        self.credentials, self.wait_for_ready, self.compression = credentials, wait_for_ready, compression
+
+
+def connect(target: str, api_key: str | None = None, tls_ca: bytes | None = None,
+            client_cert: tuple[bytes, bytes] | None = None) -> grpc.Channel:
+    """A channel to the gateway at `target` with the retry policy above: TLS when `tls_ca` (PEM of
+    the CA that signed the gateway's certificate) is given, with `client_cert` (key, certificate)
+    for mTLS; `api_key` sent on every call; timeouts capped at MAX_TIMEOUT_S."""
+    if tls_ca is None:
+        channel = grpc.insecure_channel(target, options=channel_options())
+    else:
+        key, cert = client_cert or (None, None)
+        credentials = grpc.ssl_channel_credentials(tls_ca, private_key=key, certificate_chain=cert)
+        channel = grpc.secure_channel(target, credentials, options=channel_options())
+    return grpc.intercept_channel(channel, _Access(api_key))
 
 
 def balanced_target(addresses: Sequence[str] | str) -> str:

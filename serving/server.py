@@ -47,6 +47,10 @@ from serving.prediction import PredictionService
 from serving.recommend import Recommender
 from serving.rollout.kinds.latest import LatestReadyVersion
 from serving.rollout.policy import RolloutPolicy
+from serving.security.api_keys import KeyFile
+from serving.security.exposure import refuse_exposure, warn_exposure
+from serving.security.guard import Guard
+from serving.security.tls import TlsFiles
 from serving.sessions.history import RequestHistory, SessionHistory
 from serving.sessions.keys import LearnerKeys
 from serving.sessions.session_service import SessionService
@@ -76,13 +80,15 @@ class GatewayServer:
     """Both servers of one gateway and the tasks around them (see the module docstring)."""
 
     def __init__(self, service: PredictionService, recommender: Recommender, sessions: SessionService | None = None,
-                 background: tuple[Background, ...] = ()) -> None:
+                 background: tuple[Background, ...] = (), guard: Guard | None = None,
+                 tls: TlsFiles | None = None) -> None:
         self.service = service
         self.recommender = recommender
         self.sessions = sessions
         self.policy = service.policy
         self.background = background          # parts with upkeep of their own (sessions, tracker, policy)
-        self.endpoints = Endpoints(service, recommender, sessions, self.policy, self)
+        self.endpoints = Endpoints(service, recommender, sessions, self.policy, self, guard or Guard())
+        self.tls = tls                        # None: plaintext on both ports
         self.settings = settings = service.settings
         self.metrics = metrics = service.metrics
         self.catalog = service.catalog
@@ -100,7 +106,8 @@ class GatewayServer:
              health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), self.grpc)
         address = f"{settings.host}:{settings.grpc_port}"
         try:
-            self.grpc_port = self.grpc.add_insecure_port(address)
+            self.grpc_port = (self.grpc.add_secure_port(address, tls.grpc_credentials()) if tls is not None
+                              else self.grpc.add_insecure_port(address))
         except RuntimeError:
             self.grpc_port = 0
         if self.grpc_port == 0:
@@ -126,6 +133,7 @@ class GatewayServer:
     async def start(self) -> None:
         """Scan the repository, probe Triton once, then start serving gRPC and HTTP."""
         log.info("gateway settings: %s", json.dumps(self.settings.describe(), sort_keys=True))
+        warn_exposure(self.settings)                   # --insecure beyond loopback: at every start
         await asyncio.to_thread(self.catalog.refresh)
         await self.backend.start(self.catalog)
         if self.sessions is not None:                  # the store is probed once before SERVING
@@ -134,8 +142,10 @@ class GatewayServer:
         await self.grpc.start()
         if self._http_socket is not None:
             app = create_app(self.endpoints)
+            tls = self.tls
             config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off",
-                                    timeout_graceful_shutdown=max(1, int(self.settings.grace_period_s)))
+                                    timeout_graceful_shutdown=max(1, int(self.settings.grace_period_s)),
+                                    ssl_context_factory=None if tls is None else lambda config, default: tls.context)
             self._http = _EmbeddedUvicorn(config)
             self._http_task = asyncio.create_task(self._http.serve(sockets=[self._http_socket]))
         self._tasks.append(asyncio.create_task(self.backend.maintain(self.catalog)))
@@ -238,6 +248,9 @@ def create_server(settings: Settings, *, metrics: Metrics | None = None, catalog
     settings.track_outcomes, outcome tracking) and bind its ports (call inside a running event loop).
     Returns the server (not started) and the bound gRPC port (useful with settings.grpc_port = 0)."""
     settings.validate()
+    refuse_exposure(settings)
+    guard = Guard(KeyFile(settings.api_keys) if settings.api_keys is not None else None)
+    tls = TlsFiles(settings.tls_cert, settings.tls_key, settings.tls_client_ca) if settings.tls_cert else None
     metrics = metrics or Metrics(outcome_window_s=settings.outcome_window_s)
     catalog = catalog or (sessions.catalog if sessions is not None else ModelCatalog(settings.repository))
     if sessions is None and store is not None:
@@ -260,8 +273,8 @@ def create_server(settings: Settings, *, metrics: Metrics | None = None, catalog
         encoder=encoder or WindowEncoder(lambda kind, n: metrics.unknown_ids.labels(kind=kind).inc(n)),
         sink=SinkChain(sink, tracker) if tracker is not None else sink, issue_prediction_ids=tracker is not None)
     # closed in this order at shutdown: the tracker flushes into the store before the store closes
-    background: tuple[Background, ...] = tuple(part for part in (tracker, policy, sessions) if part is not None)
-    server = GatewayServer(service, Recommender(service, sessions), sessions, background)
+    background: tuple[Background, ...] = tuple(part for part in (tracker, policy, sessions, tls) if part is not None)
+    server = GatewayServer(service, Recommender(service, sessions), sessions, background, guard, tls)
     return server, server.grpc_port
 
 

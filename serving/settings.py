@@ -30,6 +30,7 @@ class Settings:
     max_candidates: int = 64                      # candidates per learner (all go into ONE Triton inference)
     max_history: int = 10_000                     # interactions per learner accepted (only window-1 are used)
     max_batch_learners: int = 64                  # learners per PredictBatch call
+    max_skills_per_interaction: int = 8           # skills in one interaction's / candidate's / event's set
     max_message_bytes: int = 4 * MIB              # gRPC max receive size; bigger messages get RESOURCE_EXHAUSTED
     rank_rows_per_infer: int = 1                  # learners per rank inference; a call sends its inferences one
                                                   # at a time, so large batches do not stall other callers
@@ -98,11 +99,26 @@ class Settings:
     manage_models: bool = True                    # ask Triton (explicit mode) to load repository models/versions
                                                   # it does not serve yet
 
+    # -- security (serving/security/, docs/security.md) ---------------------------------------------
+    tls_cert: Path | None = None                  # PEM certificate (chain) of both ports; None = plaintext
+    tls_key: Path | None = None                   # its private key; both files are re-read when they change
+    tls_client_ca: Path | None = None             # set: clients must present a certificate it signed (mTLS)
+    api_keys: Path | None = None                  # the API keys file (hashes + scopes); None = no authentication
+    insecure: bool = False                        # allow a non-loopback host without TLS or keys (logged)
+    triton_key_file: Path | None = None           # file holding "<header>=<key>" sent on Triton's model-control
+                                                  # calls (its --grpc-restricted-protocol); None = none sent
+    max_deadline_s: float = 300.0                 # a caller's deadline beyond this is capped to it (never expired)
+
     def validate(self) -> "Settings":
         """Raise UserError naming the first bad field; returns self."""
         self.repository = Path(self.repository)
         if self.rollout_policy is not None:
             self.rollout_policy = Path(self.rollout_policy)
+        for name in ("tls_cert", "tls_key", "tls_client_ca", "api_keys", "triton_key_file"):
+            if getattr(self, name) is not None:
+                setattr(self, name, Path(getattr(self, name)))
+        if (self.tls_cert is None) != (self.tls_key is None) or (self.tls_client_ca and not self.tls_cert):
+            raise UserError("--tls-cert and --tls-key go together (and --tls-client-ca needs them)")
         for name in ("grpc_port", "http_port"):
             value = getattr(self, name)
             if value is None and name == "http_port":
@@ -112,12 +128,12 @@ class Settings:
         positive_ints = ("max_candidates", "max_history", "max_batch_learners", "max_message_bytes",
                          "max_rows_per_infer", "max_inflight", "probe_failures_before_reload", "max_learner_id_chars",
                          "max_event_id_chars", "max_observe_events", "store_keep", "rank_rows_per_infer", "rank_candidates_per_infer",
-                         "max_pending_served", "max_shadow_inflight", "max_call_rows")
+                         "max_pending_served", "max_shadow_inflight", "max_call_rows", "max_skills_per_interaction")
         for name in positive_ints:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise UserError(f"settings.{name} must be a positive integer, got {value!r}")
-        positive_floats = ("default_deadline_s", "probe_interval_s", "probe_timeout_s", "reload_timeout_s",
+        positive_floats = ("default_deadline_s", "max_deadline_s", "probe_interval_s", "probe_timeout_s", "reload_timeout_s",
                            "repository_poll_s", "store_probe_s", "store_expiry_s", "http_body_timeout_s",
                            "outcome_ttl_s", "outcome_window_s", "outcome_flush_s", "rollout_poll_s")
         for name in positive_floats:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import AuthenticationError, RedisError
 from redis.retry import Retry
 
 import json
@@ -81,6 +81,20 @@ for i = 1, #ARGV do
 end
 return out
 """
+# What an ACL user of this store needs (the scripts' commands included: Redis checks them too);
+# serving/deploy/k8s/redis.yaml creates the user with exactly these (tests check it).
+ACL_KEYS = ("rk:*", "rks:*")
+ACL_COMMANDS = ("ping", "evalsha", "eval", "script|load", "script|exists", "lrange", "llen", "del", "multi",
+                "exec", "scan", "select", "rpush", "zadd", "zscore", "zremrangebyscore", "hget", "hset", "hdel",
+                "ltrim", "pexpire", "pexpireat")
+
+
+def acl_rules() -> str:
+    """The ACL rules of the store's user, less its password: keys and commands, nothing else."""
+    return " ".join(["resetkeys", *(f"~{k}" for k in ACL_KEYS), "resetchannels", "-@all",
+                     *(f"+{c}" for c in ACL_COMMANDS)])
+
+
 SOCKET_TIMEOUT_S = 2.0         # one command; the caller's deadline bounds the call anyway
 CONNECT_TIMEOUT_S = 0.5
 
@@ -96,11 +110,14 @@ def _served_key(owner: str) -> str:
 class RedisStore:
     kind = "redis"
 
-    def __init__(self, host: str, port: int, db: int = 0, ttl_s: float = 0.0) -> None:
+    def __init__(self, host: str, port: int, db: int = 0, ttl_s: float = 0.0, username: str | None = None,
+                 password: str | None = None, tls: bool = False, ca_file=None) -> None:
         self.ttl_s = ttl_s
+        self.username = username or "default"
+        ssl = {"ssl": True, "ssl_ca_certs": str(ca_file) if ca_file else None} if tls else {}
         self._client = aioredis.Redis(host=host, port=port, db=db, socket_timeout=SOCKET_TIMEOUT_S,
                                       socket_connect_timeout=CONNECT_TIMEOUT_S, retry=Retry(NoBackoff(), 0),
-                                      decode_responses=True)
+                                      decode_responses=True, username=username, password=password, **ssl)
         self._append = self._client.register_script(APPEND)
         self._remember = self._client.register_script(REMEMBER)
         self._take = self._client.register_script(TAKE)
@@ -114,6 +131,9 @@ class RedisStore:
     async def ping(self) -> None:
         try:
             await self._client.ping()
+        except AuthenticationError:
+            raise StoreUnavailable(f"redis: authentication failed for user {self.username!r} (check "
+                                   f"--store-password-file and the server's ACL)") from None
         except (RedisError, OSError) as exc:
             raise StoreUnavailable(f"redis: {exc}") from None
 

@@ -28,6 +28,7 @@ from serving.catalog import ModelCatalog, ModelVersion
 from serving.errors import ServingError
 from serving.metrics import Metrics
 from serving.requests import UNKNOWN_SKILL, Deadline
+from serving.security.audit import LEARNER_PREFIX, audit
 from serving.sessions.events import ObserveQuery, check_learner_id, validate_observe
 from serving.sessions.keys import LearnerKeys
 from serving.sessions.store import AppendResult, History, SessionStore, StoredEvent, StoreUnavailable
@@ -139,7 +140,9 @@ class SessionService:
             key = self.keys.learner(learner_id)
             if self.tracker is not None:                 # nothing queued may be written after the delete
                 await self.tracker.discard(key)
-            return await self._call("forget", self.store.forget(key), deadline)
+            existed, deleted = await self._call("forget", self.store.forget(key), deadline)
+            audit("forget_learner", learner=key[:LEARNER_PREFIX], existed=existed, deleted=deleted)
+            return existed, deleted
         except ServingError as exc:
             self.metrics.errors.labels(code=exc.code_name).inc()
             raise

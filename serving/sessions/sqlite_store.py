@@ -18,6 +18,7 @@ transaction: skip known event keys, insert the rest with consecutive sequence nu
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -58,6 +59,9 @@ class SqliteStore:
     # -- lifecycle -------------------------------------------------------------------------------
     async def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        for path in (self.path, self.served_path):   # learners' histories: owner only (SQLite's -wal and
+            os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))   # -shm files take the same mode)
+            os.chmod(path, 0o600)
         await self._run(self._writer, self._create)
         await self._run(self._served, self._create_served)
 

@@ -2,12 +2,13 @@
 handed to the gRPC servicer and the HTTP app, which never see the server itself."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from serving.parts import VersionPolicy
 from serving.prediction import PredictionService
 from serving.recommend import Recommender
+from serving.security.guard import Guard
 from serving.sessions.session_service import SessionService
 
 
@@ -30,3 +31,4 @@ class Endpoints:
     sessions: SessionService | None
     policy: VersionPolicy
     health: GatewayHealth
+    guard: Guard = field(default_factory=Guard)     # API keys and scopes (none: all allowed)

@@ -26,7 +26,10 @@ from serving.api import knowledge_tracing_pb2 as pb
 from serving.errors import ServingError
 from serving.transport.endpoints import Endpoints
 from serving.recommend import RecommendQuery
-from serving.requests import Deadline, LearnerQuery, PredictQuery, PredictResult, column_arrays, skill_array
+from serving.requests import (DEFAULT_MAX_SKILLS, Deadline, LearnerQuery, PredictQuery, PredictResult, column_arrays,
+                              skill_sets)
+from serving.security.guard import Guard
+from serving.security.scopes import grpc_scope
 from serving.sessions.events import ObserveQuery, timestamp_array
 from serving.sessions.session_service import SessionService
 
@@ -65,36 +68,45 @@ def add_to_server(servicer: "KnowledgeTracingServicer", server: grpc.aio.Server)
         request_type = getattr(pb, method.input_type.name)
         response_type = getattr(pb, method.output_type.name)
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-            _handler(getattr(servicer, method.name), servicer.default_deadline_s),
+            _handler(getattr(servicer, method.name), servicer.default_deadline_s, servicer.max_deadline_s,
+                     servicer.guard, grpc_scope(f"/{SERVICE.full_name}/{method.name}")),
             request_deserializer=_decoder(request_type, servicer.undecodable(method.name)),
             response_serializer=response_type.SerializeToString)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),))
 
 
 def learner_query(history: Sequence, candidates: Sequence, learner_id: str = "",
-                  columns: pb.HistoryColumns | None = None, prefix: str = "") -> LearnerQuery:
+                  columns: pb.HistoryColumns | None = None, prefix: str = "",
+                  max_skills: int = DEFAULT_MAX_SKILLS) -> LearnerQuery:
     """Repeated Interaction / Candidate messages (or HistoryColumns) -> a LearnerQuery of raw-id
-    arrays. Messages: one pass over each list, ~1.4 us per interaction; columns: no object per
-    interaction (np.fromiter over each packed column). `prefix` ("" or "learners[i].") names the
-    learner in errors."""
+    arrays. Messages: one pass over each list, ~1.4 us per interaction (a set's `skill_ids` are
+    read in a second pass only when some message has them); columns: no object per interaction
+    (np.fromiter over each packed column). `prefix` ("" or "learners[i].") names the learner in
+    errors; `max_skills`: the most skills one set may have (Settings.max_skills_per_interaction)."""
+    h_sets = None
     if columns is not None:
-        hq, hs, hc = column_arrays(columns.question_ids, columns.skill_ids, columns.correct, f"{prefix}history_columns",
-                                   messages=len(history))
+        hq, hs, hc, h_sets = column_arrays(columns.question_ids, columns.skill_ids, columns.correct,
+                                           f"{prefix}history_columns", len(history), columns.skill_lengths,
+                                           columns.skill_values, max_skills)
     else:
-        h = np.array([(i.question_id, i.skill_id, i.correct, i.HasField("skill_id")) for i in history],
-                     dtype=np.int64).reshape(-1, 4)                               # [H, 4]
-        hq, hs, hc = h[:, 0].copy(), skill_array(h[:, 1], h[:, 3].astype(bool)), h[:, 2].copy()
-    c = np.array([(q.question_id, q.skill_id, q.HasField("skill_id")) for q in candidates],
-                 dtype=np.int64).reshape(-1, 3)                                   # [C, 3]
+        h = np.array([(i.question_id, i.skill_id, i.correct, i.HasField("skill_id"), len(i.skill_ids)) for i in history],
+                     dtype=np.int64).reshape(-1, 5)                               # [H, 5]
+        sets = [i.skill_ids for i in history] if h[:, 4].any() else None
+        hs, h_sets = skill_sets(h[:, 1], h[:, 3].astype(bool), sets, f"{prefix}history", max_skills)
+        hq, hc = h[:, 0].copy(), h[:, 2].copy()
+    c = np.array([(q.question_id, q.skill_id, q.HasField("skill_id"), len(q.skill_ids)) for q in candidates],
+                 dtype=np.int64).reshape(-1, 4)                                   # [C, 4]
+    cs, c_sets = skill_sets(c[:, 1], c[:, 2].astype(bool), [q.skill_ids for q in candidates] if c[:, 3].any() else None,
+                            f"{prefix}candidates", max_skills)
     return LearnerQuery(history_questions=hq, history_skills=hs, history_correct=hc,
-                        candidate_questions=c[:, 0].copy(), candidate_skills=skill_array(c[:, 1], c[:, 2].astype(bool)),
-                        learner_id=learner_id)
+                        candidate_questions=c[:, 0].copy(), candidate_skills=cs, learner_id=learner_id,
+                        history_sets=h_sets, candidate_sets=c_sets)
 
 
-def _learner(message, prefix: str = "") -> LearnerQuery:
+def _learner(message, prefix: str = "", max_skills: int = DEFAULT_MAX_SKILLS) -> LearnerQuery:
     """A PredictRequest, LearnerRequest or RecommendRequest's learner."""
     columns = message.history_columns if message.HasField("history_columns") else None
-    return learner_query(message.history, message.candidates, message.learner_id, columns, prefix)
+    return learner_query(message.history, message.candidates, message.learner_id, columns, prefix, max_skills)
 
 
 def interactions_in(request: pb.PredictBatchRequest) -> int:
@@ -103,30 +115,33 @@ def interactions_in(request: pb.PredictBatchRequest) -> int:
                for learner in request.learners)
 
 
-def predict_query(request: pb.PredictRequest) -> PredictQuery:
-    return PredictQuery(model=request.model, version=request.version, learners=[_learner(request)])
+def predict_query(request: pb.PredictRequest, max_skills: int = DEFAULT_MAX_SKILLS) -> PredictQuery:
+    return PredictQuery(model=request.model, version=request.version, learners=[_learner(request, "", max_skills)])
 
 
-def batch_query(request: pb.PredictBatchRequest) -> PredictQuery:
+def batch_query(request: pb.PredictBatchRequest, max_skills: int = DEFAULT_MAX_SKILLS) -> PredictQuery:
     return PredictQuery(model=request.model, version=request.version, batch=True,
-                        learners=[_learner(l, f"learners[{i}].") for i, l in enumerate(request.learners)])
+                        learners=[_learner(l, f"learners[{i}].", max_skills) for i, l in enumerate(request.learners)])
 
 
-def recommend_query(request: pb.RecommendRequest) -> RecommendQuery:
+def recommend_query(request: pb.RecommendRequest, max_skills: int = DEFAULT_MAX_SKILLS) -> RecommendQuery:
     return RecommendQuery(
-        model=request.model, version=request.version, learner=_learner(request),
+        model=request.model, version=request.version, learner=_learner(request, "", max_skills),
         target_probability=request.target_probability if request.HasField("target_probability") else None,
         top_k=request.top_k if request.HasField("top_k") else None, exclude_seen=request.exclude_seen)
 
 
-def observe_query(request: pb.ObserveRequest) -> ObserveQuery:
+def observe_query(request: pb.ObserveRequest, max_skills: int = DEFAULT_MAX_SKILLS) -> ObserveQuery:
     events = request.events
     n = len(events)
+    sets = [e.skill_ids for e in events] if any(len(e.skill_ids) for e in events) else None
+    skills, as_sets = skill_sets(np.fromiter((e.skill_id for e in events), dtype=np.int64, count=n),
+                                 np.fromiter((e.HasField("skill_id") for e in events), dtype=bool, count=n),
+                                 sets, "events", max_skills)
     return ObserveQuery(
         learner_id=request.learner_id, event_ids=[e.event_id for e in events],
         questions=np.fromiter((e.question_id for e in events), dtype=np.int64, count=n),
-        skills=skill_array(np.fromiter((e.skill_id for e in events), dtype=np.int64, count=n),
-                           np.fromiter((e.HasField("skill_id") for e in events), dtype=bool, count=n)),
+        skills=skills, skill_sets=as_sets,
         correct=np.fromiter((e.correct for e in events), dtype=np.int64, count=n),
         timestamps=timestamp_array(np.fromiter((e.timestamp_ms for e in events), dtype=np.int64, count=n),
                                    np.fromiter((e.HasField("timestamp_ms") for e in events), dtype=bool, count=n)))
@@ -154,6 +169,9 @@ class KnowledgeTracingServicer:
         self.sessions = endpoints.sessions
         self.recommender = endpoints.recommender
         self.default_deadline_s = self.service.settings.default_deadline_s
+        self.max_skills = self.service.settings.max_skills_per_interaction
+        self.max_deadline_s = self.service.settings.max_deadline_s
+        self.guard = endpoints.guard
         self._last_log = -LOG_EVERY_S
 
     def undecodable(self, method: str):
@@ -169,17 +187,17 @@ class KnowledgeTracingServicer:
         return count
 
     async def Predict(self, request: pb.PredictRequest, deadline: Deadline) -> pb.PredictResponse:
-        return predict_response(await self.service.predict(predict_query(request), deadline))
+        return predict_response(await self.service.predict(predict_query(request, self.max_skills), deadline))
 
     async def PredictBatch(self, request: pb.PredictBatchRequest, deadline: Deadline) -> pb.PredictBatchResponse:
         if interactions_in(request) > OFFLOAD_INTERACTIONS:      # keep the event loop for small calls
-            query = await asyncio.to_thread(batch_query, request)
+            query = await asyncio.to_thread(batch_query, request, self.max_skills)
         else:
-            query = batch_query(request)
+            query = batch_query(request, self.max_skills)
         return batch_response(await self.service.predict(query, deadline))
 
     async def Recommend(self, request: pb.RecommendRequest, deadline: Deadline) -> pb.RecommendResponse:
-        result = await self.recommender.recommend(recommend_query(request), deadline)
+        result = await self.recommender.recommend(recommend_query(request, self.max_skills), deadline)
         return pb.RecommendResponse(
             recommendations=[pb.Recommendation(question_id=q, probability=p)
                              for q, p in zip(result.question_ids, result.probabilities)],
@@ -187,7 +205,7 @@ class KnowledgeTracingServicer:
             prediction_id=result.prediction_id)
 
     async def Observe(self, request: pb.ObserveRequest, deadline: Deadline) -> pb.ObserveResponse:
-        result = await self._sessions().observe(observe_query(request), deadline)
+        result = await self._sessions().observe(observe_query(request, self.max_skills), deadline)
         return pb.ObserveResponse(stored=result.stored, duplicates=result.duplicates,
                                   history_length=result.history_length)
 
@@ -206,14 +224,18 @@ class KnowledgeTracingServicer:
         return self.sessions
 
 
-def _handler(method, default_deadline_s: float):
-    """The one frame of every RPC: decoded body, the call's deadline, ServingError -> status."""
+def _handler(method, default_deadline_s: float, max_deadline_s: float, guard: Guard, scope: str):
+    """The one frame of every RPC: the caller's key and scope (serving/security/), decoded body, the
+    call's deadline (none: the default; beyond max_deadline_s: capped, never expired), ServingError
+    -> status."""
     async def handle(request, context: grpc.aio.ServicerContext):
         try:
+            guard.check_grpc(scope, context.invocation_metadata())
             if isinstance(request, Undecodable):
                 raise errors.invalid_argument("body", f"the request body is not a valid {request.type_name}")
             remaining = context.time_remaining()
-            return await method(request, Deadline.after(default_deadline_s if remaining is None else remaining))
+            return await method(request, Deadline.after(default_deadline_s if remaining is None
+                                                        else min(remaining, max_deadline_s)))
         except ServingError as exc:
             if exc.field:
                 context.set_trailing_metadata(((errors.FIELD_METADATA_KEY, exc.field),))

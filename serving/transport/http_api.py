@@ -10,12 +10,14 @@
 - POST /v1/recommend       JSON mirror of Recommend
 - POST /v1/report_outcome  JSON mirror of ReportOutcome
 - GET  /v1/rollout         the rollout policy in force, a refused file's error, outcome counts
+- PUT  /v1/rollout/{model} set one model's rollout (the policy file's JSON for it; admin, audited)
 - GET  /openapi.json, /docs
 
 The JSON calls run the same PredictionService as gRPC (same validation, limits, in-flight slots):
 this module only turns JSON bodies into PredictQuery (serving/requests.py) and results back.
 Errors are {"error": {"code": <gRPC code name>, "message", "field"}} with HTTP 400 (INVALID_ARGUMENT,
-also for malformed JSON / wrong types), 404 (NOT_FOUND), 413 (body over the size limit), 429
+also for malformed JSON / wrong types), 401 (no valid API key), 403 (the key lacks the route's scope:
+serving/security/scopes.py), 404 (NOT_FOUND), 413 (body over the size limit), 429
 (RESOURCE_EXHAUSTED), 503 (UNAVAILABLE), 504 (DEADLINE_EXCEEDED), 500 (INTERNAL). The deadline is
 settings.default_deadline_s unless the `X-Request-Timeout` header gives one in seconds (capped at
 MAX_REQUEST_TIMEOUT_S, 60). Input is strict: JSON integers only (no bool, string or float for an id
@@ -25,13 +27,15 @@ chunked (413), arriving within settings.http_body_timeout_s (408).
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from typing import Annotated, Any
 
 import grpc
 from fastapi import Depends, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import AfterValidator, BaseModel, Field, StrictInt
 
@@ -39,7 +43,12 @@ from serving.errors import ServingError, failed_precondition, invalid_argument
 from serving.transport.endpoints import Endpoints
 from serving.recommend import RecommendQuery
 from serving.requests import Deadline, LearnerQuery, PredictQuery, column_arrays
+from serving.rollout.policy_file import PolicyError, parse_model, read_policy, write_policy
+from serving.security.audit import audit
+from serving.security.scopes import http_scope
 
+log = logging.getLogger("routerkt.gateway.http")
+DISCONNECT_LOG_EVERY_S = 10.0     # a client hanging up before its answer: counted, logged this rarely
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 JSON_SIZE_FACTOR = 4          # a JSON body may be this many times settings.max_message_bytes
@@ -225,15 +234,37 @@ def create_app(endpoints: Endpoints) -> FastAPI:
     raised anywhere (the deadline header, the service) becomes the JSON error with its HTTP status."""
     service, sessions, recommender = endpoints.service, endpoints.sessions, endpoints.recommender
     settings, metrics = service.settings, service.metrics
-    app = FastAPI(title="RouterKT gateway", version="1",
+    guard = endpoints.guard
+
+    async def authorise(request: Request) -> None:
+        """Every route's key and scope (serving/security/scopes.py); 401 / 403 otherwise."""
+        if guard.enabled:
+            route = request.scope.get("route")
+            try:
+                guard.check(http_scope(request.method, getattr(route, "path", "")), request.headers.get("authorization"))
+            except ServingError as exc:
+                metrics.errors.labels(code=exc.code_name).inc()
+                raise
+
+    app = FastAPI(title="RouterKT gateway", version="1", dependencies=[Depends(authorise)],
                   description="JSON mirror of routerkt.v1.KnowledgeTracingService, plus health and metrics.")
+    last_disconnect_log = [-DISCONNECT_LOG_EVERY_S]
 
     app.add_middleware(BodyGuard, max_bytes=settings.max_message_bytes * JSON_SIZE_FACTOR,
                        read_timeout_s=settings.http_body_timeout_s, metrics=metrics)
 
     @app.middleware("http")
     async def count(request: Request, call_next):
-        response = await call_next(request)
+        try:
+            response = await call_next(request)
+        except RuntimeError as exc:               # "No response returned.": the client hung up first
+            if str(exc) != "No response returned.":     # (BodyGuard answers nothing to a client gone)
+                raise
+            response = Response(status_code=499)
+            if time.monotonic() - last_disconnect_log[0] >= DISCONNECT_LOG_EVERY_S:
+                last_disconnect_log[0] = time.monotonic()
+                log.info("HTTP clients hung up before their answer (counted as status 499; logged at most "
+                         "every %.0fs)", DISCONNECT_LOG_EVERY_S)
         route = request.scope.get("route")
         metrics.http_requests.labels(handler=getattr(route, "path", "other"), status=str(response.status_code)).inc()
         return response
@@ -327,6 +358,21 @@ def create_app(endpoints: Endpoints) -> FastAPI:
     @app.get("/v1/rollout", summary="the rollout policy in force and the outcomes per version")
     async def rollout() -> dict[str, Any]:
         return {**endpoints.policy.status(), "quality": metrics.quality.summary()}
+
+    @app.put("/v1/rollout/{model}", summary="set one model's rollout policy (written to the watched policy file)",
+             responses=ERROR_RESPONSES)
+    async def set_rollout(model: str, body: dict[str, Any]) -> dict[str, Any]:
+        path = settings.rollout_policy
+        if path is None:
+            raise failed_precondition("this gateway runs without a rollout policy file")
+        try:
+            rollout = parse_model(model, body)
+            policy = read_policy(path)
+        except PolicyError as exc:
+            raise invalid_argument("body", str(exc)) from None
+        await asyncio.to_thread(write_policy, path, type(policy)({**policy.models, model: rollout}))
+        audit("rollout_change", model=model[:128], policy=rollout.to_json())
+        return {"model": model, "policy": rollout.to_json()}
 
     return app
 

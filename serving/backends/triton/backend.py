@@ -13,7 +13,7 @@ from serving.errors import shown
 from serving.metrics import Metrics
 from serving.parts import BackendError
 from serving.settings import Settings
-from serving.backends.triton.client import TritonClient
+from serving.backends.triton.client import TritonClient, control_headers
 from serving.backends.triton.supervisor import TritonSupervisor
 
 log = logging.getLogger("routerkt.gateway.triton")
@@ -24,7 +24,7 @@ class TritonInferenceBackend:
 
     def __init__(self, settings: Settings, metrics: Metrics, client: TritonClient | None = None) -> None:
         self.settings = settings
-        self.client = client or TritonClient(settings.triton_url, metrics)
+        self.client = client or TritonClient(settings.triton_url, metrics, control_headers(settings.triton_key_file))
         self.supervisor = TritonSupervisor(settings, metrics, self.client)
 
     async def start(self, catalog: ModelCatalog) -> None:

@@ -7,13 +7,15 @@ Inference goes over its own channel with a request prepared once per (model, ver
 each call copies it and adds only the shapes and raw bytes of the inputs, instead of building
 tritonclient's InferInput objects and request anew (about 30 us less per call); the answer is read
 straight from the response's raw output bytes. Control calls (index, load, unload) use
-tritonclient's aio client. Both channels back off at most 1 s between reconnects, so a restarted
+tritonclient's aio client and carry `control_headers` (the key of Triton's
+--grpc-restricted-protocol for model-repository, from settings.triton_key_file). Both channels back off at most 1 s between reconnects, so a restarted
 Triton on the same address is found again quickly. Tensor names and dtypes come from the
 contract's graph the model serves.
 """
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -22,6 +24,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from routerkt.contract.signature import Graph
+from routerkt.errors import UserError
 from serving.metrics import Metrics
 from serving.parts import BackendError, FailureKind
 
@@ -60,12 +63,27 @@ def channel_args() -> list[tuple[str, int]]:
     ]
 
 
+def control_headers(key_file) -> dict[str, str] | None:
+    """{header: key} from a file holding "HEADER=KEY" (what Triton's --grpc-restricted-protocol
+    names after the colon), or None without a file. The key is never logged."""
+    if key_file is None:
+        return None
+    try:
+        header, sep, key = Path(key_file).read_text(encoding="utf-8").strip().partition("=")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"--triton-key-file {key_file}: cannot read it ({type(exc).__name__})") from None
+    if not sep or not header.strip() or not key:
+        raise UserError(f"--triton-key-file {key_file}: expected one line HEADER=KEY")
+    return {header.strip().lower(): key}
+
+
 class TritonClient:
     """Stateless calls to the Triton at `url` (create, use and close inside one event loop)."""
 
-    def __init__(self, url: str, metrics: Metrics) -> None:
+    def __init__(self, url: str, metrics: Metrics, headers: dict[str, str] | None = None) -> None:
         self.url = url
         self.metrics = metrics
+        self.headers = headers                     # sent on the repository index, load and unload
         self._client: grpcaio.InferenceServerClient | None = None
         self._channel: grpc.aio.Channel | None = None
         self._infer_stub: service_pb2_grpc.GRPCInferenceServiceStub | None = None
@@ -138,7 +156,7 @@ class TritonClient:
         server "not ready", while the other models still serve."""
         try:
             live = await self.raw.is_server_live(client_timeout=timeout_s)
-            index = await self.raw.get_model_repository_index(client_timeout=timeout_s)
+            index = await self.raw.get_model_repository_index(headers=self.headers, client_timeout=timeout_s)
         except InferenceServerException as exc:
             raise BackendError(FailureKind.UNAVAILABLE, exc.message() or str(exc)) from None
         if not live or index is None:
@@ -150,10 +168,10 @@ class TritonClient:
         return states
 
     async def load(self, model: str, timeout_s: float) -> None:
-        await self.raw.load_model(model, client_timeout=timeout_s)
+        await self.raw.load_model(model, headers=self.headers, client_timeout=timeout_s)
 
     async def unload(self, model: str, timeout_s: float) -> None:
-        await self.raw.unload_model(model, client_timeout=timeout_s)
+        await self.raw.unload_model(model, headers=self.headers, client_timeout=timeout_s)
 
 
 def _output(response: service_pb2.ModelInferResponse) -> np.ndarray | None:

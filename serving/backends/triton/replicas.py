@@ -39,7 +39,7 @@ from serving.catalog import ModelCatalog, ModelVersion
 from serving.metrics import Metrics
 from serving.parts import BackendError, FailureKind, InferenceBackend
 from serving.settings import Settings
-from serving.backends.triton.client import TritonClient
+from serving.backends.triton.client import TritonClient, control_headers
 
 log = logging.getLogger("routerkt.gateway.triton")
 
@@ -53,7 +53,8 @@ def triton_backend(settings: Settings, metrics: Metrics) -> InferenceBackend:
     """The gateway's default backend for settings.triton_url: one Triton, or several replicas."""
     urls = settings.triton_urls
     if len(urls) == 1:
-        return TritonInferenceBackend(settings, metrics, TritonClient(urls[0], metrics))
+        return TritonInferenceBackend(settings, metrics,
+                                      TritonClient(urls[0], metrics, control_headers(settings.triton_key_file)))
     return TritonReplicaBackend(settings, metrics)
 
 
@@ -102,7 +103,8 @@ class TritonReplicaBackend:
         if backends is None:
             urls = settings.triton_urls
             view = _ReplicaMetrics(metrics)
-            backends = [TritonInferenceBackend(settings, view, TritonClient(url, view))  # type: ignore[arg-type]
+            headers = control_headers(settings.triton_key_file)
+            backends = [TritonInferenceBackend(settings, view, TritonClient(url, view, headers))  # type: ignore[arg-type]
                         for url in urls]
             names = urls
         if not backends:
