@@ -26,7 +26,7 @@ from routerkt.contract.repository import latest_version, list_models, read_vocab
 from routerkt.errors import UserError
 from serving.api import knowledge_tracing_pb2 as pb
 
-# The locustfile's user classes and the RPC each one calls (load.py checks both were exercised).
+# The locustfile's user classes and the RPC each one calls (bench_load.py checks both were exercised).
 USER_RPCS: dict[str, str] = {"LearnerUser": "Predict", "BatchUser": "PredictBatch", "SessionUser": "Observe"}
 DEFAULT_WEIGHTS: dict[str, int] = {"LearnerUser": 3, "BatchUser": 1}   # the default users mix
 REQUEST_TYPE = "grpc"                       # locust's "Type" column for every call

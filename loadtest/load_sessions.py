@@ -16,9 +16,10 @@ from contextlib import ExitStack
 from dataclasses import asdict
 from pathlib import Path
 
+from loadtest.harness import start_gateway, start_triton
 from loadtest.learners import Vocabulary
-from loadtest.load import (STARTUP_MARGIN_S, _log_tail, locust_command, read_stats, run_locust, start_gateway,
-                           start_triton, write_json)
+from loadtest.locust_runner import STARTUP_MARGIN_S, locust_command, log_tail, read_stats, run_locust
+from routerkt.atomic import atomic_write_json
 from routerkt.errors import UserError
 
 
@@ -50,7 +51,7 @@ def run_sessions(args: argparse.Namespace, duration: int, spawn_rate: float, voc
                                                                spawn_rate, folder), folder,
                                                 duration + STARTUP_MARGIN_S + 0.1 * duration)
             if not (folder / "locust_stats.csv").is_file():
-                print(f"phase {phase}: locust failed (exit code {exit_code}):\n{_log_tail(folder / 'locust.log')}",
+                print(f"phase {phase}: locust failed (exit code {exit_code}):\n{log_tail(folder / 'locust.log')}",
                       file=sys.stderr)
                 return 1
             rpcs, total = read_stats(folder / "locust_stats.csv")
@@ -67,6 +68,6 @@ def run_sessions(args: argparse.Namespace, duration: int, spawn_rate: float, voc
         observe = report[phase]["rpcs"].get("Observe")
         if observe:
             print(f"{phase}: {observe['requests_per_s']:.1f} events/s observed (one event per Observe)")
-    write_json(out / "sessions.json", {"phases": report, "users": args.users, "duration_s": duration,
-                                       "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    atomic_write_json(out / "sessions.json", {"phases": report, "users": args.users, "duration_s": duration,
+                                              "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%dT%H:%M:%S")})
     return 0

@@ -38,15 +38,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 BENCHES: dict[str, tuple[str, str]] = {
     "train": ("training.bench_train", "training throughput per preset"),
-    "throughput": ("loadtest.throughput", "inference throughput: PyTorch vs onnxruntime vs Triton"),
-    "load": ("loadtest.load", "locust load test against the gateway"),
-    "ranking": ("loadtest.ranking", "history-once ranking vs one window per candidate, N candidates"),
-    "fairness": ("loadtest.fairness", "small calls alone and beside maximal PredictBatch calls"),
-    "chaos": ("loadtest.chaos", "load + maximal batch + Triton kill + version publish + SIGTERM, one run"),
-    "outcomes": ("loadtest.outcomes", "Predict / Observe latency with outcome tracking on and off"),
-    "convert": ("loadtest.convert", "the gateway's conversions: Interaction messages vs HistoryColumns, Triton request building"),
-    "cost": ("loadtest.cost", "one Predict's cost: in-process onnxruntime vs Triton vs gateway, Triton settings swept"),
-    "replicas": ("loadtest.replicas", "one gateway over 1 vs 2 Triton replicas: calls/s, p50 / p99"),
+    "throughput": ("loadtest.bench_throughput", "inference throughput: PyTorch vs onnxruntime vs Triton"),
+    "load": ("loadtest.bench_load", "locust load test against the gateway"),
+    "ranking": ("loadtest.bench_ranking", "history-once ranking vs one window per candidate, N candidates"),
+    "fairness": ("loadtest.bench_fairness", "small calls alone and beside maximal PredictBatch calls"),
+    "chaos": ("loadtest.bench_chaos", "load + maximal batch + Triton kill + version publish + SIGTERM, one run"),
+    "outcomes": ("loadtest.bench_outcomes", "Predict / Observe latency with outcome tracking on and off"),
+    "convert": ("loadtest.bench_convert", "the gateway's conversions: Interaction messages vs HistoryColumns, Triton request building"),
+    "cost": ("loadtest.bench_cost", "one Predict's cost: in-process onnxruntime vs Triton vs gateway, Triton settings swept"),
+    "replicas": ("loadtest.bench_replicas", "one gateway over 1 vs 2 Triton replicas: calls/s, p50 / p99"),
     "distributed": ("training.bench_distributed", "data-parallel training throughput: 1 vs N processes (DDP, gloo)"),
 }
 SESSIONS: dict[str, tuple[str, str]] = {

@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from loadtest.gateway_process import GatewayProcess
+from loadtest.harness import GatewayProcess
 from serving.api import knowledge_tracing_pb2 as pb
 from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
 from serving.client import connect_balanced

@@ -12,7 +12,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from loadtest.gateway_process import GatewayProcess
+from loadtest.harness import GatewayProcess
 from serving.api import knowledge_tracing_pb2 as pb
 from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
 from serving.sessions.keys import SECRET_ENV, LearnerKeys

@@ -22,6 +22,8 @@ EXPECTED = {
     "The session store interface imports no store implementation",
     "Serving transports import the service, never the server or the CLI",
     "Rollout kinds are strategies: they import neither the watcher, the file nor the CLI",
+    "No import cycles inside loadtest (lazy imports count)",
+    "Benchmarks do not import each other (shared parts live in loadtest/harness.py and beside it)",
 }
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from export.triton_config import PARAM_N_QUESTIONS, PARAM_N_SKILLS, TritonModelOptions, render_config
 from loadtest.closed_loop import run_phase, summary
-from loadtest.cost import _ints, setting_repository
+from loadtest.bench_cost import _ints, setting_repository
 from routerkt.contract import signature
 from routerkt.errors import UserError
 

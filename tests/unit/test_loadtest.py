@@ -15,7 +15,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from loadtest import load
+from loadtest import bench_load as load
+from loadtest import locust_runner
 from loadtest.learners import (DEFAULT_WEIGHTS, GrpcCallError, Learner, LearnerOptions, NotLoopbackError,
                                RequestEventInterceptor, Vocabulary, load_vocabulary, loopback_target,
                                parse_user_mix, resolve_model)
@@ -56,7 +57,7 @@ def test_malformed_targets_get_a_specific_error(host, message: str) -> None:
 
 
 def test_the_locustfile_refuses_a_remote_host_before_any_user_starts(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "locust", "-f", str(load.LOCUSTFILE), "--headless", "-u", "1",
+    out = subprocess.run([sys.executable, "-m", "locust", "-f", str(locust_runner.LOCUSTFILE), "--headless", "-u", "1",
                           "-t", "2s", "--host", "10.1.2.3:50051", "--repository", str(tmp_path)],
                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2, out.stderr
@@ -93,22 +94,22 @@ def test_read_stats(tmp_path: Path) -> None:
         "grpc,Predict,400,2,6,8.1,2.9,37.5,20.2,57.9,0.3,6,7,9,10,16,21,28,32,38,38,38",
         "grpc,PredictBatch,0,0,0,0,0,0,0,0,0,N/A,N/A,N/A,N/A,N/A,N/A,N/A,N/A,N/A,N/A,N/A",
         ",Aggregated,400,2,6,8.1,2.9,37.5,20.2,57.9,0.3,6,7,9,10,16,21,28,32,38,38,38"])
-    rpcs, total = load.read_stats(path)
+    rpcs, total = locust_runner.read_stats(path)
     assert set(rpcs) == {"Predict", "PredictBatch"}
-    assert rpcs["Predict"] == load.RpcStats(400, 2, 57.9, 6.0, 21.0, 32.0, 37.5)
+    assert rpcs["Predict"] == locust_runner.RpcStats(400, 2, 57.9, 6.0, 21.0, 32.0, 37.5)
     assert rpcs["PredictBatch"].p99_ms is None and rpcs["PredictBatch"].requests == 0
     assert total.requests == 400 and total.failures == 2
     with pytest.raises(UserError, match="wrote no stats"):
-        load.read_stats(tmp_path / "missing.csv")
+        locust_runner.read_stats(tmp_path / "missing.csv")
     with pytest.raises(UserError, match="no 'Aggregated' row"):
-        load.read_stats(write_stats(tmp_path / "b.csv", ["grpc,Predict,1,0,6,8,2,3,2,5,0,6,7,9,10,16,21,28,32,38,38,38"]))
+        locust_runner.read_stats(write_stats(tmp_path / "b.csv", ["grpc,Predict,1,0,6,8,2,3,2,5,0,6,7,9,10,16,21,28,32,38,38,38"]))
     with pytest.raises(UserError, match="unexpected locust CSV"):
-        load.read_stats(write_stats(tmp_path / "c.csv", [",Aggregated,many,0,6,8,2,3,2,5,0,6,7,9,10,16,21,28,32,38,38,38"]))
+        locust_runner.read_stats(write_stats(tmp_path / "c.csv", [",Aggregated,many,0,6,8,2,3,2,5,0,6,7,9,10,16,21,28,32,38,38,38"]))
     assert "Predict" in load.format_table(rpcs, total) and "N/A" not in load.format_table(rpcs, total)
 
 
-def stats(requests: int, failures: int, p99: float | None) -> load.RpcStats:
-    return load.RpcStats(requests, failures, 10.0, p99, p99, p99, p99)
+def stats(requests: int, failures: int, p99: float | None) -> locust_runner.RpcStats:
+    return locust_runner.RpcStats(requests, failures, 10.0, p99, p99, p99, p99)
 
 
 def test_slo_decision() -> None:
@@ -130,10 +131,10 @@ def test_slo_decision() -> None:
 
 def test_locust_exit_codes() -> None:
     assert load.locust_problems(0, False, 0) == []
-    assert load.locust_problems(load.LOCUST_FAILURES_EXIT, False, 0) == []        # failed requests: SLOs decide
+    assert load.locust_problems(locust_runner.LOCUST_FAILURES_EXIT, False, 0) == []        # failed requests: SLOs decide
     assert load.locust_problems(1, False, 0) == ["locust exited with code 1 (see locust.log)"]
     assert load.locust_problems(None, True, 0)[0].startswith("locust ran past --duration")
-    assert load.locust_problems(load.LOCUST_FAILURES_EXIT, False, 2) == [
+    assert load.locust_problems(locust_runner.LOCUST_FAILURES_EXIT, False, 2) == [
         "the locustfile raised 2 exception(s) (see locust_exceptions.csv)"]
 
 
@@ -143,8 +144,8 @@ def test_locust_command_keeps_failed_requests_apart_from_broken_runs(tmp_path: P
     args = parser.parse_args(["--users", "3", "--duration", "2m", "--user-classes", "LearnerUser:2,BatchUser:1"])
     duration, mix, rate = load.validate(args)
     assert (duration, mix, rate) == (120, {"LearnerUser": 2, "BatchUser": 1}, 3.0)
-    command = load.locust_command(args, "127.0.0.1:5", "kt", mix, duration, rate, tmp_path)
-    assert command[command.index("--exit-code-on-error") + 1] == str(load.LOCUST_FAILURES_EXIT)
+    command = locust_runner.locust_command(args, "127.0.0.1:5", "kt", mix, duration, rate, tmp_path)
+    assert command[command.index("--exit-code-on-error") + 1] == str(locust_runner.LOCUST_FAILURES_EXIT)
     assert command[command.index("-t") + 1] == "120s" and command[-2:] == ["LearnerUser", "BatchUser"]
     for flags, message in ((["--users", "1"], "fewer than"), (["--target", "10.0.0.1:1"], "loopback"),
                            (["--max-failure-ratio", "2"], "failure-ratio"), (["--spawn-rate", "0"], "spawn-rate")):
@@ -338,7 +339,7 @@ def test_load_json_is_written_atomically(tmp_path: Path) -> None:
 
 
 def test_bench_load_does_not_import_locust_or_torch() -> None:
-    code = ("import sys, loadtest.load, loadtest.learners; "
+    code = ("import sys, loadtest.bench_load, loadtest.learners; "
             "print(sorted(m for m in ('locust', 'gevent', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -346,7 +347,7 @@ def test_bench_load_does_not_import_locust_or_torch() -> None:
 
 
 def test_throughput_tables_put_fused_beside_plain_and_samples_against_the_peak():
-    from loadtest.throughput import peak_lines, table
+    from loadtest.bench_throughput import peak_lines, table
     results = {"onnxruntime": {"akt-standard": 200.0, "akt": 100.0},
                "onnxruntime-fused": {"akt-standard": 250.0, "akt": 100.0}}
     levels, presets = ["onnxruntime", "onnxruntime-fused"], ["akt-standard", "akt"]
@@ -360,7 +361,7 @@ def test_throughput_tables_put_fused_beside_plain_and_samples_against_the_peak()
 def test_flops_per_sample_counts_the_models_matmuls():
     import torch
     from export.bench_inputs import N_QUESTIONS, N_SKILLS, make_batch
-    from loadtest.throughput import flops_per_sample
+    from loadtest.bench_throughput import flops_per_sample
     from training.models.registry import build_model, preset_config, with_vocab
     cfg = with_vocab(preset_config("akt-standard"), N_QUESTIONS, N_SKILLS)
     cfg.max_len = 20
@@ -373,7 +374,7 @@ def test_flops_per_sample_counts_the_models_matmuls():
 def test_bench_convert_converts_both_forms_to_the_same_arrays_and_prints_both(capsys) -> None:
     import argparse
 
-    from loadtest import convert
+    from loadtest import bench_convert as convert
     from serving.transport.grpc_api import batch_query
     messages, columns = convert.requests(7, 3, 2, batch=True)
     assert len(messages.learners[0].history) == 7 and len(columns.learners[0].history_columns.question_ids) == 7

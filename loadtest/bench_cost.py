@@ -33,9 +33,9 @@ from pathlib import Path
 import numpy as np
 
 from loadtest.closed_loop import run_phase, summary
+from loadtest.harness import add_common_flags, gateway_over, start_triton, stop_children_on_sigterm, wait_replicas
 from loadtest.learners import load_vocabulary
-from loadtest.gateway_process import stop_children_on_sigterm
-from loadtest.replicas import READY_TIMEOUT_S, gateway_over, wait_replicas
+from loadtest.timing import matmul_peak_gflops, timed
 from routerkt.atomic import atomic_write_json
 from routerkt.errors import UserError
 
@@ -44,15 +44,13 @@ LEVELS = ("triton", "gateway")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--repository", type=Path, default=Path("model_repository"))
-    p.add_argument("--model", default=None, help="model name (default: the repository's only model)")
+    add_common_flags(p, "cost")
     p.add_argument("--candidates", type=int, default=1, help="candidates per request")
     p.add_argument("--queue-delays", default="0,100,500,2000", help="dynamic batcher max_queue_delay_us values")
     p.add_argument("--ort-threads", default="1,2", help="onnxruntime intra-op threads per Triton instance")
     p.add_argument("--callers", default="1,8,32", help="concurrent caller threads per phase")
     p.add_argument("--seconds", type=float, default=5.0, help="length of each phase")
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds (results pooled)")
-    p.add_argument("--out", type=Path, default=Path("bench/cost"), help="output folder")
 
 
 def _ints(text: str, flag: str, low: int) -> list[int]:
@@ -63,21 +61,6 @@ def _ints(text: str, flag: str, low: int) -> list[int]:
     if not values or min(values) < low:
         raise UserError(f"{flag} needs integers >= {low}, got {text!r}")
     return values
-
-
-def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
-    """Best-of-`repeats` float32 n x n matmul rate of numpy's BLAS, GFLOP/s."""
-    a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
-    b = np.random.default_rng(1).standard_normal((n, n), dtype=np.float32)
-    a @ b
-    best = min(_timed(lambda: a @ b) for _ in range(repeats))
-    return 2 * n ** 3 / best / 1e9
-
-
-def _timed(fn) -> float:
-    started = time.perf_counter()
-    fn()
-    return time.perf_counter() - started
 
 
 def setting_repository(source: Path, model: str, out: Path, delay_us: int, threads: int) -> Path:
@@ -123,10 +106,10 @@ def ort_level(rank_path: Path, feeds: dict[str, np.ndarray], threads: int) -> di
     session = cpu_session(rank_path, threads=threads)
     for _ in range(20):
         session.run([signature.CANDIDATE_PROBS], feeds)
-    times = [_timed(lambda: session.run([signature.CANDIDATE_PROBS], feeds)) for _ in range(300)]
+    times = [timed(lambda: session.run([signature.CANDIDATE_PROBS], feeds)) for _ in range(300)]
     big = {k: np.repeat(v, 512, axis=0) for k, v in feeds.items()}                  # feeds are [1, ...]
     session.run([signature.CANDIDATE_PROBS], big)
-    best = min(_timed(lambda: session.run([signature.CANDIDATE_PROBS], big)) for _ in range(5))
+    best = min(timed(lambda: session.run([signature.CANDIDATE_PROBS], big)) for _ in range(5))
     return {"batch1_p50_ms": statistics.median(times) * 1e3, "batch512_samples_per_s": 512 / best}
 
 
@@ -137,7 +120,6 @@ def run(args: argparse.Namespace) -> int:
     from serving.api import knowledge_tracing_pb2 as pb
     from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
     from serving.client import connect
-    from serving.tritonserver.launcher import TritonServer
 
     delays = _ints(args.queue_delays, "--queue-delays", 0)
     threads_list = _ints(args.ort_threads, "--ort-threads", 1)
@@ -170,9 +152,7 @@ def run(args: argparse.Namespace) -> int:
         for delay, threads in settings:
             repo = setting_repository(source, vocabulary.model, out, delay, threads)
             name = f"d{delay}-t{threads}"
-            triton = TritonServer(repo, log_path=out / f"triton-{name}.log", exit_timeout_s=5)
-            stack.callback(triton.stop)
-            triton.start(timeout=READY_TIMEOUT_S)
+            triton = start_triton(stack, repo, out, f"triton-{name}")
             gateway = gateway_over(repo, triton.grpc_url, out / f"gateway-{name}").start()
             stack.callback(gateway.stop)
             wait_replicas(gateway, 1)

@@ -26,11 +26,14 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
 
 from export.bench_inputs import DEFAULT_PRESETS, N_QUESTIONS, N_SKILLS, make_batch
+from loadtest.harness import add_common_flags, start_triton
+from loadtest.timing import matmul_peak_gflops
 
 LEVELS = ("pytorch", "onnxruntime", "onnxruntime-fused", "triton")
 LABELS = {"akt-standard": "standard", "routerkt-akt": "RouterKT", "alibi-akt": "ALiBi (all layers)",
@@ -48,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=2, help="torch and onnxruntime intra-op threads")
     p.add_argument("--triton-requests", type=int, default=8, help="concurrent requests the batch is split into")
-    p.add_argument("--out", default="bench/throughput", help="output directory")
+    add_common_flags(p, "throughput", model=False)
 
 
 class TorchLevel:
@@ -168,7 +171,6 @@ def run(args: argparse.Namespace) -> int:
 
     from export.attention_fusion import fuse_attention_file
     from export.onnx_export import check_parity, export_onnx
-    from loadtest.cost import matmul_peak_gflops
     from routerkt.errors import UserError
     from training.models.registry import build_model, preset_config, with_vocab
 
@@ -201,15 +203,13 @@ def run(args: argparse.Namespace) -> int:
             print(f"{preset}: {report.describe()}; parity {parity.max_abs_diff:.1e}", file=sys.stderr)
             runners[("onnxruntime-fused", preset)] = OrtLevel(fused, args.threads)
         flops[preset] = flops_per_sample(models[preset], feeds)
-    server = None
-    try:
+    with ExitStack() as stack:                  # closes the Triton clients, then stops Triton
         if "triton" in levels:
-            from serving.tritonserver.launcher import TritonServer
             build_repository(presets, models, onnx, work / "repository", args.batch, args.seq_len, args.threads)
-            server = TritonServer(work / "repository")
-            server.start(timeout=180)
+            server = start_triton(stack, work / "repository", None)
             for preset in presets:
                 runners[("triton", preset)] = TritonLevel(server.grpc_url, preset, args.triton_requests)
+                stack.callback(runners[("triton", preset)].close)
         peak = matmul_peak_gflops()
         keys = [(lv, p) for p in presets for lv in levels]
         for key in keys:
@@ -222,12 +222,6 @@ def run(args: argparse.Namespace) -> int:
                 runners[key](feeds)
                 samples[key].append(args.batch / (time.perf_counter() - started))
             print(f"repeat {rep + 1}/{args.repeats} done", file=sys.stderr)
-    finally:
-        for key, runner in runners.items():
-            if key[0] == "triton":
-                runner.close()
-        if server is not None:
-            server.stop()
     results = {lv: {p: statistics.median(samples[(lv, p)]) for p in presets} for lv in levels}
     spread = {lv: {p: [min(samples[(lv, p)]), max(samples[(lv, p)])] for p in presets} for lv in levels}
     settings = {"batch": args.batch, "seq_len": args.seq_len, "repeats": args.repeats, "warmup": args.warmup,

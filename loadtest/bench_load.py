@@ -27,29 +27,21 @@ significant digits above 100 ms).
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import re
-import signal
-import subprocess
 import sys
 import time
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from loadtest.gateway_process import stop_children_on_sigterm
+from loadtest.harness import add_common_flags, start_servers, stop_children_on_sigterm
 from loadtest.learners import (DEFAULT_WEIGHTS, USER_RPCS, Vocabulary, format_user_mix, load_vocabulary,
                                loopback_target, parse_user_mix)
+from loadtest.locust_runner import (LOCUST_FAILURES_EXIT, STARTUP_MARGIN_S, RpcStats, locust_command, log_tail,
+                                    read_rows, read_stats, run_locust)
 from routerkt.atomic import atomic_write_json
 from routerkt.errors import UserError
-
-LOCUSTFILE = Path(__file__).resolve().with_name("locustfile.py")
-LOCUST_FAILURES_EXIT = 3         # locust's exit code when requests failed (judged by the SLOs instead)
-STARTUP_MARGIN_S = 45.0          # locust start-up + shutdown on a busy 2-core machine
-STOP_WAIT_S = 15.0               # after SIGTERM, before SIGKILL
-READY_TIMEOUT_S = 180.0          # Triton start + the model answering the gateway's probe
-TOTAL = "Aggregated"             # locust's name of the all-requests row
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -58,9 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", default="60s", help="run time: 90, 45s, 2m, 1m30s, 1h")
     p.add_argument("--target", default=None,
                    help="use the running gateway at HOST:PORT (loopback only) instead of starting one")
-    p.add_argument("--repository", type=Path, default=Path("model_repository"), help="Triton model repository")
-    p.add_argument("--model", default=None, help="model name (default: the repository's only model)")
-    p.add_argument("--out", type=Path, default=Path("bench/load"), help="output folder")
+    add_common_flags(p, "load")
     p.add_argument("--max-failure-ratio", type=float, default=0.01, help="SLO: failed / all requests")
     p.add_argument("--max-p99-ms", type=float, default=500.0, help="SLO: p99 latency of every RPC, ms")
     p.add_argument("--sessions", action="store_true",
@@ -77,57 +67,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 # -- results -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class RpcStats:
-    """One row of locust's stats CSV (times in ms; None when there were no requests)."""
-
-    requests: int
-    failures: int
-    requests_per_s: float
-    p50_ms: float | None
-    p95_ms: float | None
-    p99_ms: float | None
-    max_ms: float | None
-
-
-@dataclass(frozen=True)
 class Slo:
     max_failure_ratio: float
     max_p99_ms: float
-
-
-def read_stats(path: Path) -> tuple[dict[str, RpcStats], RpcStats]:
-    """Parse OUT/locust_stats.csv: ({rpc name: stats}, the all-requests row)."""
-    rpcs: dict[str, RpcStats] = {}
-    total: RpcStats | None = None
-    try:
-        with open(path, newline="", encoding="utf-8") as handle:
-            for row in csv.DictReader(handle):
-                stats = RpcStats(requests=int(row["Request Count"]), failures=int(row["Failure Count"]),
-                                 requests_per_s=float(row["Requests/s"]), p50_ms=_ms(row["50%"]),
-                                 p95_ms=_ms(row["95%"]), p99_ms=_ms(row["99%"]), max_ms=_ms(row["Max Response Time"]))
-                if row["Name"] == TOTAL and not row["Type"]:
-                    total = stats
-                else:
-                    rpcs[row["Name"]] = stats
-    except FileNotFoundError:
-        raise UserError(f"{path}: locust wrote no stats (see its log)") from None
-    except (KeyError, ValueError) as exc:
-        raise UserError(f"{path}: unexpected locust CSV ({exc})") from None
-    if total is None:
-        raise UserError(f"{path}: no {TOTAL!r} row")
-    return rpcs, total
-
-
-def _ms(text: str) -> float | None:
-    return None if text in ("", "N/A") else float(text)
-
-
-def read_rows(path: Path) -> list[dict[str, str]]:
-    """Rows of one of locust's other CSVs ([] when absent)."""
-    if not path.is_file():
-        return []
-    with open(path, newline="", encoding="utf-8") as handle:
-        return list(csv.DictReader(handle))
 
 
 def check_slos(rpcs: dict[str, RpcStats], total: RpcStats, slo: Slo, expected_rpcs: list[str]) -> list[str]:
@@ -218,54 +160,7 @@ def validate(args: argparse.Namespace) -> tuple[int, dict[str, int], float]:
     return duration, mix, spawn_rate
 
 
-# -- servers and locust --------------------------------------------------------------------------
-def start_triton(stack: ExitStack, repository: Path, out: Path):
-    from serving.tritonserver.launcher import TritonServer
-
-    triton = TritonServer(repository, log_path=out / "triton.log", exit_timeout_s=5)
-    stack.callback(triton.stop)
-    print(f"starting tritonserver for {repository} (log {out / 'triton.log'})", file=sys.stderr)
-    triton.start(timeout=READY_TIMEOUT_S)
-    return triton
-
-
-def start_gateway(stack: ExitStack, repository: Path, model: str, triton_url: str, store_url: str | None = None,
-                  track_outcomes: bool = True, **overrides) -> str:
-    """An in-process gateway (stopped when `stack` closes), with a session store when `store_url`
-    (and then outcome tracking, unless `track_outcomes` is False); `overrides`: other Settings fields."""
-    from serving.catalog import ModelCatalog
-    from serving.metrics import Metrics
-    from serving.server import ThreadedGateway
-    from serving.sessions.keys import LearnerKeys
-    from serving.sessions.session_service import SessionService
-    from serving.sessions.factory import open_store
-    from serving.settings import Settings
-
-    settings = Settings(repository=repository, triton_url=triton_url, grpc_port=0, http_port=None,
-                        grace_period_s=2.0, track_outcomes=track_outcomes, **overrides)
-    metrics, catalog = Metrics(), ModelCatalog(repository)
-    parts: dict = {"catalog": catalog}
-    if store_url:
-        parts["sessions"] = SessionService(settings, open_store(store_url), LearnerKeys(os.urandom(32)), catalog,
-                                           metrics)
-    gateway = ThreadedGateway(settings, metrics, **parts).start()
-    stack.callback(gateway.stop, 2.0)
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while not gateway.server.backend.ready_versions(model):
-        if time.monotonic() > deadline:
-            raise UserError(f"model {model!r} did not become ready in Triton within {READY_TIMEOUT_S:.0f} s")
-        time.sleep(0.2)
-    return f"127.0.0.1:{gateway.grpc_port}"
-
-
-def start_servers(stack: ExitStack, repository: Path, model: str, out: Path) -> str:
-    """Start Triton and the gateway (stopped when `stack` closes); returns the gateway's target."""
-    triton = start_triton(stack, repository, out)
-    target = start_gateway(stack, repository, model, triton.grpc_url)
-    print(f"gateway ready at {target} (Triton pid {triton.pid})", file=sys.stderr)
-    return target
-
-
+# -- the gateway -----------------------------------------------------------------------------------
 def check_target(target: str) -> None:
     """The gateway at `target` answers its health check with SERVING (bounded wait)."""
     import grpc
@@ -279,53 +174,6 @@ def check_target(target: str) -> None:
             raise UserError(f"no gateway answering at {target}: {exc.code().name}") from None
     if status != health_pb2.HealthCheckResponse.SERVING:
         raise UserError(f"the gateway at {target} is not SERVING (health status {status})")
-
-
-def locust_command(args: argparse.Namespace, target: str, model: str, mix: dict[str, int], duration: int,
-                   spawn_rate: float, out: Path) -> list[str]:
-    return [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary",
-            "-u", str(args.users), "-r", f"{spawn_rate:g}", "-t", f"{duration}s", "--host", target,
-            "--csv", str(out / "locust"), "--exit-code-on-error", str(LOCUST_FAILURES_EXIT),
-            "--repository", str(args.repository.resolve()), "--model", model, "--weights", format_user_mix(mix),
-            "--max-candidates", str(args.max_candidates), "--max-history", str(args.max_history),
-            "--batch-learners", str(args.batch_learners), "--predict-timeout", f"{args.predict_timeout:g}",
-            "--batch-timeout", f"{args.batch_timeout:g}", "--think-time", f"{args.think_time:g}", *mix]
-
-
-def run_locust(command: list[str], out: Path, timeout_s: float) -> tuple[int | None, bool]:
-    """Run locust (its own session, output in OUT/locust.log); (exit code, overran). Stopped by PID
-    (SIGTERM, then SIGKILL) when it overruns or we are interrupted."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCUST_", "ROUTERKT_LOAD_"))}
-    root = str(LOCUSTFILE.parents[1])                  # the checkout: `import loadtest` without an install
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-    with open(out / "locust.log", "wb") as log:
-        proc = subprocess.Popen(command, cwd=out, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            return proc.wait(timeout=timeout_s), False
-        except subprocess.TimeoutExpired:
-            _stop(proc)
-            return proc.returncode, True
-        except BaseException:
-            _stop(proc)
-            raise
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)             # locust stops its users and writes its CSVs
-        try:
-            proc.wait(timeout=STOP_WAIT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10.0)
-
-
-def _log_tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
 
 
 def build_report(args: argparse.Namespace, target: str, vocabulary: Vocabulary, rpcs: dict[str, RpcStats],
@@ -377,7 +225,7 @@ def run(args: argparse.Namespace) -> int:
     broken = locust_problems(exit_code, overran, exceptions)
     if exit_code not in (0, LOCUST_FAILURES_EXIT) and not (out / "locust_stats.csv").is_file():
         print(f"locust failed (exit code {exit_code}); last lines of {out / 'locust.log'}:\n"
-              f"{_log_tail(out / 'locust.log')}", file=sys.stderr)
+              f"{log_tail(out / 'locust.log')}", file=sys.stderr)
         return 1
     rpcs, total = read_stats(out / "locust_stats.csv")
     slo = Slo(args.max_failure_ratio, args.max_p99_ms)

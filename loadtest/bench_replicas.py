@@ -15,60 +15,29 @@ on this machine: with few cores the replicas share them, so expect a small ratio
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import threading
 import time
 from contextlib import ExitStack
-from pathlib import Path
-
-import httpx
 
 from loadtest.closed_loop import run_phase, summary
-from loadtest.gateway_process import GatewayProcess, stop_children_on_sigterm
+from loadtest.harness import (GatewayProcess, add_common_flags, gateway_over, start_tritons, stop_children_on_sigterm,
+                              wait_replicas)
 from loadtest.learners import load_vocabulary
 from routerkt.atomic import atomic_write_json
 from routerkt.errors import UserError
 
-READY_TIMEOUT_S = 180.0
 CALL_TIMEOUT_S = 5.0
 SETUPS = ("1 replica", "2 replicas")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--repository", type=Path, default=Path("model_repository"))
-    p.add_argument("--model", default=None, help="model name (default: the repository's only model)")
+    add_common_flags(p, "replicas")
     p.add_argument("--seconds", type=float, default=8.0, help="length of each phase")
     p.add_argument("--callers", type=int, default=8, help="caller threads")
     p.add_argument("--rounds", type=int, default=2, help="phases per setup, interleaved")
     p.add_argument("--history", type=int, default=50, help="interactions in each Predict")
     p.add_argument("--candidates", type=int, default=4, help="candidates in each Predict")
-    p.add_argument("--out", type=Path, default=Path("bench/replicas"), help="output folder")
-
-
-def gateway_over(repository: Path, triton_url: str, folder: Path) -> GatewayProcess:
-    """`routerkt serve --triton-url URLS --store none` as a child process (stopped by PID)."""
-    return GatewayProcess(repository, folder, ["--triton-url", triton_url, "--store", "none"])
-
-
-def wait_replicas(gateway: GatewayProcess, replicas: int) -> None:
-    """/readyz says ready and every one of `replicas` replicas serves (bounded)."""
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if gateway.process is None or gateway.process.poll() is not None:
-            raise UserError(f"the gateway exited (log {gateway.log})")
-        try:
-            status, text = gateway.get("/readyz")
-            body = json.loads(text)
-            served = [r["serving"] for r in body.get("replicas", [])] or [body.get("ready", False)]
-            if status == 200 and len(served) == replicas and all(served):
-                return
-        except (OSError, ValueError, KeyError, TypeError, httpx.HTTPError):
-            pass                                     # not listening yet
-        time.sleep(0.3)
-    raise UserError(f"the gateway over {replicas} Triton(s) was not ready within {READY_TIMEOUT_S:.0f} s "
-                    f"(log {gateway.log})")
 
 
 def replica_inferences(gateway: GatewayProcess) -> dict[str, float]:
@@ -92,7 +61,6 @@ def run(args: argparse.Namespace) -> int:
     from serving.api import knowledge_tracing_pb2 as pb
     from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
     from serving.client import connect
-    from serving.tritonserver.launcher import TritonServer
 
     if args.seconds <= 0 or args.callers < 1 or args.rounds < 1 or args.history < 0 or args.candidates < 1:
         raise UserError("--seconds must be > 0, --callers, --rounds and --candidates >= 1, --history >= 0")
@@ -107,24 +75,7 @@ def run(args: argparse.Namespace) -> int:
         candidates=[pb.Candidate(question_id=q[(3 * j) % len(q)]) for j in range(args.candidates)])
     with ExitStack() as stack:
         stop_children_on_sigterm(stack)                          # SIGTERM: stop what we started, too
-        tritons = [TritonServer(repository, log_path=out / f"triton-{i}.log", exit_timeout_s=5) for i in range(2)]
-        for triton in tritons:
-            stack.callback(triton.stop)
-        print(f"starting 2 tritonservers for {repository} (logs in {out})", file=sys.stderr)
-        errors: list[BaseException] = []
-
-        def start(triton: TritonServer) -> None:
-            try:
-                triton.start(timeout=READY_TIMEOUT_S)
-            except (RuntimeError, UserError, OSError) as exc:     # re-raised below, in this thread
-                errors.append(exc)
-        starting = [threading.Thread(target=start, args=(t,)) for t in tritons]
-        for thread in starting:
-            thread.start()
-        for thread in starting:
-            thread.join()
-        if errors:
-            raise errors[0]
+        tritons = start_tritons(stack, repository, out, ["triton-0", "triton-1"])
         gateways = {}
         for setup, urls in zip(SETUPS, (tritons[0].grpc_url, ",".join(t.grpc_url for t in tritons))):
             gateway = gateway_over(repository, urls, out / f"gateway-{setup.split()[0]}").start()

@@ -16,10 +16,10 @@ import random
 import sys
 import time
 from contextlib import ExitStack
-from pathlib import Path
 
 import numpy as np
 
+from loadtest.harness import add_common_flags, start_gateway, start_triton
 from loadtest.learners import load_vocabulary
 from routerkt.errors import UserError
 
@@ -27,17 +27,14 @@ RPCS = ("Predict (by learner_id)", "Observe", "Predict (stateless)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--repository", type=Path, default=Path("model_repository"))
-    p.add_argument("--model", default=None)
+    add_common_flags(p, "outcomes")
     p.add_argument("--rounds", type=int, default=400, help="learner steps per gateway")
     p.add_argument("--learners", type=int, default=50)
-    p.add_argument("--out", type=Path, default=Path("bench/outcomes"))
 
 
 def run(args: argparse.Namespace) -> int:
     import grpc
 
-    from loadtest.load import start_gateway, start_triton
     from serving.api import knowledge_tracing_pb2 as pb
     from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
 

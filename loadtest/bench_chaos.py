@@ -22,14 +22,13 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 
+from loadtest.harness import GatewayProcess, add_common_flags
 from loadtest.learners import load_vocabulary
 from routerkt.errors import UserError
 
@@ -37,11 +36,9 @@ PHASES = ("baseline", "max batch", "triton kill", "publish", "sigterm")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--repository", type=Path, default=Path("model_repository"))
-    p.add_argument("--model", default=None)
+    add_common_flags(p, "chaos")
     p.add_argument("--callers", type=int, default=4)
     p.add_argument("--phase-seconds", type=float, default=6.0, help="length of the fixed phases")
-    p.add_argument("--out", type=Path, default=Path("bench/chaos"))
 
 
 class Recorder:
@@ -68,7 +65,6 @@ def run(args: argparse.Namespace) -> int:
     from serving.client import connect
     from serving.processes import terminate
     from serving.tritonserver.procfs import children, cmdline
-    from serving.processes import free_port
 
     if args.callers < 1 or args.phase_seconds <= 0:
         raise UserError("--callers must be >= 1 and --phase-seconds > 0")
@@ -78,18 +74,17 @@ def run(args: argparse.Namespace) -> int:
     repo = args.out / "repository"
     shutil.rmtree(repo, ignore_errors=True)
     shutil.copytree(args.repository, repo)
-    port, http_port = free_port(), free_port()
-    log = open(args.out / "serve.log", "wb")
-    serve = subprocess.Popen([sys.executable, "-m", "routerkt.cli", "serve", "--repository", str(repo), "--grpc-port",
-                              str(port), "--http-port", str(http_port), "--store", "none", "--log-format", "json"],
-                             stdout=log, stderr=log)
+    (args.out / "serve.log").unlink(missing_ok=True)
+    # its own tritonserver, serve's default grace period
+    gateway = GatewayProcess(repo, args.out, ["--store", "none"], grace_period_s=None, log_name="serve.log").start()
+    serve = gateway.process
     q = vocabulary.questions
     history = [pb.Interaction(question_id=q[i % len(q)], correct=i % 2) for i in range(1000)]
     small = pb.PredictRequest(model=model, history=history[:30], candidates=[pb.Candidate(question_id=q[0])])
     big = pb.PredictBatchRequest(model=model, learners=[pb.LearnerRequest(history=history, candidates=[
         pb.Candidate(question_id=q[(3 * j) % len(q)]) for j in range(64)]) for _ in range(64)])
     recorder, stop, big_codes = Recorder(), threading.Event(), Counter()
-    channel = connect(f"127.0.0.1:{port}")
+    channel = connect(gateway.address)
     stub = pb_grpc.KnowledgeTracingServiceStub(channel)
     report: dict[str, object] = {}
     started_tritons: list[int] = []
@@ -97,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         deadline = time.monotonic() + 180
         while True:
             if serve.poll() is not None or time.monotonic() > deadline:
-                raise UserError(f"routerkt serve did not become ready (see {args.out / 'serve.log'})")
+                raise UserError(f"routerkt serve did not become ready (see {gateway.log})")
             try:
                 stub.Predict(small, timeout=2.0)
                 break
@@ -185,7 +180,6 @@ def run(args: argparse.Namespace) -> int:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
-        log.close()
     print("| phase | calls by status (small Predict) | p99 of OK small calls, ms |")
     print("|---|---|---|")
     for phase, row in report["phases"].items():

@@ -20,25 +20,23 @@ import dataclasses
 import threading
 import time
 from contextlib import ExitStack
-from pathlib import Path
 
 import numpy as np
 
+from loadtest.harness import add_common_flags, start_gateway, start_triton
 from loadtest.learners import load_vocabulary
 from routerkt.errors import UserError
 from serving.settings import Settings
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--repository", type=Path, default=Path("model_repository"))
-    p.add_argument("--model", default=None)
+    add_common_flags(p, "fairness")                  # Triton's log goes to --out
     p.add_argument("--seconds", type=float, default=8.0, help="length of each phase")
     p.add_argument("--callers", type=int, default=4, help="threads of small calls")
     p.add_argument("--rounds", type=int, default=3, help="alone + beside phase pairs per gateway, interleaved")
     p.add_argument("--vary", default="", metavar="SETTING=V1,V2",
                    help="a gateway setting (serving/settings.py) and the values to compare in one run (each: "
                         "its own gateway, both phases), e.g. bulk_pause_ratio=0,2; default: the defaults")
-    p.add_argument("--out", type=Path, default=Path("bench/fairness"), help="Triton's log goes here")
 
 
 def phases(stub, big, small, callers: int, seconds: float):
@@ -92,7 +90,6 @@ def pooled(rounds: list[dict]) -> str:
 def run(args: argparse.Namespace) -> int:
     import grpc
 
-    from loadtest.load import start_gateway, start_triton
     from serving.api import knowledge_tracing_pb2 as pb
     from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from loadtest.harness import add_common_flags, start_gateway, start_triton
 from routerkt.atomic import atomic_write_json
 from routerkt.contract.onnx_session import cpu_session
 from routerkt.contract.repository import latest_version, list_models, read_model_info, read_vocab, version_dir
@@ -35,12 +36,10 @@ from routerkt.errors import UserError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--repository", type=Path, default=Path("model_repository"))
-    p.add_argument("--model", default=None, help="model name (default: the repository's only model)")
+    add_common_flags(p, "ranking")
     p.add_argument("--n", default="1,4,16,20,64", help="candidate counts")
     p.add_argument("--repeats", type=int, default=30, help="interleaved repetitions per cell")
     p.add_argument("--threads", type=int, default=2, help="onnxruntime intra-op threads (in process)")
-    p.add_argument("--out", type=Path, default=Path("bench/ranking"))
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -100,7 +99,6 @@ def run(args: argparse.Namespace) -> int:
     with ExitStack() as stack:
         import grpc
 
-        from loadtest.load import start_gateway, start_triton
         from serving.api import knowledge_tracing_pb2 as pb
         from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
 
