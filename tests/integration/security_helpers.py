@@ -74,6 +74,7 @@ class FakeBackend:
 
     def __init__(self) -> None:
         self.catalog = None
+        self.timeouts: list[float] = []           # timeout_s of each inference
 
     async def start(self, catalog) -> None:
         self.catalog = catalog
@@ -105,4 +106,5 @@ class FakeBackend:
         return {"backend": "fake"}
 
     async def infer(self, model, feeds, timeout_s: float) -> np.ndarray:
+        self.timeouts.append(timeout_s)
         return feeds["questions"].astype(np.float32) / 100.0

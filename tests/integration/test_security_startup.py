@@ -1,0 +1,52 @@
+"""Safe defaults of `routerkt serve`: a non-loopback --host without TLS or API keys refuses to start
+with one line naming the flag (exit 2); --insecure starts and logs a warning."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from serving.processes import free_port, terminate
+from tests.integration.security_helpers import make_ca, make_cert
+
+pytestmark = pytest.mark.integration
+
+
+def serve_command(repository, state_dir, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "routerkt.cli", "serve", "--repository", str(repository), "--host", "0.0.0.0",
+            "--grpc-port", "0", "--http-port", "0", "--triton-url", f"127.0.0.1:{free_port()}", "--store", "none",
+            "--state-dir", str(state_dir), "--log-format", "json", *extra]
+
+
+@pytest.mark.parametrize("flags, named", [((), "--tls-cert"), (("tls",), "--api-keys")])
+def test_a_public_bind_without_tls_or_keys_refuses_to_start(handmade_repository, tmp_path, flags, named) -> None:
+    extra: list[str] = []
+    if "tls" in flags:
+        ca = make_ca(tmp_path, "ca")
+        server = make_cert(tmp_path, ca, "server")
+        extra = ["--tls-cert", str(server.cert), "--tls-key", str(server.key)]
+    done = subprocess.run(serve_command(handmade_repository, tmp_path, *extra), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and named in lines[0] and "--insecure" in lines[0], done.stderr
+
+
+def test_insecure_starts_and_says_so(handmade_repository, tmp_path) -> None:
+    process = subprocess.Popen(serve_command(handmade_repository, tmp_path, "--insecure"), stderr=subprocess.PIPE,
+                               stdout=subprocess.DEVNULL, text=True)
+    try:
+        seen, deadline = [], time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = process.stderr.readline()
+            if not line:
+                break
+            seen.append(line)
+            if "gateway started" in line:
+                break
+        assert any("INSECURE" in line and '"level": "warning"' in line for line in seen), "".join(seen)
+        assert any("gateway started" in line for line in seen), "".join(seen)
+    finally:
+        terminate(process, timeout_s=15)

@@ -1,0 +1,108 @@
+"""The session store behind an ACL user, a password from a file and TLS, against a real
+redis-server: the store works with exactly the commands redis_store.ACL_COMMANDS allows; a wrong
+password is UNAVAILABLE with a clear log line and no secret anywhere; SQLite files are 0600."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import stat
+
+import grpc
+import pytest
+import redis
+
+from serving.api import knowledge_tracing_pb2 as pb
+from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
+from serving.server import ThreadedGateway
+from serving.sessions.factory import open_store
+from serving.sessions.keys import LearnerKeys
+from serving.sessions.redis_server import RedisServer, find_binary
+from serving.sessions.redis_store import acl_rules
+from serving.sessions.sqlite_store import SqliteStore
+from serving.settings import Settings
+from tests.integration.security_helpers import FakeBackend, make_ca, make_cert
+
+pytestmark = pytest.mark.integration
+
+PASSWORD = "s3cret-password-of-the-store-user"
+EVENTS = [pb.Event(event_id=f"e{i}", question_id=100 + i % 3, skill_id=7, correct=i % 2) for i in range(4)]
+
+
+@pytest.fixture(scope="module")
+def valkey(tmp_path_factory):
+    try:
+        find_binary()
+    except Exception:
+        pytest.skip("needs redis-server or valkey-server")
+    folder = tmp_path_factory.mktemp("redis")
+    ca = make_ca(folder, "ca")
+    cert = make_cert(folder, ca, "redis")
+    server = RedisServer(folder / "data", users={"routerkt": (PASSWORD, acl_rules())},
+                         tls=(cert.cert, cert.key, ca.cert)).start()
+    try:
+        yield server, ca, folder
+    finally:
+        server.stop()
+
+
+def gateway(repository, store) -> ThreadedGateway:
+    settings = Settings(repository=repository, grpc_port=0, http_port=None, grace_period_s=0.5)
+    return ThreadedGateway(settings, backend=FakeBackend(), store=store, keys=LearnerKeys(b"k" * 32)).start()
+
+
+def store_for(valkey, password: str):
+    server, ca, folder = valkey
+    (folder / "password").write_text(password + "\n")
+    return open_store(f"rediss://routerkt@127.0.0.1:{server.port}/0", password_file=folder / "password",
+                      ca_file=ca.cert)
+
+
+def test_the_store_works_as_an_acl_user_over_tls(valkey, handmade_repository) -> None:
+    gw = gateway(handmade_repository, store_for(valkey, PASSWORD))
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{gw.grpc_port}") as channel:
+            stub = pb_grpc.KnowledgeTracingServiceStub(channel)
+            assert stub.Observe(pb.ObserveRequest(learner_id="l1", events=EVENTS), timeout=5).stored == 4
+            answer = stub.Predict(pb.PredictRequest(model="kt", learner_id="l1", candidates=[pb.Candidate(question_id=101)]),
+                                  timeout=5)
+            assert answer.history_used == 4
+            assert stub.ForgetLearner(pb.ForgetLearnerRequest(learner_id="l1"), timeout=5).deleted == 4
+    finally:
+        gw.stop(0.5)
+    server, ca, _ = valkey
+    client = redis.Redis(port=server.port, username="routerkt", password=PASSWORD, ssl=True, ssl_ca_certs=str(ca.cert),
+                         ssl_check_hostname=False)
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        client.flushall()                                  # outside the store's commands
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        client.set("elsewhere", "1")                       # outside its keys (and commands)
+    client.close()
+
+
+def test_a_wrong_password_is_unavailable_with_no_secret_logged(valkey, handmade_repository, caplog) -> None:
+    caplog.set_level(logging.INFO)
+    wrong = "not-the-password-" + PASSWORD[::-1]
+    gw = gateway(handmade_repository, store_for(valkey, wrong))
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{gw.grpc_port}") as channel:
+            with pytest.raises(grpc.RpcError) as info:
+                pb_grpc.KnowledgeTracingServiceStub(channel).Observe(
+                    pb.ObserveRequest(learner_id="l1", events=EVENTS), timeout=5)
+    finally:
+        gw.stop(0.5)
+    assert info.value.code() is grpc.StatusCode.UNAVAILABLE
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "authentication failed for user 'routerkt'" in logged
+    assert wrong not in logged and PASSWORD not in logged and wrong not in info.value.details()
+
+
+def test_sqlite_files_are_created_owner_only(tmp_path) -> None:
+    store = SqliteStore(tmp_path / "sessions.sqlite3")
+
+    async def use() -> None:
+        await store.open()
+        await store.ping()
+        await store.close()
+    asyncio.run(use())
+    files = sorted(tmp_path.glob("sessions*"))
+    assert files and all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in files), files
