@@ -6,6 +6,12 @@ Per version folder: `vocab.json` (routerkt/contract/vocab.py) and `model_info.js
 what changed (file size + mtime), so a newly exported version is picked up without a restart; a
 version whose files are broken is skipped with one log line (until its files change). Lookups
 never touch the disk. `refresh()` may run in a worker thread: it swaps in a new table atomically.
+
+Skill sets: a version's config.pbtxt gives its skill inputs a last axis `skills` (dims [window, -1]),
+or, for a version exported before skill sets, none (dims [window]): that version is served as
+`skill_sets=False`, and the encoder (features.py) sends it each set's first skill (one log line
+says so when it is read). It is not refused: an older version keeps answering beside a newer one
+(canary, shadow, pinned clients), exactly as before for single-skill requests.
 """
 from __future__ import annotations
 
@@ -15,10 +21,12 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from routerkt.contract import signature
 from routerkt.contract.repository import (list_models, list_versions, read_model_info, read_served_shape,
                                           read_vocab)
-from routerkt.contract.signature import CONFIG_FILE, SCORE, Graph, graph_with_inputs, served_dims
+from routerkt.contract.signature import CONFIG_FILE, SCORE, Graph, graph_with_inputs, served_dims, skill_axis, zero_inputs
 from routerkt.contract.vocab import Vocab
 from routerkt.errors import UserError
 from serving.errors import not_found, shown
@@ -36,6 +44,14 @@ class ModelVersion:
     max_batch_size: int      # rows per Triton request (config.pbtxt)
     vocab: Vocab = field(repr=False, compare=False)
     graph: Graph = SCORE     # the contract graph the backend serves for it (from config.pbtxt's inputs)
+    skill_sets: bool = True  # False: exported before skill sets, one skill per interaction (2-D skill inputs)
+
+    def probe_inputs(self) -> dict[str, np.ndarray]:
+        """One padding-only request in the shape this version takes (warm-up and health probes)."""
+        zeros = zero_inputs(self.graph, self.window)
+        if not self.skill_sets:
+            zeros = {t.name: zeros[t.name][..., 0] if skill_axis(t) else zeros[t.name] for t in self.graph.inputs}
+        return zeros
 
 
 @dataclass(frozen=True)
@@ -130,8 +146,8 @@ class ModelCatalog:
             graph = graph_with_inputs(shape.input_names)
             if graph is None:
                 raise UserError(f"{config_path}: inputs {list(shape.input_names)} are none of the contract's graphs")
-            expected = served_dims(graph, window)
-            if any(expected[n] != d for n, d in zip(shape.input_names, shape.input_dims)):
+            skill_sets = _skill_sets(graph, window, dict(zip(shape.input_names, shape.input_dims)))
+            if skill_sets is None:
                 raise UserError(f"{config_path}: input dims {[list(d) for d in shape.input_dims]} do not match the "
                                 f"window {window} of {signature.INFO_FILE}")
             vocab = read_vocab(self.repository, name, version)
@@ -142,8 +158,11 @@ class ModelCatalog:
         self._broken.pop((name, version), None)
         log.info("model %s version %s: %s graph, window %d, %d questions, %d skills", name, version, graph.name,
                  window, len(vocab.questions), len(vocab.skills))
-        return ModelVersion(name=name, version=version, window=window,
-                            max_batch_size=shape.max_batch_size, vocab=vocab, graph=graph)
+        if not skill_sets:
+            log.warning("model %s version %s was exported before skill sets (one skill per interaction): it gets "
+                        "each set's first skill", name, version)
+        return ModelVersion(name=name, version=version, window=window, max_batch_size=shape.max_batch_size,
+                            vocab=vocab, graph=graph, skill_sets=skill_sets)
 
     def _stamp(self, config_path: Path, name: str, version: int) -> _Stamp | None:
         folder = self.repository / name / str(version)
@@ -157,6 +176,16 @@ class ModelCatalog:
             return None
         self._missing.discard((name, version))
         return tuple((s.st_size, s.st_mtime_ns) for s in stats)
+
+
+def _skill_sets(graph: Graph, window: int, dims: dict[str, tuple[int, ...]]) -> bool | None:
+    """True: `dims` (config.pbtxt, per input) are the contract's; False: the contract's without the
+    skill axis (a version exported before skill sets); None: neither."""
+    expected = served_dims(graph, window)
+    if all(expected[name] == d for name, d in dims.items()):
+        return True
+    legacy = {t.name: expected[t.name][:-1] if skill_axis(t) else expected[t.name] for t in graph.inputs}
+    return False if all(legacy[name] == d for name, d in dims.items()) else None
 
 
 def _safe(function, *args):

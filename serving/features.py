@@ -1,18 +1,27 @@
 """From a validated learner (raw platform ids) to the model's input rows: vocabulary mapping and
 left-padded windows, exactly as training builds them (training/data/protocol.py, routerkt/contract/signature.py).
 
-Mapping (the model version's vocab.json):
+Mapping (the model version's vocab.json); skills travel as SETS, rows [N, K] of raw ids padded
+with NO_SKILL (serving/requests.py), and leave as model ids padded with PAD_ID:
 - question id not in the vocabulary -> UNK_ID (1). The model then has no question-specific
   information (AKT's Rasch difficulty of UNK, i.e. it falls back on the skill); counted as
   routerkt_unknown_ids_total{kind="question"}.
-- skill id absent -> the skill the vocabulary recorded for the question (question_skill); a question
-  without one (an unknown question, or one only seen without a skill) gets UNK_ID;
+- skills absent -> the skill set the vocabulary recorded for the question (question_skills); a
+  question without one (an unknown question, or one only seen without a skill) gets {UNK_ID};
 - skill id -1 -> UNK_ID ("unknown skill", as -1 in the training CSV);
-  both of these count as routerkt_unknown_ids_total{kind="skill"};
-- any other skill id not in the vocabulary -> INVALID_ARGUMENT naming the field (a typo or a model
+  both of these count as routerkt_unknown_ids_total{kind="skill"} (per skill slot);
+- any other skill id not in the vocabulary -> INVALID_ARGUMENT naming the slot
+  (`history[3].skill_ids[1]`, or `history[3].skill_id` for the single form: a typo or a model
   trained on another skill taxonomy must not silently degrade predictions); counted as well.
 Unknown ids are counted for the interactions that reach the model and the candidates; rejected skill
-ids are checked (and counted) over the whole history.
+ids are checked (and counted) over the whole history. Single-skill traffic (every set of one, a
+vocabulary of one skill per question) keeps the one-column path: [N, 1] throughout.
+
+Skill axis: every skill tensor gets a last axis K = the widest set among the learners of one
+inference (at least 1); narrower sets are padded with PAD_ID, which the model's set mean ignores.
+A version exported before skill sets (2-D skill inputs in its config.pbtxt; catalog.py marks it
+`skill_sets=False`) gets each set's FIRST skill instead, i.e. exactly what it got before for
+single-skill requests, and a set's first skill otherwise.
 
 Windows: only the most recent `window - 1` interactions are used (the candidate takes the last slot).
 Each candidate becomes one row of length `window`: padding (question = skill = PAD_ID 0,
@@ -31,10 +40,11 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from routerkt.contract.signature import CANDIDATE_RESPONSE, PAD_ID, PAD_RESPONSE, RANK, SCORE, UNK_ID
+from routerkt.contract.signature import (CANDIDATE_RESPONSE, NO_SKILL, PAD_ID, PAD_RESPONSE, RANK, SCORE, UNK_ID,
+                                         skill_axis)
 from serving.errors import invalid_argument
 from routerkt.contract.vocab import Vocab
-from serving.requests import ABSENT_SKILL
+from serving.requests import ABSENT_SKILL, skill_field
 from serving.validation import LearnerInput
 
 if TYPE_CHECKING:
@@ -51,10 +61,15 @@ class EncodedLearner:
     """One learner in model ids, history already truncated to the window."""
 
     questions: np.ndarray            # int64 [n] used history, oldest first
-    skills: np.ndarray               # int64 [n]
+    skills: np.ndarray               # int64 [n, K] model skill ids, PAD_ID in unused slots
     responses: np.ndarray            # int64 [n], 0/1
     candidate_questions: np.ndarray  # int64 [C]
-    candidate_skills: np.ndarray     # int64 [C]
+    candidate_skills: np.ndarray     # int64 [C, K'] as skills
+
+    @property
+    def width(self) -> int:
+        """The widest skill set of the learner (history or candidates)."""
+        return max(self.skills.shape[1], self.candidate_skills.shape[1])
 
     @property
     def history_used(self) -> int:
@@ -69,8 +84,10 @@ def encode_learner(learner: LearnerInput, vocab: Vocab, window: int,
                    count_unknown: CountUnknown = lambda kind, n: None) -> EncodedLearner:
     """Map `learner` with `vocab` and keep the most recent window-1 interactions.
     Raises INVALID_ARGUMENT for a skill id the vocabulary does not know."""
-    _reject_unknown_skills(learner.history_skills, vocab, f"{learner.prefix}history", count_unknown)
-    _reject_unknown_skills(learner.candidate_skills, vocab, f"{learner.prefix}candidates", count_unknown)
+    _reject_unknown_skills(learner.history_skills, learner.history_sets, vocab, f"{learner.prefix}history",
+                           count_unknown)
+    _reject_unknown_skills(learner.candidate_skills, learner.candidate_sets, vocab, f"{learner.prefix}candidates",
+                           count_unknown)
 
     keep = max(window - 1, 0)
     start = max(learner.history_length - keep, 0)
@@ -86,17 +103,21 @@ def encode_learner(learner: LearnerInput, vocab: Vocab, window: int,
                           candidate_questions=cq, candidate_skills=cs)
 
 
-def build_windows(learner: EncodedLearner, window: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(questions, skills, responses), each int64 [C, window], one left-padded row per candidate."""
+def build_windows(learner: EncodedLearner, window: int,
+                  width: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(questions [C, window], skills [C, window, K], responses [C, window]), int64, one left-padded
+    row per candidate; K = `width` (0: the learner's widest set)."""
     n, c = learner.history_used, learner.n_candidates
     if n > window - 1:
         raise ValueError(f"history of {n} interactions does not fit a window of {window}")
-    history = history_row(learner, window)                   # the left-padded history part, [window - 1]
-    questions, skills, responses = (np.empty((c, window), dtype=np.int64) for _ in range(3))
+    width = width or learner.width
+    history = history_row(learner, window, width)            # the left-padded history part, [window - 1]
+    questions, responses = np.empty((c, window), dtype=np.int64), np.empty((c, window), dtype=np.int64)
+    skills = np.empty((c, window, width), dtype=np.int64)
     for rows, part in zip((questions, skills, responses), history):
         rows[:, :window - 1] = part
     questions[:, window - 1] = learner.candidate_questions
-    skills[:, window - 1] = learner.candidate_skills
+    skills[:, window - 1] = _widen(learner.candidate_skills, width)
     responses[:, window - 1] = CANDIDATE_RESPONSE
     return questions, skills, responses
 
@@ -116,16 +137,27 @@ def split_candidates(learners: list[EncodedLearner], limit: int) -> tuple[list[E
     return pieces, owners
 
 
-def history_row(learner: EncodedLearner, window: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(questions, skills, responses) of the rank graph's history, each int64 [window - 1], left-padded:
-    exactly the history part of build_windows' rows."""
+def history_row(learner: EncodedLearner, window: int,
+                width: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(questions [window - 1], skills [window - 1, K], responses [window - 1]) of the rank graph's
+    history, left-padded: exactly the history part of build_windows' rows (K as there)."""
     length, n = window - 1, learner.history_used
+    width = width or learner.width
     questions = np.full(length, PAD_ID, dtype=np.int64)
-    skills = np.full(length, PAD_ID, dtype=np.int64)
+    skills = np.full((length, width), PAD_ID, dtype=np.int64)
     responses = np.full(length, PAD_RESPONSE, dtype=np.int64)
-    questions[length - n:], skills[length - n:], responses[length - n:] = learner.questions, learner.skills, \
-        learner.responses
+    questions[length - n:], responses[length - n:] = learner.questions, learner.responses
+    skills[length - n:, :learner.skills.shape[1]] = learner.skills
     return questions, skills, responses
+
+
+def _widen(skills: np.ndarray, width: int) -> np.ndarray:
+    """Model skill sets [N, k] -> [N, width], PAD_ID in the added slots."""
+    if skills.shape[1] == width:
+        return skills
+    out = np.full((skills.shape[0], width), PAD_ID, dtype=np.int64)
+    out[:, :skills.shape[1]] = skills
+    return out
 
 
 def candidate_width(n: int) -> int:
@@ -177,22 +209,30 @@ class WindowEncoder:
             chunks[-1].append(i)
             rows += need
         build = self._rank if rank else self._score
-        return [build([learners[i] for i in chunk], chunk, model) for chunk in chunks]
+        inferences = [build([learners[i] for i in chunk], chunk, model) for chunk in chunks]
+        if not model.skill_sets:                             # exported before skill sets: first skills
+            for inference in inferences:
+                for spec in model.graph.inputs:
+                    if skill_axis(spec):
+                        inference.feeds[spec.name] = np.ascontiguousarray(inference.feeds[spec.name][..., 0])
+        return inferences
 
     def _rank(self, learners: list[EncodedLearner], indices: list[int], model: ModelVersion) -> Inference:
         width = candidate_width(max(learner.n_candidates for learner in learners))
-        history = [history_row(learner, model.window) for learner in learners]
+        skills = max(learner.width for learner in learners)
+        history = [history_row(learner, model.window, skills) for learner in learners]
         cq = np.full((len(learners), width), PAD_ID, dtype=np.int64)
-        cs = np.full((len(learners), width), PAD_ID, dtype=np.int64)
+        cs = np.full((len(learners), width, skills), PAD_ID, dtype=np.int64)
         for k, learner in enumerate(learners):
             cq[k, :learner.n_candidates] = learner.candidate_questions
-            cs[k, :learner.n_candidates] = learner.candidate_skills
+            cs[k, :learner.n_candidates, :learner.candidate_skills.shape[1]] = learner.candidate_skills
         arrays = [np.stack([h[j] for h in history]) for j in range(3)] + [cq, cs]
         return Inference(indices, dict(zip(RANK.input_names, arrays)),
                          [(k, learner.n_candidates) for k, learner in enumerate(learners)], rank=True)
 
     def _score(self, learners: list[EncodedLearner], indices: list[int], model: ModelVersion) -> Inference:
-        windows = [build_windows(learner, model.window) for learner in learners]
+        skills = max(learner.width for learner in learners)
+        windows = [build_windows(learner, model.window, skills) for learner in learners]
         arrays = [np.concatenate([w[j] for w in windows]) for j in range(3)]
         reads, first = [], 0
         for learner in learners:
@@ -202,15 +242,25 @@ class WindowEncoder:
 
 
 def _map(raw_questions: np.ndarray, raw_skills: np.ndarray, vocab: Vocab) -> tuple[np.ndarray, np.ndarray, int, int]:
-    """(question ids, skill ids, #unknown questions, #skills mapped to UNK) in model ids."""
+    """(question ids [n], skill sets [n, K] in model ids, #unknown questions, #skill slots mapped to
+    UNK). Absent sets (first slot ABSENT_SKILL) are the vocabulary's set of the question."""
     questions = vocab.encode_questions(raw_questions)
-    absent = raw_skills == ABSENT_SKILL
-    resolved = np.where(absent, vocab.skills_of_questions(raw_questions), raw_skills)
-    skills = vocab.encode_skills(resolved)         # -1 (unknown) -> UNK_ID; unknown ids were rejected
+    absent = raw_skills[:, 0] == ABSENT_SKILL
+    if not absent.any():
+        resolved = raw_skills
+    elif raw_skills.shape[1] == 1 and vocab.max_skills == 1:     # single skills: one column throughout
+        resolved = np.where(absent, vocab.skills_of_questions(raw_questions), raw_skills[:, 0]).reshape(-1, 1)
+    else:
+        looked = vocab.skill_sets_of_questions(raw_questions[absent])         # [m, max_skills], NO_SKILL padded
+        used = max(int((looked != NO_SKILL).any(axis=0).sum()), 1)
+        resolved = np.full((raw_skills.shape[0], max(raw_skills.shape[1], used)), NO_SKILL, dtype=np.int64)
+        resolved[:, :raw_skills.shape[1]] = raw_skills
+        resolved[absent, :used] = looked[:, :used]
+    skills = vocab.encode_skill_sets(resolved)     # -1 (unknown) -> UNK_ID, NO_SKILL -> PAD_ID; unknown ids were rejected
     return questions, skills, int((questions == UNK_ID).sum()), int((skills == UNK_ID).sum())
 
 
-def _reject_unknown_skills(raw_skills: np.ndarray, vocab: Vocab, list_field: str,
+def _reject_unknown_skills(raw_skills: np.ndarray, as_sets: np.ndarray | None, vocab: Vocab, list_field: str,
                            count_unknown: CountUnknown) -> None:
     explicit = raw_skills >= 0
     if not explicit.any():
@@ -218,8 +268,9 @@ def _reject_unknown_skills(raw_skills: np.ndarray, vocab: Vocab, list_field: str
     unknown = explicit & (vocab.encode_skills(raw_skills) == UNK_ID)
     if unknown.any():
         count_unknown("skill", int(unknown.sum()))
-        index = int(np.flatnonzero(unknown)[0])
-        raise invalid_argument(f"{list_field}[{index}].skill_id",
-                               f"unknown skill id {int(raw_skills[index])} for this model version "
-                               f"(use -1 for an unknown skill, or omit skill_id)")
+        i, j = (int(x[0]) for x in np.nonzero(unknown))
+        field = skill_field(as_sets, i, j)
+        raise invalid_argument(f"{list_field}[{i}].{field}",
+                               f"unknown skill id {int(raw_skills[i, j])} for this model version "
+                               f"(use -1 for an unknown skill, or omit {field.split('[')[0]})")
 

@@ -9,6 +9,7 @@ store_keep). Bad input: target outside (0, 1) or top_k < 1 is INVALID_ARGUMENT n
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -66,9 +67,9 @@ class Recommender:
             excluded = int((~keep).sum())
             if excluded == len(keep):
                 return Recommendations([], [], query.model, query.version, 0, excluded)
-            learner = LearnerQuery(learner.history_questions, learner.history_skills, learner.history_correct,
-                                   learner.candidate_questions[keep], learner.candidate_skills[keep],
-                                   learner.learner_id)
+            learner = dataclasses.replace(
+                learner, candidate_questions=learner.candidate_questions[keep], candidate_skills=learner.candidate_skills[keep],
+                candidate_sets=None if learner.candidate_sets is None else learner.candidate_sets[keep])
         result = await self.service.predict(PredictQuery(query.model, query.version, [learner]), deadline)
         probs = result.learners[0].probabilities
         ranked = order(probs, target)[:query.top_k]

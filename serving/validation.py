@@ -8,7 +8,10 @@ INVALID_ARGUMENT naming the first offending field, e.g. `history[3].correct` or
 - at most `max_history` interactions; at least one and at most `max_candidates` candidates;
 - a batch has 1..`max_batch_learners` learners;
 - question ids >= 0; skill ids >= 0, or -1 meaning "unknown skill", or absent (looked up from the
-  question in the vocabulary later, serving/features.py); `correct` is 0 or 1.
+  question in the vocabulary later, serving/features.py); at most `max_skills_per_interaction`
+  skills per set (the transports already refuse more, both forms at once and repeats while
+  converting, serving/requests.py); `correct` is 0 or 1. A bad skill names its slot:
+  `history[3].skill_ids[1]` for a set, `history[3].skill_id` for the single form.
 An empty history is valid (cold start).
 """
 from __future__ import annotations
@@ -18,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from serving.errors import invalid_argument
-from serving.requests import ABSENT_SKILL, UNKNOWN_SKILL, LearnerQuery, PredictQuery
+from serving.requests import INVALID_SKILL, NO_SKILL, LearnerQuery, PredictQuery, skill_field
 from serving.settings import Settings
 
 
@@ -27,12 +30,15 @@ class LearnerInput:
     """One learner's request in raw platform ids (validated structurally)."""
 
     history_questions: np.ndarray   # int64 [H]
-    history_skills: np.ndarray      # int64 [H]; ABSENT_SKILL where not set, UNKNOWN_SKILL for -1
+    history_skills: np.ndarray      # int64 [H, K] raw skill sets (serving/requests.py: NO_SKILL padding,
+                                    # first slot ABSENT_SKILL where not set, UNKNOWN_SKILL for -1)
     history_correct: np.ndarray     # int64 [H], 0/1
     candidate_questions: np.ndarray  # int64 [C]
-    candidate_skills: np.ndarray    # int64 [C]; ABSENT_SKILL / UNKNOWN_SKILL as above
+    candidate_skills: np.ndarray    # int64 [C, K'] as above
     prefix: str = ""                # field prefix for error messages ("" or "learners[i].")
     learner_id: str = ""            # set: the history comes from the session store
+    history_sets: np.ndarray | None = None    # bool [H]: rows given as skill_ids (for error names)
+    candidate_sets: np.ndarray | None = None  # bool [C]
 
     @property
     def history_length(self) -> int:
@@ -87,14 +93,24 @@ def validate_learner(learner: LearnerQuery, settings: Settings, prefix: str) -> 
         raise invalid_argument(f"{prefix}candidates",
                                f"at most {settings.max_candidates} candidates, got {n_candidates}")
 
-    h_set, c_set = hs != ABSENT_SKILL, cs != ABSENT_SKILL      # INVALID_SKILL is set and < -1: rejected
-    skill_rule = "must be >= 0, or -1 for an unknown skill"
     _first_bad(hq < 0, f"{prefix}history", "question_id", "must be >= 0")
-    _first_bad(h_set & (hs < UNKNOWN_SKILL), f"{prefix}history", "skill_id", skill_rule)
+    check_skills(hs, learner.history_sets, f"{prefix}history", settings.max_skills_per_interaction)
     _first_bad((hc != 0) & (hc != 1), f"{prefix}history", "correct", "must be 0 or 1")
     _first_bad(cq < 0, f"{prefix}candidates", "question_id", "must be >= 0")
-    _first_bad(c_set & (cs < UNKNOWN_SKILL), f"{prefix}candidates", "skill_id", skill_rule)
-    return LearnerInput(hq, hs, hc, cq, cs, prefix, learner.learner_id)
+    check_skills(cs, learner.candidate_sets, f"{prefix}candidates", settings.max_skills_per_interaction)
+    return LearnerInput(hq, hs, hc, cq, cs, prefix, learner.learner_id, learner.history_sets, learner.candidate_sets)
+
+
+def check_skills(skills: np.ndarray, as_sets: np.ndarray | None, list_field: str, max_skills: int) -> None:
+    """Raw skill sets [N, K]: INVALID_ARGUMENT naming the first slot set below -1
+    (`list_field[i].skill_ids[j]` or `.skill_id`), or the first set of more than `max_skills`."""
+    if skills.shape[1] > max_skills:
+        _first_bad((skills != NO_SKILL).sum(axis=1) > max_skills, list_field, "skill_ids",
+                   f"at most {max_skills} skills per interaction")
+    bad = skills == INVALID_SKILL
+    if bad.any():
+        i, j = (int(x[0]) for x in np.nonzero(bad))
+        raise invalid_argument(f"{list_field}[{i}].{skill_field(as_sets, i, j)}", "must be >= 0, or -1 for an unknown skill")
 
 
 def _first_bad(bad: np.ndarray, list_field: str, item_field: str, problem: str) -> None:

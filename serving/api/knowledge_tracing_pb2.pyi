@@ -7,32 +7,40 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Interaction(_message.Message):
-    __slots__ = ("question_id", "skill_id", "correct")
+    __slots__ = ("question_id", "skill_id", "correct", "skill_ids")
     QUESTION_ID_FIELD_NUMBER: _ClassVar[int]
     SKILL_ID_FIELD_NUMBER: _ClassVar[int]
     CORRECT_FIELD_NUMBER: _ClassVar[int]
+    SKILL_IDS_FIELD_NUMBER: _ClassVar[int]
     question_id: int
     skill_id: int
     correct: int
-    def __init__(self, question_id: _Optional[int] = ..., skill_id: _Optional[int] = ..., correct: _Optional[int] = ...) -> None: ...
+    skill_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, question_id: _Optional[int] = ..., skill_id: _Optional[int] = ..., correct: _Optional[int] = ..., skill_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class HistoryColumns(_message.Message):
-    __slots__ = ("question_ids", "skill_ids", "correct")
+    __slots__ = ("question_ids", "skill_ids", "correct", "skill_lengths", "skill_values")
     QUESTION_IDS_FIELD_NUMBER: _ClassVar[int]
     SKILL_IDS_FIELD_NUMBER: _ClassVar[int]
     CORRECT_FIELD_NUMBER: _ClassVar[int]
+    SKILL_LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    SKILL_VALUES_FIELD_NUMBER: _ClassVar[int]
     question_ids: _containers.RepeatedScalarFieldContainer[int]
     skill_ids: _containers.RepeatedScalarFieldContainer[int]
     correct: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, question_ids: _Optional[_Iterable[int]] = ..., skill_ids: _Optional[_Iterable[int]] = ..., correct: _Optional[_Iterable[int]] = ...) -> None: ...
+    skill_lengths: _containers.RepeatedScalarFieldContainer[int]
+    skill_values: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, question_ids: _Optional[_Iterable[int]] = ..., skill_ids: _Optional[_Iterable[int]] = ..., correct: _Optional[_Iterable[int]] = ..., skill_lengths: _Optional[_Iterable[int]] = ..., skill_values: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Candidate(_message.Message):
-    __slots__ = ("question_id", "skill_id")
+    __slots__ = ("question_id", "skill_id", "skill_ids")
     QUESTION_ID_FIELD_NUMBER: _ClassVar[int]
     SKILL_ID_FIELD_NUMBER: _ClassVar[int]
+    SKILL_IDS_FIELD_NUMBER: _ClassVar[int]
     question_id: int
     skill_id: int
-    def __init__(self, question_id: _Optional[int] = ..., skill_id: _Optional[int] = ...) -> None: ...
+    skill_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, question_id: _Optional[int] = ..., skill_id: _Optional[int] = ..., skill_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PredictRequest(_message.Message):
     __slots__ = ("model", "version", "history", "candidates", "learner_id", "history_columns")
@@ -155,18 +163,20 @@ class RecommendResponse(_message.Message):
     def __init__(self, recommendations: _Optional[_Iterable[_Union[Recommendation, _Mapping]]] = ..., model: _Optional[str] = ..., version: _Optional[int] = ..., history_used: _Optional[int] = ..., excluded: _Optional[int] = ..., prediction_id: _Optional[str] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("event_id", "question_id", "skill_id", "correct", "timestamp_ms")
+    __slots__ = ("event_id", "question_id", "skill_id", "correct", "timestamp_ms", "skill_ids")
     EVENT_ID_FIELD_NUMBER: _ClassVar[int]
     QUESTION_ID_FIELD_NUMBER: _ClassVar[int]
     SKILL_ID_FIELD_NUMBER: _ClassVar[int]
     CORRECT_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    SKILL_IDS_FIELD_NUMBER: _ClassVar[int]
     event_id: str
     question_id: int
     skill_id: int
     correct: int
     timestamp_ms: int
-    def __init__(self, event_id: _Optional[str] = ..., question_id: _Optional[int] = ..., skill_id: _Optional[int] = ..., correct: _Optional[int] = ..., timestamp_ms: _Optional[int] = ...) -> None: ...
+    skill_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, event_id: _Optional[str] = ..., question_id: _Optional[int] = ..., skill_id: _Optional[int] = ..., correct: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., skill_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ObserveRequest(_message.Message):
     __slots__ = ("learner_id", "events")

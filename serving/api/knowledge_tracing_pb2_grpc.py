@@ -26,7 +26,7 @@ if _version_not_supported:
 
 
 class KnowledgeTracingServiceStub:
-    """Status codes: INVALID_ARGUMENT (the message names the field, e.g. `history[3].skill_id`),
+    """Status codes: INVALID_ARGUMENT (the message names the field, e.g. `history[3].skill_ids[1]`),
     NOT_FOUND (unknown model or version), UNAVAILABLE (Triton down, the model not ready, or the
     session store unreachable for calls that need it; retry),
     RESOURCE_EXHAUSTED (the gateway's in-flight limit, or a message over the size limit),
@@ -72,7 +72,7 @@ class KnowledgeTracingServiceStub:
 
 
 class KnowledgeTracingServiceServicer:
-    """Status codes: INVALID_ARGUMENT (the message names the field, e.g. `history[3].skill_id`),
+    """Status codes: INVALID_ARGUMENT (the message names the field, e.g. `history[3].skill_ids[1]`),
     NOT_FOUND (unknown model or version), UNAVAILABLE (Triton down, the model not ready, or the
     session store unreachable for calls that need it; retry),
     RESOURCE_EXHAUSTED (the gateway's in-flight limit, or a message over the size limit),
@@ -163,7 +163,7 @@ def add_KnowledgeTracingServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class KnowledgeTracingService:
-    """Status codes: INVALID_ARGUMENT (the message names the field, e.g. `history[3].skill_id`),
+    """Status codes: INVALID_ARGUMENT (the message names the field, e.g. `history[3].skill_ids[1]`),
     NOT_FOUND (unknown model or version), UNAVAILABLE (Triton down, the model not ready, or the
     session store unreachable for calls that need it; retry),
     RESOURCE_EXHAUSTED (the gateway's in-flight limit, or a message over the size limit),

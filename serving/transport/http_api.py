@@ -32,6 +32,7 @@ import time
 from typing import Annotated, Any
 
 import grpc
+import numpy as np
 from fastapi import Depends, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -42,7 +43,7 @@ from pydantic import AfterValidator, BaseModel, Field, StrictInt
 from serving.errors import ServingError, failed_precondition, invalid_argument
 from serving.transport.endpoints import Endpoints
 from serving.recommend import RecommendQuery
-from serving.requests import Deadline, LearnerQuery, PredictQuery, column_arrays
+from serving.requests import DEFAULT_MAX_SKILLS, Deadline, LearnerQuery, PredictQuery, column_arrays, skill_sets
 from serving.rollout.policy_file import PolicyError, parse_model, read_policy, write_policy
 from serving.security.audit import audit
 from serving.security.scopes import http_scope
@@ -69,10 +70,14 @@ def _encodable(text: str) -> str:
 Text = Annotated[str, AfterValidator(_encodable)]
 
 
+SKILL_IDS = "the skill set instead of skill_id (not both); each id as skill_id"
+
+
 class InteractionIn(BaseModel):
     question_id: Int64
     skill_id: Int64 | None = Field(None, description="absent: the question's skill from the vocabulary; -1: unknown")
     correct: Int32 = Field(description="0 or 1")
+    skill_ids: list[Int64] = Field(default_factory=list, description=SKILL_IDS)
 
 
 class HistoryColumnsIn(BaseModel):
@@ -80,11 +85,15 @@ class HistoryColumnsIn(BaseModel):
     question_ids: list[Int64]
     skill_ids: list[Int64] = Field(default_factory=list, description="empty: looked up from each question")
     correct: list[Int32] = Field(description="0 or 1, one per question id")
+    skill_lengths: list[Int32] = Field(default_factory=list, description="skill sets, ragged (instead of skill_ids): "
+                                       "the size of each interaction's set in skill_values, 0 = looked up")
+    skill_values: list[Int64] = Field(default_factory=list, description="the sets' skill ids, one after the other")
 
 
 class CandidateIn(BaseModel):
     question_id: Int64
     skill_id: Int64 | None = Field(None, description="absent: the question's skill from the vocabulary; -1: unknown")
+    skill_ids: list[Int64] = Field(default_factory=list, description=SKILL_IDS)
 
 
 class PredictIn(BaseModel):
@@ -234,6 +243,7 @@ def create_app(endpoints: Endpoints) -> FastAPI:
     raised anywhere (the deadline header, the service) becomes the JSON error with its HTTP status."""
     service, sessions, recommender = endpoints.service, endpoints.sessions, endpoints.recommender
     settings, metrics = service.settings, service.metrics
+    max_skills = settings.max_skills_per_interaction
     guard = endpoints.guard
 
     async def authorise(request: Request) -> None:
@@ -319,7 +329,7 @@ def create_app(endpoints: Endpoints) -> FastAPI:
     @app.post("/v1/predict", response_model=PredictOut, responses=ERROR_RESPONSES,
               summary="P(correct) for each candidate question of one learner")
     async def predict(body: PredictIn, deadline: Deadline = Depends(call_deadline)) -> PredictOut:
-        query = PredictQuery(model=body.model, version=body.version, learners=[_learner(body)])
+        query = PredictQuery(model=body.model, version=body.version, learners=[_learner(body, "", max_skills)])
         learner = (result := await service.predict(query, deadline)).learners[0]
         return PredictOut(probabilities=learner.probabilities.tolist(), model=result.model,
                           version=learner.version, history_used=learner.history_used,
@@ -329,7 +339,7 @@ def create_app(endpoints: Endpoints) -> FastAPI:
               summary="P(correct) for the candidates of several learners")
     async def predict_batch(body: PredictBatchIn, deadline: Deadline = Depends(call_deadline)) -> PredictBatchOut:
         query = PredictQuery(model=body.model, version=body.version, batch=True,
-                             learners=[_learner(l, f"learners[{i}].") for i, l in enumerate(body.learners)])
+                             learners=[_learner(l, f"learners[{i}].", max_skills) for i, l in enumerate(body.learners)])
         result = await service.predict(query, deadline)
         return PredictBatchOut(results=[LearnerOut(probabilities=r.probabilities.tolist(),
                                                    history_used=r.history_used, version=r.version,
@@ -339,7 +349,7 @@ def create_app(endpoints: Endpoints) -> FastAPI:
     @app.post("/v1/recommend", response_model=RecommendOut, responses=ERROR_RESPONSES,
               summary="candidates ordered by |P(correct) - target_probability| (default 0.7), closest first")
     async def recommend(body: RecommendIn, deadline: Deadline = Depends(call_deadline)) -> RecommendOut:
-        query = RecommendQuery(body.model, body.version, _learner(body),
+        query = RecommendQuery(body.model, body.version, _learner(body, "", max_skills),
                                body.target_probability, body.top_k, body.exclude_seen)
         result = await recommender.recommend(query, deadline)
         return RecommendOut(recommendations=[RecommendationOut(question_id=q, probability=p) for q, p in
@@ -377,15 +387,28 @@ def create_app(endpoints: Endpoints) -> FastAPI:
     return app
 
 
-def _learner(body: PredictIn | LearnerIn | RecommendIn, prefix: str = "") -> LearnerQuery:
-    """One learner's query; `history_columns` as on gRPC (serving/requests.py column_arrays)."""
-    query = LearnerQuery.from_values(((i.question_id, i.skill_id, i.correct) for i in body.history),
-                                     ((c.question_id, c.skill_id) for c in body.candidates), body.learner_id)
+def _learner(body: PredictIn | LearnerIn | RecommendIn, prefix: str = "",
+             max_skills: int = DEFAULT_MAX_SKILLS) -> LearnerQuery:
+    """One learner's query; `history_columns` and skill sets as on gRPC (serving/requests.py)."""
     if body.history_columns is not None:
         columns = body.history_columns
-        query.history_questions, query.history_skills, query.history_correct = column_arrays(
-            columns.question_ids, columns.skill_ids, columns.correct, f"{prefix}history_columns", len(body.history))
-    return query
+        hq, hs, hc, h_sets = column_arrays(columns.question_ids, columns.skill_ids, columns.correct,
+                                           f"{prefix}history_columns", len(body.history), columns.skill_lengths,
+                                           columns.skill_values, max_skills)
+    else:
+        hq = np.array([i.question_id for i in body.history], dtype=np.int64)
+        hc = np.array([i.correct for i in body.history], dtype=np.int64)
+        hs, h_sets = _skills(body.history, f"{prefix}history", max_skills)
+    cs, c_sets = _skills(body.candidates, f"{prefix}candidates", max_skills)
+    return LearnerQuery(hq, hs, hc, np.array([c.question_id for c in body.candidates], dtype=np.int64), cs,
+                        body.learner_id, h_sets, c_sets)
+
+
+def _skills(items: list[InteractionIn] | list[CandidateIn], field: str, max_skills: int):
+    """`skill_id` / `skill_ids` of each item -> (rows [N, K], as_sets), serving/requests.py skill_sets."""
+    return skill_sets(np.array([i.skill_id or 0 for i in items], dtype=np.int64),
+                      np.array([i.skill_id is not None for i in items], dtype=bool),
+                      [i.skill_ids for i in items] if any(i.skill_ids for i in items) else None, field, max_skills)
 
 
 def _deadline(header: str | None, default_s: float) -> Deadline:

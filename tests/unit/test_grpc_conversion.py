@@ -23,9 +23,9 @@ def test_fields_and_skill_states():
     candidates = [pb.Candidate(question_id=11), pb.Candidate(question_id=12, skill_id=0)]
     q = learner_query(history, candidates, learner_id="x")
     assert q.history_questions.tolist() == [7, 8, 9, 10]
-    assert q.history_skills.tolist() == [ABSENT_SKILL, 3, -1, INVALID_SKILL]
+    assert q.history_skills.tolist() == [[ABSENT_SKILL], [3], [-1], [INVALID_SKILL]]      # sets of one: [H, 1]
     assert q.history_correct.tolist() == [1, 0, 1, 0]
-    assert q.candidate_questions.tolist() == [11, 12] and q.candidate_skills.tolist() == [ABSENT_SKILL, 0]
+    assert q.candidate_questions.tolist() == [11, 12] and q.candidate_skills.tolist() == [[ABSENT_SKILL], [0]]
     assert all(a.dtype == np.int64 and a.flags["C_CONTIGUOUS"] for a in
                (q.history_questions, q.history_skills, q.history_correct, q.candidate_questions, q.candidate_skills))
     assert q.learner_id == "x"
@@ -34,7 +34,7 @@ def test_fields_and_skill_states():
 def test_empty_lists_give_empty_arrays():
     q = learner_query([], [])
     assert [a.shape for a in (q.history_questions, q.history_skills, q.history_correct,
-                              q.candidate_questions, q.candidate_skills)] == [(0,)] * 5
+                              q.candidate_questions, q.candidate_skills)] == [(0,), (0, 1), (0,), (0,), (0, 1)]
 
 
 def test_batch_size_counts_history_and_candidates():
@@ -63,7 +63,7 @@ def test_history_columns_equal_the_same_history_as_messages(with_skills):
         x, y = getattr(a, name), getattr(b, name)
         assert x.dtype == y.dtype == np.int64 and x.tolist() == y.tolist(), name
     # skill states as in the message form: -1 stays "unknown", below -1 is marked invalid, none = absent
-    assert b.history_skills.tolist() == ([INVALID_SKILL, -1, 0, 1, 2, 3] if with_skills else [ABSENT_SKILL] * 6)
+    assert b.history_skills[:, 0].tolist() == ([INVALID_SKILL, -1, 0, 1, 2, 3] if with_skills else [ABSENT_SKILL] * 6)
 
 
 def test_history_columns_in_a_batch_and_in_recommend():
@@ -103,4 +103,4 @@ def test_history_and_history_columns_together_are_refused():
 def test_empty_history_columns_are_a_cold_start():
     q = predict_query(pb.PredictRequest(model="m", history_columns=pb.HistoryColumns(),
                                         candidates=[pb.Candidate(question_id=1)])).learners[0]
-    assert q.history_questions.shape == q.history_skills.shape == q.history_correct.shape == (0,)
+    assert q.history_questions.shape == q.history_correct.shape == (0,) and q.history_skills.shape == (0, 1)

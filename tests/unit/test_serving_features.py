@@ -45,35 +45,35 @@ def encode(history, candidates, window=6):
 def test_known_ids_map_through_the_vocabulary_and_absent_skills_come_from_the_question() -> None:
     enc, counts = encode([(100, 7, 1), (101, None, 0)], [(102, None), (101, 7)])
     assert enc.questions.tolist() == [2, 3]
-    assert enc.skills.tolist() == [2, 3]               # 101's recorded skill is 8 -> id 3
+    assert enc.skills.tolist() == [[2], [3]]           # 101's recorded skill is 8 -> id 3; sets of one
     assert enc.responses.tolist() == [1, 0]
     assert enc.candidate_questions.tolist() == [4, 3]
-    assert enc.candidate_skills.tolist() == [2, 2]     # explicit skill 7 wins over the recorded 8
+    assert enc.candidate_skills.tolist() == [[2], [2]]  # explicit skill 7 wins over the recorded 8
     assert counts == {}
 
 
 def test_unknown_question_maps_to_unk_and_keeps_an_explicit_skill() -> None:
     enc, counts = encode([(999, 8, 1)], [(12345, 7), (54321, None)])
     assert enc.questions.tolist() == [UNK_ID]
-    assert enc.skills.tolist() == [3]
+    assert enc.skills.tolist() == [[3]]
     assert enc.candidate_questions.tolist() == [UNK_ID, UNK_ID]
-    assert enc.candidate_skills.tolist() == [2, UNK_ID]   # unknown question without skill: UNK skill
+    assert enc.candidate_skills.tolist() == [[2], [UNK_ID]]   # unknown question without skill: UNK skill
     assert counts == {"question": 3, "skill": 1}
 
 
 def test_skill_minus_one_and_questions_without_recorded_skill_map_to_unk() -> None:
     enc, counts = encode([(100, -1, 1), (103, None, 1)], [(100, -1)])
-    assert enc.skills.tolist() == [UNK_ID, UNK_ID]
-    assert enc.candidate_skills.tolist() == [UNK_ID]
+    assert enc.skills.tolist() == [[UNK_ID], [UNK_ID]]
+    assert enc.candidate_skills.tolist() == [[UNK_ID]]
     assert counts == {"skill": 3}
 
 
 def test_windows_are_left_padded_with_the_candidate_last() -> None:
     enc, _ = encode([(100, 7, 1), (101, 8, 0)], [(102, None), (103, 8)], window=6)
     q, s, r = build_windows(enc, 6)
-    assert q.shape == s.shape == r.shape == (2, 6) and q.dtype == np.int64
+    assert q.shape == r.shape == (2, 6) and s.shape == (2, 6, 1) and q.dtype == np.int64
     assert q.tolist() == [[PAD_ID, PAD_ID, PAD_ID, 2, 3, 4], [PAD_ID, PAD_ID, PAD_ID, 2, 3, 5]]
-    assert s.tolist() == [[PAD_ID, PAD_ID, PAD_ID, 2, 3, 2], [PAD_ID, PAD_ID, PAD_ID, 2, 3, 3]]
+    assert s[..., 0].tolist() == [[PAD_ID, PAD_ID, PAD_ID, 2, 3, 2], [PAD_ID, PAD_ID, PAD_ID, 2, 3, 3]]
     assert r.tolist() == [[PAD_RESPONSE] * 3 + [1, 0, CANDIDATE_RESPONSE]] * 2
 
 
@@ -82,7 +82,7 @@ def test_empty_history_gives_a_row_of_padding_and_the_candidate() -> None:
     assert enc.history_used == 0
     q, s, r = build_windows(enc, 5)
     assert q.tolist() == [[PAD_ID] * 4 + [2]]
-    assert s.tolist() == [[PAD_ID] * 4 + [2]]
+    assert s[..., 0].tolist() == [[PAD_ID] * 4 + [2]]
     assert r.tolist() == [[PAD_RESPONSE] * 4 + [CANDIDATE_RESPONSE]]
 
 
@@ -113,12 +113,12 @@ def test_all_rows_share_the_history_part() -> None:
 def test_split_candidates_keeps_order_history_and_owners():
     from serving.features import EncodedLearner, split_candidates
     history = np.array([5, 6], dtype=np.int64)
-    big = EncodedLearner(questions=history, skills=history, responses=np.array([1, 0]),
-                         candidate_questions=np.arange(10, 15), candidate_skills=np.arange(20, 25))
-    small = EncodedLearner(questions=history, skills=history, responses=np.array([1, 0]),
-                           candidate_questions=np.arange(2), candidate_skills=np.arange(2))
+    big = EncodedLearner(questions=history, skills=history[:, None], responses=np.array([1, 0]),
+                         candidate_questions=np.arange(10, 15), candidate_skills=np.arange(20, 25)[:, None])
+    small = EncodedLearner(questions=history, skills=history[:, None], responses=np.array([1, 0]),
+                           candidate_questions=np.arange(2), candidate_skills=np.arange(2)[:, None])
     pieces, owners = split_candidates([big, small], 2)
     assert owners == [0, 0, 0, 1]
     assert [p.candidate_questions.tolist() for p in pieces] == [[10, 11], [12, 13], [14], [0, 1]]
-    assert [p.candidate_skills.tolist() for p in pieces[:3]] == [[20, 21], [22, 23], [24]]
+    assert [p.candidate_skills[:, 0].tolist() for p in pieces[:3]] == [[20, 21], [22, 23], [24]]
     assert all(p.questions is history for p in pieces) and pieces[3] is small

@@ -91,10 +91,10 @@ def test_valid_request_becomes_raw_arrays_with_absent_and_unknown_skills() -> No
                   candidates=[candidate(10), candidate(12, 6)])
     learner = validate_predict(req, SETTINGS)
     np.testing.assert_array_equal(learner.history_questions, [10, 11, 12])
-    np.testing.assert_array_equal(learner.history_skills, [5, ABSENT_SKILL, UNKNOWN_SKILL])
+    np.testing.assert_array_equal(learner.history_skills, [[5], [ABSENT_SKILL], [UNKNOWN_SKILL]])
     np.testing.assert_array_equal(learner.history_correct, [1, 0, 1])
     np.testing.assert_array_equal(learner.candidate_questions, [10, 12])
-    np.testing.assert_array_equal(learner.candidate_skills, [ABSENT_SKILL, 6])
+    np.testing.assert_array_equal(learner.candidate_skills, [[ABSENT_SKILL], [6]])
     assert learner.history_length == 3 and learner.n_candidates == 2
 
 
@@ -105,7 +105,7 @@ def test_empty_history_is_a_valid_cold_start() -> None:
 
 def test_skill_id_zero_is_a_real_id_not_absent() -> None:
     learner = validate_predict(request(history=[interaction(10, 0, 1)]), SETTINGS)
-    assert learner.history_skills.tolist() == [0]
+    assert learner.history_skills.tolist() == [[0]]
 
 
 @pytest.mark.parametrize("history, candidates, field", [

@@ -25,7 +25,6 @@ from typing import Mapping
 
 from tritonclient.utils import InferenceServerException
 
-from routerkt.contract.signature import zero_inputs
 from serving.catalog import ModelVersion
 from serving.metrics import Metrics
 from serving.parts import BackendError, FailureKind
@@ -142,7 +141,7 @@ class TritonSupervisor:
         for version in loaded:
             served = versions[version]
             try:                                                 # one padding row, like the warm-up
-                await self.client.infer(name, version, served.graph, zero_inputs(served.graph, served.window),
+                await self.client.infer(name, version, served.graph, served.probe_inputs(),
                                         self.settings.probe_timeout_s, observe=False)
             except BackendError as exc:
                 self.on_failure(name, version, exc)
