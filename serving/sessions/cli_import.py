@@ -4,7 +4,8 @@ session store, as if every answer had been Observed in order.
     routerkt sessions import --data interactions.csv[.gz] --store sqlite:///PATH | redis://HOST:PORT/DB
                              [--keep 1000] [--secret-file FILE]
 
-Columns `user_id,order,question_id,skill_id,correct` (-1 = unknown skill). Each learner's rows are
+Columns `user_id,order,question_id,skill_id,correct` (-1 = unknown skill; a skill set as `3;17`,
+the canonical CSV's form, is stored as the event's set). Each learner's rows are
 sorted by `order`; the learner id is the CSV's user_id as text; event ids are `import-<order>`,
 so importing the same file again stores nothing twice. Only the newest `keep` events of a learner
 are sent (the store would trim older ones anyway). Learners go to the store in chunks
@@ -39,12 +40,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="HMAC secret for learner keys, the gateway's (ROUTERKT_STORE_SECRET wins)")
 
 
-def read_learners(path: Path) -> dict[str, list[tuple[int, int, int, int]]]:
+def read_learners(path: Path) -> dict[str, list[tuple[int, tuple[int, ...], int, int]]]:
     """user id -> [(order, question, skill, correct)] sorted by order; UserError naming the line."""
     if not path.is_file():
         raise UserError(f"{path}: no such file")
     opener = gzip.open if path.suffix == ".gz" else open
-    learners: dict[str, list[tuple[int, int, int, int]]] = {}
+    learners: dict[str, list[tuple[int, tuple[int, ...], int, int]]] = {}
     try:
         with opener(path, "rb") as raw:
             reader = csv.reader(io.TextIOWrapper(raw, encoding="utf-8", newline=""))
@@ -55,12 +56,14 @@ def read_learners(path: Path) -> dict[str, list[tuple[int, int, int, int]]]:
                 if len(row) != 5:
                     raise UserError(f"{path}:{line}: expected 5 columns, got {len(row)}")
                 try:
-                    order, question, skill, correct = (int(v) for v in row[1:])
+                    order, question, correct = int(row[1]), int(row[2]), int(row[4])
+                    skills = tuple(int(s) for s in row[3].split(";"))
                 except ValueError:
-                    raise UserError(f"{path}:{line}: order, question_id, skill_id and correct must be integers") from None
-                if correct not in (0, 1) or question < 0 or skill < -1 or not row[0].strip():
+                    raise UserError(f"{path}:{line}: order, question_id, skill_id (or ids a;b) and correct must be "
+                                    f"integers") from None
+                if correct not in (0, 1) or question < 0 or min(skills) < -1 or not row[0].strip():
                     raise UserError(f"{path}:{line}: needs a user_id, question_id >= 0, skill_id >= -1, correct 0/1")
-                learners.setdefault(row[0].strip(), []).append((order, question, skill, correct))
+                learners.setdefault(row[0].strip(), []).append((order, question, skills, correct))
     except (OSError, EOFError, UnicodeDecodeError, csv.Error) as exc:
         raise UserError(f"{path}: cannot read ({exc})") from None
     for rows in learners.values():
@@ -68,7 +71,7 @@ def read_learners(path: Path) -> dict[str, list[tuple[int, int, int, int]]]:
     return learners
 
 
-async def import_learners(learners: dict[str, list[tuple[int, int, int, int]]], store, keys: LearnerKeys,
+async def import_learners(learners: dict[str, list[tuple[int, tuple[int, ...], int, int]]], store, keys: LearnerKeys,
                           keep: int) -> tuple[int, int]:
     """(events stored, duplicates) after appending every learner's newest `keep` events."""
     stored = duplicates = 0

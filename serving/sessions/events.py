@@ -2,10 +2,12 @@
 
 Rules (numbers from Settings): `learner_id` 1..max_learner_id_chars characters, no control
 characters; 1..max_observe_events events per call; each event: an `event_id` of
-1..max_event_id_chars characters, unique within the call; question_id >= 0; skill_id >= 0, -1
-(unknown) or absent, and an explicit id must be known to at least one model version the gateway
-serves; correct 0 or 1; timestamp_ms >= 0 when set. The first problem raises INVALID_ARGUMENT
-naming the field (`events[3].correct`) and nothing is stored.
+1..max_event_id_chars characters, unique within the call; question_id >= 0; skill_id (one) or
+skill_ids (a set of at most max_skills_per_interaction, none twice; not both forms: checked while
+converting, serving/requests.py), each >= 0 or -1 (unknown), or absent, and an explicit id must be
+known to at least one model version the gateway serves; correct 0 or 1; timestamp_ms >= 0 when set.
+The first problem raises INVALID_ARGUMENT naming the field (`events[3].correct`,
+`events[2].skill_ids[1]`) and nothing is stored.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from typing import Callable
 import numpy as np
 
 from serving.errors import invalid_argument
-from serving.requests import INVALID_SKILL
+from serving.requests import INVALID_SKILL, NO_SKILL, skill_field
 from serving.sessions.store import NO_TIMESTAMP
 from serving.settings import Settings
 from serving.validation import check_learner_id as check_optional_learner_id
@@ -26,9 +28,16 @@ class ObserveQuery:
     learner_id: str
     event_ids: list[str]
     questions: np.ndarray       # int64 [E]
-    skills: np.ndarray          # int64 [E], serving/requests.py encoding (ABSENT_SKILL, INVALID_SKILL)
+    skills: np.ndarray          # int64 [E, K] skill sets, serving/requests.py encoding (ABSENT_SKILL, INVALID_SKILL)
     correct: np.ndarray         # int64 [E]
     timestamps: np.ndarray      # int64 [E], NO_TIMESTAMP where not set; INVALID_TIMESTAMP where < 0
+    skill_sets: np.ndarray | None = None   # bool [E]: given as skill_ids (errors name skill_ids[j]); None: none
+
+    def stored_skills(self) -> list[tuple[int, ...]]:
+        """Each event's skill set as a tuple (empty: not set, looked up from the question when read)."""
+        if self.skills.shape[1] == 1:
+            return [() if s == NO_SKILL else (s,) for s in self.skills[:, 0].tolist()]
+        return [tuple(s for s in row if s != NO_SKILL) for row in self.skills.tolist()]
 
 
 INVALID_TIMESTAMP = -2
@@ -60,18 +69,28 @@ def validate_observe(query: ObserveQuery, settings: Settings, skill_known: Calla
             raise invalid_argument(f"events[{i}].event_id", f"repeats events[{seen[event_id]}].event_id")
         seen[event_id] = i
     _first_bad(query.questions < 0, "question_id", "must be >= 0")
-    _first_bad(query.skills == INVALID_SKILL, "skill_id", "must be >= 0, or -1 for an unknown skill")
+    _first_slot((query.skills != NO_SKILL).sum(axis=1, keepdims=True) > settings.max_skills_per_interaction,
+                None, "skill_ids", f"at most {settings.max_skills_per_interaction} skills per event")
+    _first_slot(query.skills == INVALID_SKILL, query.skill_sets, "", "must be >= 0, or -1 for an unknown skill")
     _first_bad((query.correct != 0) & (query.correct != 1), "correct", "must be 0 or 1")
     _first_bad(query.timestamps == INVALID_TIMESTAMP, "timestamp_ms", "must be >= 0")
     explicit = query.skills >= 0
     if explicit.any():
-        _first_bad(explicit & ~skill_known(query.skills), "skill_id",
-                   "unknown skill id for every served model (use -1 for an unknown skill, or omit skill_id)")
+        _first_slot(explicit & ~skill_known(query.skills), query.skill_sets, "",
+                    "unknown skill id for every served model (use -1 for an unknown skill, or omit it)")
 
 
 def timestamp_array(values: np.ndarray, present: np.ndarray) -> np.ndarray:
     values = np.asarray(values, dtype=np.int64)
     return np.where(present, np.where(values < 0, INVALID_TIMESTAMP, values), NO_TIMESTAMP)
+
+
+def _first_slot(bad: np.ndarray, skill_sets: np.ndarray | None, item_field: str, problem: str) -> None:
+    """`bad` bool [E, K]: INVALID_ARGUMENT naming the first bad slot (`events[i].skill_ids[j]` or
+    `events[i].skill_id`), or `events[i].<item_field>` when one is given."""
+    if bad.any():
+        i, j = (int(x[0]) for x in np.nonzero(bad))
+        raise invalid_argument(f"events[{i}].{item_field or skill_field(skill_sets, i, j)}", problem)
 
 
 def _first_bad(bad: np.ndarray, item_field: str, problem: str) -> None:

@@ -32,9 +32,11 @@ class SessionHistory:
         if not learner.learner_id:
             return learner
         stored = await self.sessions.history(learner.learner_id, max(model.window - 1, 0), deadline)
-        # a stored skill this version does not know counts as unknown (-1), not as a request error
+        # a stored skill (of its [n, K] sets) this version does not know counts as unknown (-1), not
+        # as a request error
         explicit = stored.skills >= 0
         unknown = explicit & (model.vocab.encode_skills(stored.skills) == UNK_ID)
         skills = np.where(unknown, UNKNOWN_SKILL, stored.skills)
         return LearnerInput(stored.questions, skills, stored.correct, learner.candidate_questions,
-                            learner.candidate_skills, learner.prefix, learner.learner_id)
+                            learner.candidate_skills, learner.prefix, learner.learner_id,
+                            candidate_sets=learner.candidate_sets)

@@ -2,7 +2,9 @@
 
 Per learner key K (hash-tagged, so one learner's keys stay on one cluster slot):
 
-    rk:{K}:events   list of "question,skill,correct,timestamp_ms", oldest first
+    rk:{K}:events   list of "question,skills,correct,timestamp_ms", oldest first; skills is the
+                    event's skill set "3;17" (one skill "3", none "-2": entries written before skill
+                    sets read as sets of one)
     rk:{K}:ids      sorted set event key -> sequence number (idempotency over the kept events)
     rk:{K}:meta     hash: next (the next sequence number)
     rks:{O}         hash: question -> JSON [[model, version, probability, expires_ms], ...], the
@@ -25,7 +27,7 @@ from redis.retry import Retry
 import json
 from collections import defaultdict
 
-from serving.sessions.store import AppendResult, History, ServedEntry, StoredEvent, StoreUnavailable
+from serving.sessions.store import AppendResult, History, ServedEntry, StoredEvent, StoreUnavailable, parse_skills
 
 APPEND = """
 local keep = tonumber(ARGV[1])
@@ -140,7 +142,7 @@ class RedisStore:
     def _args(self, events: list[StoredEvent], keep: int) -> list[object]:
         args: list[object] = [keep, int(self.ttl_s * 1000)]
         for e in events:
-            args += [e.event_key, f"{e.question_id},{e.skill_id},{e.correct},{e.timestamp_ms}"]
+            args += [e.event_key, f"{e.question_id},{e.skill_text},{e.correct},{e.timestamp_ms}"]
         return args
 
     async def append(self, learner_key: str, events: list[StoredEvent], keep: int, now_ms: int) -> AppendResult:
@@ -170,7 +172,14 @@ class RedisStore:
             items = await self._client.lrange(_keys(learner_key)[0], -limit, -1) if limit > 0 else []
         except (RedisError, OSError) as exc:
             raise StoreUnavailable(f"redis: {exc}") from None
-        return History.from_rows([tuple(int(v) for v in item.split(",")[:3]) for item in items])
+        rows, sets = [], {}
+        for i, item in enumerate(items):
+            question, skills, correct = item.split(",")[:3]
+            if ";" in skills:
+                sets[i] = parse_skills(skills)
+                skills = skills.split(";", 1)[0]
+            rows.append((int(question), int(skills), int(correct)))
+        return History.from_rows(rows, sets)
 
     async def forget(self, learner_key: str) -> tuple[bool, int]:
         keys = _keys(learner_key)

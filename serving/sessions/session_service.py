@@ -108,8 +108,8 @@ class SessionService:
         try:
             validate_observe(query, self.settings, self._skill_known)
             key = self.keys.learner(query.learner_id)
-            events = [StoredEvent(self.keys.event(key, event_id), int(q), int(s), int(c), int(t))
-                      for event_id, q, s, c, t in zip(query.event_ids, query.questions.tolist(), query.skills.tolist(),
+            events = [StoredEvent(self.keys.event(key, event_id), int(q), s, int(c), int(t))
+                      for event_id, q, s, c, t in zip(query.event_ids, query.questions.tolist(), query.stored_skills(),
                                                        query.correct.tolist(), query.timestamps.tolist())]
             keep = max(self.settings.store_keep, self.catalog.max_window())
             result = await self._call("append", self.store.append(key, events, keep, int(time.time() * 1000)),

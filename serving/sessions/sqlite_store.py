@@ -2,7 +2,12 @@
 returned survives a crash of the process (and of the machine).
 
     learners(learner PK, next_seq, count, last_seen_ms)
-    events(learner, seq, event_key, question, skill, correct, ts)   PK (learner, seq), UNIQUE (learner, event_key)
+    events(learner, seq, event_key, question, skill, correct, ts, skills)
+                                              PK (learner, seq), UNIQUE (learner, event_key)
+
+`skill` is the event's first skill (-2: none); `skills` holds the whole set as text ("3;17") only
+when it has more than one skill (NULL otherwise), so a single-skill event is stored as before. A
+file written before skill sets gets the `skills` column added on open; its rows read as sets of one.
 
 and, in a file of its own beside it (`<name>.served<suffix>`, its own thread and connection, WAL with
 synchronous=NORMAL: a cache, so no fsync, and its writes never wait behind or block an event append):
@@ -24,14 +29,14 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from serving.sessions.store import AppendResult, History, ServedEntry, StoredEvent, StoreUnavailable
+from serving.sessions.store import AppendResult, History, ServedEntry, StoredEvent, StoreUnavailable, parse_skills
 
 SCHEMA = (
     "CREATE TABLE IF NOT EXISTS learners (learner TEXT PRIMARY KEY, next_seq INTEGER NOT NULL, "
     "count INTEGER NOT NULL, last_seen_ms INTEGER NOT NULL) WITHOUT ROWID",
     "CREATE TABLE IF NOT EXISTS events (learner TEXT NOT NULL, seq INTEGER NOT NULL, event_key TEXT NOT NULL, "
     "question INTEGER NOT NULL, skill INTEGER NOT NULL, correct INTEGER NOT NULL, ts INTEGER NOT NULL, "
-    "PRIMARY KEY (learner, seq)) WITHOUT ROWID",
+    "skills TEXT, PRIMARY KEY (learner, seq)) WITHOUT ROWID",
     "CREATE UNIQUE INDEX IF NOT EXISTS events_by_key ON events (learner, event_key)",
     "CREATE INDEX IF NOT EXISTS learners_by_last_seen ON learners (last_seen_ms)",
 )
@@ -102,6 +107,12 @@ class SqliteStore:
         conn = self._connection()
         for statement in SCHEMA:
             conn.execute(statement)
+        if "skills" not in {row[1] for row in conn.execute("PRAGMA table_info(events)")}:   # a file from before sets
+            try:
+                conn.execute("ALTER TABLE events ADD COLUMN skills TEXT")
+            except sqlite3.OperationalError as exc:               # another process added it just now
+                if "duplicate column" not in str(exc):
+                    raise
 
     async def _run(self, pool: ThreadPoolExecutor, fn, *args):
         try:
@@ -149,9 +160,10 @@ class SqliteStore:
             known.add(e.event_key)
         new = [e for e, is_new in zip(events, flags) if is_new]
         conn.executemany(
-            "INSERT INTO events (learner, seq, event_key, question, skill, correct, ts) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            [(learner, next_seq + i, e.event_key, e.question_id, e.skill_id, e.correct, e.timestamp_ms)
-             for i, e in enumerate(new)])
+            "INSERT INTO events (learner, seq, event_key, question, skill, correct, ts, skills) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [(learner, next_seq + i, e.event_key, e.question_id, e.first_skill, e.correct, e.timestamp_ms,
+              e.skill_text if len(e.skills) > 1 else None) for i, e in enumerate(new)])
         next_seq += len(new)
         conn.execute("DELETE FROM events WHERE learner = ? AND seq < ?", (learner, next_seq - keep))
         count = min(count + len(new), keep)
@@ -164,9 +176,10 @@ class SqliteStore:
     async def history(self, learner_key: str, limit: int) -> History:
         def read() -> History:
             rows = self._connection().execute(
-                "SELECT question, skill, correct FROM events WHERE learner = ? ORDER BY seq DESC LIMIT ?",
-                (learner_key, limit)).fetchall()
-            return History.from_rows(rows[::-1])
+                "SELECT question, skill, correct, skills FROM events WHERE learner = ? ORDER BY seq DESC LIMIT ?",
+                (learner_key, limit)).fetchall()[::-1]
+            sets = {i: parse_skills(row[3]) for i, row in enumerate(rows) if row[3] is not None}
+            return History.from_rows([row[:3] for row in rows], sets)
         return await self._run(self._reader, read)
 
     async def forget(self, learner_key: str) -> tuple[bool, int]:

@@ -29,6 +29,8 @@ from typing import Protocol
 
 import numpy as np
 
+from routerkt.contract.signature import NO_SKILL
+
 
 NO_TIMESTAMP = -1
 
@@ -41,9 +43,24 @@ class StoreUnavailable(Exception):
 class StoredEvent:
     event_key: str           # keyed hash of the client's event id (serving/sessions/keys.py)
     question_id: int
-    skill_id: int            # raw skill id; ABSENT_SKILL (-2) when the event had none
+    skills: tuple[int, ...]  # the event's raw skill set; () when it had none (one int: a set of one,
+                             # NO_SKILL (-2): none)
     correct: int
     timestamp_ms: int = NO_TIMESTAMP
+
+    def __post_init__(self) -> None:
+        if isinstance(self.skills, int):
+            object.__setattr__(self, "skills", () if self.skills == NO_SKILL else (self.skills,))
+
+    @property
+    def first_skill(self) -> int:
+        """The set's first skill, NO_SKILL for none (what a one-skill column holds)."""
+        return self.skills[0] if self.skills else NO_SKILL
+
+    @property
+    def skill_text(self) -> str:
+        """The set as text, "3;17" (one skill: "3"; none: "-2"), as Redis keeps it."""
+        return ";".join(map(str, self.skills)) if self.skills else str(NO_SKILL)
 
 
 @dataclass(frozen=True)
@@ -70,19 +87,34 @@ class History:
     """A learner's stored events, oldest first."""
 
     questions: np.ndarray    # int64 [n]
-    skills: np.ndarray       # int64 [n]
+    skills: np.ndarray       # int64 [n, K] raw skill sets (serving/requests.py: NO_SKILL padding; a row
+                             # starting with NO_SKILL had none: looked up from the question)
     correct: np.ndarray      # int64 [n]
 
     @classmethod
     def empty(cls) -> History:
-        return cls(*(np.zeros(0, dtype=np.int64) for _ in range(3)))
+        return cls(np.zeros(0, dtype=np.int64), np.zeros((0, 1), dtype=np.int64), np.zeros(0, dtype=np.int64))
 
     @classmethod
-    def from_rows(cls, rows: list[tuple[int, int, int]]) -> History:
+    def from_rows(cls, rows: list[tuple[int, int, int]], sets: dict[int, tuple[int, ...]] | None = None) -> History:
+        """`rows` (question, first skill or NO_SKILL, correct) oldest first; `sets`: row index -> the
+        whole set, for the rows whose set has more than one skill."""
         if not rows:
             return cls.empty()
         array = np.asarray(rows, dtype=np.int64)
-        return cls(array[:, 0].copy(), array[:, 1].copy(), array[:, 2].copy())
+        skills = array[:, 1:2].copy()
+        if sets:
+            width = max(len(s) for s in sets.values())
+            skills = np.concatenate([skills, np.full((len(rows), width - 1), NO_SKILL, dtype=np.int64)], axis=1)
+            for index, skill_set in sets.items():
+                skills[index, :len(skill_set)] = skill_set
+        return cls(array[:, 0].copy(), skills, array[:, 2].copy())
+
+
+def parse_skills(text: str) -> tuple[int, ...]:
+    """StoredEvent.skill_text -> the set."""
+    skills = tuple(int(s) for s in text.split(";"))
+    return () if skills == (NO_SKILL,) else skills
 
 
 class SessionStore(Protocol):

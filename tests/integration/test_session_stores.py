@@ -199,3 +199,56 @@ def test_forget_deletes_a_learners_served_entries(store_url) -> None:
         await store.forget(owner)
         assert await store.take_served(owner, [3], now_ms=NOW) == []
     run(with_store(store_url, scenario))
+
+
+def test_skill_sets_round_trip(store_url) -> None:
+    sets = [(3, 17), 5, (), (-1,), (4, 5, 6)]
+
+    async def scenario(store):
+        key = KEYS.learner("sets")
+        await store.append(key, [StoredEvent(KEYS.event(key, str(i)), 10 + i, s, 1) for i, s in enumerate(sets)],
+                           keep=100, now_ms=1)
+        history = await store.history(key, 100)
+        assert history.skills.tolist() == [[3, 17, -2], [5, -2, -2], [-2, -2, -2], [-1, -2, -2], [4, 5, 6]]
+        assert history.questions.tolist() == [10, 11, 12, 13, 14]
+        assert (await store.history(key, 2)).skills.tolist() == [[-1, -2, -2], [4, 5, 6]]
+        assert (await store.history(key, 4)).skills.tolist()[:2] == [[5, -2, -2], [-2, -2, -2]]
+        two = (await store.history(key, 100)).skills[:2]                  # K: the widest set read
+        assert two.tolist() == [[3, 17, -2], [5, -2, -2]]
+    run(with_store(store_url, scenario))
+
+
+OLD_EVENTS = ("CREATE TABLE events (learner TEXT NOT NULL, seq INTEGER NOT NULL, event_key TEXT NOT NULL, "
+              "question INTEGER NOT NULL, skill INTEGER NOT NULL, correct INTEGER NOT NULL, ts INTEGER NOT NULL, "
+              "PRIMARY KEY (learner, seq)) WITHOUT ROWID")
+
+
+def test_sqlite_reads_a_file_written_before_skill_sets(tmp_path) -> None:
+    path = tmp_path / "old.sqlite3"
+    key = KEYS.learner("old")
+    with sqlite3.connect(path) as conn:                          # the schema and rows of an older gateway
+        conn.execute(OLD_EVENTS)
+        conn.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?)",
+                         [(key, 0, "e0", 100, 7, 1, -1), (key, 1, "e1", 101, -2, 0, -1)])
+        conn.execute("CREATE TABLE learners (learner TEXT PRIMARY KEY, next_seq INTEGER NOT NULL, "
+                     "count INTEGER NOT NULL, last_seen_ms INTEGER NOT NULL) WITHOUT ROWID")
+        conn.execute("INSERT INTO learners VALUES (?, 2, 2, 1)", (key,))
+
+    async def scenario(store):
+        assert (await store.history(key, 10)).skills.tolist() == [[7], [-2]]
+        await store.append(key, [StoredEvent(KEYS.event(key, "new"), 102, (8, 9), 1)], keep=10, now_ms=2)
+        history = await store.history(key, 10)
+        assert history.questions.tolist() == [100, 101, 102]
+        assert history.skills.tolist() == [[7, -2], [-2, -2], [8, 9]]
+    run(with_store(f"sqlite:///{path}", scenario))
+
+
+def test_redis_reads_entries_written_before_skill_sets(redis_server) -> None:
+    key = KEYS.learner("old")
+
+    async def scenario(store):
+        await store._client.rpush(f"rk:{{{key}}}:events", "100,7,1,-1", "101,-2,0,5")   # an older gateway's
+        assert (await store.history(key, 10)).skills.tolist() == [[7], [-2]]
+        await store.append(key, [StoredEvent(KEYS.event(key, "new"), 102, (8, 9), 1)], keep=10, now_ms=2)
+        assert (await store.history(key, 10)).skills.tolist() == [[7, -2], [-2, -2], [8, 9]]
+    run(with_store(redis_server.url, scenario))
