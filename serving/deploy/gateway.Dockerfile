@@ -29,8 +29,11 @@ WORKDIR /tmp
 EXPOSE 50051 8080
 ENTRYPOINT ["routerkt", "serve"]
 # Defaults for docker compose (service names triton and redis); Kubernetes passes its own args.
-# The store secret: ROUTERKT_STORE_SECRET or a file mounted at the --store-secret-file path.
+# The store secret: ROUTERKT_STORE_SECRET or a file mounted at the --store-secret-file path; TLS, API
+# keys, the store user's password and Triton's key: compose secrets under /run/secrets (docs/security.md).
 CMD ["--repository", "/models", "--host", "0.0.0.0", "--grpc-port", "50051", "--http-port", "8080", \
-     "--triton-url", "triton:8001", "--store", "redis://redis:6379/0", \
+     "--triton-url", "triton:8001", "--store", "redis://routerkt@redis:6379/0", \
      "--store-secret-file", "/run/secrets/routerkt/store.secret", "--state-dir", "/tmp/routerkt", \
-     "--log-format", "json"]
+     "--store-password-file", "/run/secrets/redis_password", "--tls-cert", "/run/secrets/tls_cert", \
+     "--tls-key", "/run/secrets/tls_key", "--api-keys", "/run/secrets/api_keys", \
+     "--triton-key-file", "/run/secrets/triton_key", "--log-format", "json"]

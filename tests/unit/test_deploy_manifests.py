@@ -24,6 +24,9 @@ yaml = pytest.importorskip("yaml", reason="needs PyYAML (dev extra)")
 kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="needs kubernetes-validate (dev extra)")
 
 from serving import cli_serve  # noqa: E402
+from serving.backends.triton.client import TRITON_KEY_HEADER  # noqa: E402
+from serving.security.guard import Guard  # noqa: E402
+from serving.sessions.redis_store import acl_rules  # noqa: E402
 from serving.settings import Settings  # noqa: E402
 from serving.tritonserver.launcher import TritonInstall, TritonPorts, TritonServer  # noqa: E402
 
@@ -49,6 +52,8 @@ BIND_ALL = "0.0.0.0"
 # tritonserver flags the deployments set differently from the local launcher (paths, loopback)
 LAUNCHER_ONLY = ("--model-repository=", "--backend-directory=", "--cache-directory=", "--http-address=",
                  "--grpc-address=", "--metrics-address=")
+# deployments only (the launcher's Triton stays on loopback): model control behind a header key
+RESTRICTED = ("--grpc-restricted-protocol=", "--http-restricted-api=")
 
 
 # -- sources of truth ----------------------------------------------------------------------------
@@ -64,7 +69,7 @@ def routes() -> dict[str, str]:
     from serving.metrics import Metrics
 
     stub = SimpleNamespace(service=SimpleNamespace(settings=Settings(), metrics=Metrics()), sessions=None,
-                           recommender=None, policy=None, health=None)
+                           recommender=None, policy=None, health=None, guard=Guard())
     app = create_app(stub)
     return {route.name: route.path for route in app.routes if hasattr(route, "path")}
 
@@ -104,13 +109,18 @@ def normalized(argv: list[str]) -> list[str]:
     return out
 
 
-def check_triton_argv(argv: list[str], where: str) -> str:
+def check_triton_argv(argv: list[str], where: str, restricted: bool = True) -> str:
     """argv = ['tritonserver', flags...] with the launcher's flags; returns --model-repository."""
     assert argv[0] == "tritonserver", where
     flags = normalized(argv[1:])
     repository = [f.split("=", 1)[1] for f in flags if f.startswith("--model-repository=")]
     assert len(repository) == 1, f"{where}: one --model-repository"
-    assert {f for f in flags if not f.startswith("--model-repository=")} == launcher_flags(), where
+    assert {f for f in flags if not f.startswith(("--model-repository=", *RESTRICTED))} == launcher_flags(), where
+    for prefix in RESTRICTED if restricted else ():
+        (value,) = [f.split("=", 1)[1] for f in flags if f.startswith(prefix)] or [None]
+        assert value is not None, f"{where}: {prefix} restricts model control"
+        groups, _, header = value.partition(":")
+        assert "model-repository" in groups.split(",") and header.split("=")[0] == TRITON_KEY_HEADER, where
     return repository[0]
 
 
@@ -121,7 +131,11 @@ def check_gateway_args(args: argparse.Namespace, defaults: Settings, triton_host
     assert args.http_port == defaults.http_port, where
     assert args.triton_url == f"{triton_host}:{TRITON_GRPC}", where
     store = urlparse(args.store)
-    assert (store.scheme, store.hostname, store.port) == ("redis", redis_host, REDIS_PORT), where
+    assert store.scheme in ("redis", "rediss") and (store.hostname, store.port, store.username) == \
+        (redis_host, REDIS_PORT, "routerkt"), where
+    assert args.store_password_file and args.tls_cert and args.tls_key and args.api_keys, \
+        f"{where}: TLS, API keys and the store's password"
+    assert args.triton_key_file and not args.insecure, where
 
 
 # -- YAML ------------------------------------------------------------------------------------------
@@ -353,7 +367,7 @@ def test_redis_keeps_its_data_on_a_volume_claim(objects: dict) -> None:
     assert redis["kind"] == "StatefulSet"
     (container,) = pod_spec(redis)["containers"]
     flags = normalized(container["command"][1:] + container["args"])
-    assert f"--port={REDIS_PORT}" in flags and "--appendfsync=always" in flags
+    assert f"--tls-port={REDIS_PORT}" in flags and "--port=0" in flags and "--appendfsync=always" in flags
     assert container_port(redis, "redis") == REDIS_PORT
     claims = {c["metadata"]["name"] for c in redis["spec"]["volumeClaimTemplates"]}
     data_dir = next(f.split("=", 1)[1] for f in flags if f.startswith("--dir="))
@@ -426,7 +440,7 @@ def compose_container_ports(service: dict) -> set[int]:
 
 def healthcheck_url(service: dict) -> tuple[str, int]:
     test = " ".join(service["healthcheck"]["test"])
-    url = urlparse(re.search(r"http://[^'\" ]+", test).group(0))
+    url = urlparse(re.search(r"https?://[^'\" ]+", test).group(0))
     return url.path, url.port
 
 
@@ -570,7 +584,7 @@ def test_triton_dockerfile() -> None:
     assert release, f"{pins[0]}: add its NGC release to PYTRITON_TO_NGC and to triton.Dockerfile"
     assert f"ARG TRITON_RELEASE={release}" in [f"ARG {rest}" for rest in instruction(dockerfile, "ARG")]
     assert instruction(dockerfile, "FROM") == ["nvcr.io/nvidia/tritonserver:${TRITON_RELEASE}-py3"]
-    check_triton_argv(exec_form(dockerfile, "CMD"), "triton.Dockerfile CMD")
+    check_triton_argv(exec_form(dockerfile, "CMD"), "triton.Dockerfile CMD", restricted=False)   # deployments add it
     assert exposed(dockerfile) == {TRITON_HTTP, TRITON_GRPC, TRITON_METRICS}
     pip = " ".join(rest for rest in instruction(dockerfile, "RUN") if "pip install" in rest)
     installed = {token.split("==")[0] for token in shlex.split(pip) if "==" in token}
@@ -584,3 +598,71 @@ def test_deploy_files_hold_no_machine_paths() -> None:
             text = path.read_text()
             for marker in ("/work/", "/home/", "/Users/", "/root/"):
                 assert marker not in text, f"{path.relative_to(ROOT)} mentions {marker}"
+
+
+# -- security (docs/security.md) --------------------------------------------------------------------
+def ingress_sources(objects: dict, component: str) -> dict[int, list]:
+    """port -> the `from` lists of the NetworkPolicy rules admitting traffic to `component`'s pods."""
+    target = only(objects, component)
+    policies = [obj for (kind, _), obj in objects.items() if kind == "NetworkPolicy"
+                and target in selected(objects, obj["spec"]["podSelector"]["matchLabels"])]
+    assert policies, f"no NetworkPolicy selects the {component} pods"
+    out: dict[int, list] = {}
+    for policy in policies:
+        assert "Ingress" in policy["spec"]["policyTypes"]
+        for rule in policy["spec"].get("ingress", []):
+            for port in rule.get("ports", []):
+                out.setdefault(container_port(target, port["port"]), []).append(rule.get("from"))
+    return out
+
+
+def test_only_gateway_pods_reach_triton_and_redis(objects: dict) -> None:
+    gateway_labels = only(objects, "gateway")["spec"]["template"]["metadata"]["labels"]
+    for component, open_ports in (("triton", {TRITON_METRICS}), ("redis", set())):
+        for port, sources in ingress_sources(objects, component).items():
+            if port in open_ports:
+                continue
+            for peers in sources:
+                assert peers, f"{component} port {port} is open to every pod"
+                for peer in peers:
+                    assert set(peer) == {"podSelector"} and \
+                        peer["podSelector"]["matchLabels"].items() <= gateway_labels.items(), (component, port)
+
+
+def secret_volume_of(workload: dict, path: str) -> dict:
+    """The Secret volume source that holds file `path` in the workload's (only) container."""
+    (container,) = pod_spec(workload)["containers"]
+    mounts = [m for m in container["volumeMounts"] if Path(m["mountPath"]) == Path(path).parent]
+    assert len(mounts) == 1, f"{path} lies in no mounted volume"
+    volume = {v["name"]: v for v in pod_spec(workload)["volumes"]}[mounts[0]["name"]]
+    assert "secret" in volume, f"{path} must come from a Secret"
+    return volume["secret"]
+
+
+def test_gateway_serves_tls_with_keys_and_reaches_the_store_as_its_acl_user(objects: dict) -> None:
+    gateway, triton, redis = only(objects, "gateway"), only(objects, "triton"), only(objects, "redis")
+    (container,) = pod_spec(gateway)["containers"]
+    args = serve_args(container["args"])
+    for path in (args.tls_cert, args.tls_key, args.api_keys, args.store_password_file, args.triton_key_file):
+        secret_volume_of(gateway, str(path))
+    assert urlparse(args.store).scheme == "rediss"
+    assert all(probe["httpGet"]["scheme"] == "HTTPS" for probe in (container["readinessProbe"], container["livenessProbe"]))
+    # Triton's restricted protocols name the key the gateway holds (the same Secret)
+    (triton_container,) = pod_spec(triton)["containers"]
+    env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in triton_container.get("env", [])}
+    key_secret = secret_volume_of(gateway, str(args.triton_key_file))
+    assert any(ref["name"] == key_secret["secretName"] and f"$({name})" in " ".join(triton_container["args"])
+               for name, ref in env.items())
+    # the ACL user: exactly the store's rules, its password from the gateway's Secret, default user off
+    (init,) = pod_spec(redis)["initContainers"]
+    assert {e["name"]: e["value"] for e in init["env"]}["ACL_RULES"] == acl_rules()
+    assert "user default off" in " ".join(init["args"]) and "user routerkt on" in " ".join(init["args"])
+    volumes = {v["name"]: v for v in pod_spec(redis)["volumes"]}
+    assert any(v.get("secret", {}).get("secretName") == secret_volume_of(gateway, str(args.store_password_file))
+               ["secretName"] for v in volumes.values())
+
+
+def test_compose_store_user_has_the_store_rules(compose: dict) -> None:
+    redis, gateway = compose["services"]["redis"], compose["services"]["gateway"]
+    assert acl_rules() in " ".join(redis["entrypoint"]) and "user default off" in " ".join(redis["entrypoint"])
+    assert set(redis["secrets"]) <= set(gateway["secrets"]) <= set(compose["secrets"])

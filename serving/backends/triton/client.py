@@ -63,17 +63,22 @@ def channel_args() -> list[tuple[str, int]]:
     ]
 
 
+TRITON_KEY_HEADER = "routerkt-triton-key"   # the header the manifests' --grpc-restricted-protocol names
+
+
 def control_headers(key_file) -> dict[str, str] | None:
-    """{header: key} from a file holding "HEADER=KEY" (what Triton's --grpc-restricted-protocol
-    names after the colon), or None without a file. The key is never logged."""
+    """{header: key} from a file holding KEY (header TRITON_KEY_HEADER) or "HEADER=KEY" (what
+    Triton's --grpc-restricted-protocol names after the colon), or None without a file. The key is
+    never logged."""
     if key_file is None:
         return None
     try:
-        header, sep, key = Path(key_file).read_text(encoding="utf-8").strip().partition("=")
+        text = Path(key_file).read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"--triton-key-file {key_file}: cannot read it ({type(exc).__name__})") from None
-    if not sep or not header.strip() or not key:
-        raise UserError(f"--triton-key-file {key_file}: expected one line HEADER=KEY")
+    header, sep, key = text.partition("=") if "=" in text else (TRITON_KEY_HEADER, "=", text)
+    if not header.strip() or not key:
+        raise UserError(f"--triton-key-file {key_file}: expected one line KEY or HEADER=KEY")
     return {header.strip().lower(): key}
 
 
