@@ -18,15 +18,19 @@ from training.models.base import KTModel
 def prefix_windows(seqs: Sequences) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Every real position t of every window as its own window ending at t (left-padded, same width),
     laid out as the gateway sends a candidate: the response at t (the label) is replaced by
-    CANDIDATE_RESPONSE, so even a leaking model cannot read it. Returns (questions, skills,
+    CANDIDATE_RESPONSE, so even a leaking model cannot read it. Returns (questions, skills [N, W, K],
     responses, labels) with one row per scored position."""
     W = seqs.questions.shape[1]
-    rows, cols = np.nonzero(seqs.skills != PAD_ID)                       # scored positions
+    rows, cols = np.nonzero(seqs.responses >= 0)                         # scored positions
     shift = (W - 1 - cols)[:, None]                                      # move column c to W-1
     src = np.arange(W)[None, :] - shift                                  # [N, W]
     ok = src >= 0
     src = np.clip(src, 0, W - 1)
-    pick = lambda a, fill: np.where(ok, a[rows[:, None], src], fill)     # noqa: E731
+
+    def pick(a: np.ndarray, fill: int) -> np.ndarray:
+        mask = ok.reshape(ok.shape + (1,) * (a.ndim - 2))                # skill sets keep their last axis
+        return np.where(mask, a[rows[:, None], src], fill)
+
     responses = pick(seqs.responses, -1)
     responses[:, -1] = CANDIDATE_RESPONSE                                # the label is not an input
     return pick(seqs.questions, PAD_ID), pick(seqs.skills, PAD_ID), responses, seqs.responses[rows, cols]
@@ -40,7 +44,7 @@ def prefix_predictions(model: KTModel, seqs: Sequences, batch_size: int = 512) -
     probs = []
     for i in range(0, len(labels), batch_size):
         sl = slice(i, i + batch_size)
-        width = int((s[sl] != PAD_ID).sum(1).max())
+        width = int((r[sl] >= 0).sum(1).max())                         # the candidate slot holds 0
         cols = slice(q.shape[1] - width, None)
         logits = model(torch.from_numpy(q[sl, cols]), torch.from_numpy(s[sl, cols]),
                        torch.from_numpy(r[sl, cols])).logits[:, -1]

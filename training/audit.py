@@ -4,14 +4,15 @@
 The audited checkpoint is the run's best fold (highest validation AUC, as export serves) or
 `--fold K`. Its data are rebuilt by the one pipeline (training/data/pipeline.py) from `--data`
 (default: the run's recorded data.path) with the run's own DataConfig (protocol, window,
-collapse_repeats, ...) and vocabulary; the fold's learners come from DIR/folds.json (else the
+skill_rows, ...) and vocabulary; the fold's learners come from DIR/folds.json (else the
 split is recomputed from the config). Three checks, each written to DIR/audit.json:
 
 (a) Perturbation probe on the trained weights (dropout off). For a seeded sample of the fold's test
     windows (`--probe-windows`, only windows with >= 2 real positions) one cut t is drawn uniformly
     among the real positions before the last. The copy of the window gets every response at
     positions >= t flipped (the answer at t is the label of position t, so it must be invisible as
-    well) and every question and skill at positions > t replaced by a random real id. The check
+    well) and every question and skill (each used slot of a skill set) at positions > t replaced by
+    a random real id. The check
     value is max |p - p'| over the real positions <= t of every sampled window (probabilities,
     float32). It must be <= 1e-6 (`PROBE_TOL`). The same maximum over the positions > t is reported
     as `max_diff_after_cut`: it shows the probe moves predictions at all (0 there means the probe
@@ -25,15 +26,15 @@ split is recomputed from the config). Three checks, each written to DIR/audit.js
     padding) is VISIBLE when p-1 is a real position of the same window and
         question[p] == question[p-1]  (a known question: not padding, not the unknown id),
         response[p] == response[p-1], and
-        skill[p] != skill[p-1]
-    i.e. the same interaction written again under another skill tag: the rows that multi-skill
-    problems produce (assist2009) and that `data.collapse_repeats=true` removes
-    (training/data/csv_reader.py). `visible_share` = visible / scored positions of the test
+        the skill sets at p and p-1 share no skill
+    i.e. the same interaction written again under another skill tag: the rows that expanded
+    multi-skill files hold (assist2009), which the default `data.skill_rows=merge` merges into one
+    interaction (training/data/skill_rows.py) and `data.skill_rows=expand` keeps. `visible_share` = visible / scored positions of the test
     sequences; it must be <= 0.1% (`VISIBLE_MAX_SHARE`, `--visible-threshold`).
-    A repeat with the same question, skill and answer cannot be told from a genuine immediate retry
+    A repeat with the same question, skill set and answer cannot be told from a genuine immediate retry
     (the canonical CSV has no timestamp; `order` strictly increases), and genuine retries are common
     (the synthetic generator: ~5% of rows), so those are reported as `identical_repeat_share`
-    (with `identical_repeat_agreement`, the share of same-question same-skill consecutive pairs
+    (with `identical_repeat_agreement`, the share of same-question same-skill-set consecutive pairs
     whose answers agree) for a human to judge, and do not enter the verdict.
 
 (c) Shuffled-label control. The audited fold is trained again with the run's model and training
@@ -69,6 +70,8 @@ from pathlib import Path
 
 import numpy as np
 
+from routerkt.contract.signature import PAD_ID
+
 PROBE_TOL = 1e-6
 VISIBLE_MAX_SHARE = 0.001
 CONTROL_TOL = 0.02           # the control's band floor: 0.5 +- 0.02 ...
@@ -100,7 +103,7 @@ def perturbation_probe(model, seqs, n_questions: int, n_skills: int, n_windows: 
     later = real & (pos > cut[:, None])
     r2 = np.where(flip, 1 - r, r)
     q2 = np.where(later, rng.integers(FIRST_REAL_ID, max(n_q, FIRST_REAL_ID + 1), q.shape), q)
-    s2 = np.where(later, rng.integers(FIRST_REAL_ID, max(n_s, FIRST_REAL_ID + 1), s.shape), s)
+    s2 = np.where(later[:, :, None] & (s != PAD_ID), rng.integers(FIRST_REAL_ID, max(n_s, FIRST_REAL_ID + 1), s.shape), s)
     model.eval()
     before, after = 0.0, 0.0
     with torch.no_grad():
@@ -118,6 +121,11 @@ def perturbation_probe(model, seqs, n_questions: int, n_skills: int, n_windows: 
 # ----------------------------------------------------------------------------------------------
 # (b) visible answers
 
+def _share_a_skill(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """[S, W'] bool: the skill sets a[s, w] and b[s, w] ([S, W', K]) have a skill in common."""
+    return ((a[..., :, None] == b[..., None, :]) & (a != PAD_ID)[..., :, None]).any(axis=(-2, -1))
+
+
 def visible_answers(seqs) -> dict:
     """Counts of scored positions whose answer the input shows (definition: module docstring, (b))."""
     q, s, r = seqs.questions, seqs.skills, seqs.responses
@@ -125,8 +133,8 @@ def visible_answers(seqs) -> dict:
     pair = real[:, 1:] & real[:, :-1]                        # p and p-1 both real
     same_q = pair & (q[:, 1:] == q[:, :-1]) & (q[:, 1:] >= FIRST_REAL_ID)
     same_r = r[:, 1:] == r[:, :-1]
-    same_s = s[:, 1:] == s[:, :-1]
-    visible = same_q & same_r & ~same_s
+    same_s = (s[:, 1:] == s[:, :-1]).all(axis=-1)                 # the same skill set
+    visible = same_q & same_r & ~_share_a_skill(s[:, 1:], s[:, :-1])
     identical = same_q & same_r & same_s
     retries = same_q & same_s
     scored = int(real.sum())
@@ -188,7 +196,8 @@ def verdict(leaks_by_design: bool, probe: dict, visible: dict, threshold: float,
                        f"when later answers/questions change")
     if not visible["visible_share"] <= threshold:
         reasons.append(f"(b) {visible['visible_share']:.3%} of scored answers are visible in the input "
-                       f"(> {threshold:.3%}; set data.collapse_repeats=true?)")
+                       f"(> {threshold:.3%}; trained with data.skill_rows=expand? the default merge "
+                       f"reads each multi-skill interaction once)")
     if control is not None and not abs(control["auc"] - 0.5) <= control["tolerance"]:   # band set by the control itself
         reasons.append(f"(c) the shuffled-label control scores test AUC {control['auc']:.4f}, "
                        f"outside 0.5 +- {control['tolerance']:.3f}")
@@ -248,7 +257,7 @@ def audit_run(run_dir: Path, fold: int | None = None, data: str | None = None, p
     probe["leaks_by_design"] = leaks_by_design
     visible = visible_answers(test)
     visible["threshold"] = visible_threshold
-    visible["collapse_repeats"] = dc.collapse_repeats
+    visible["skill_rows"] = dc.skill_rows.value
     control = None
     if not skip_control:
         control = shuffled_control(ckpt.config, ckpt.vocab, seqs.select_learners(train_ids),

@@ -29,7 +29,7 @@ GROUP = 50  # batches per length-sorting group
 @dataclass
 class Batch:
     questions: Tensor   # [B, L] long
-    skills: Tensor      # [B, L] long
+    skills: Tensor      # [B, L, K] long, skill sets (PAD_ID in unused slots and at padding)
     responses: Tensor   # [B, L] long, -1 at padding
     index: np.ndarray   # [B] rows of the source Sequences
 

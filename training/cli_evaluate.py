@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     _, routing = attention_and_routing(ckpt.model, seqs, sample)
     if routing:
         width = routing[0].shape[1]
-        valid = seqs.skills[sample][:, -width:] != 0
+        valid = seqs.responses[sample][:, -width:] >= 0
         written.append(plots.router_usage(routing, valid, out / "router_usage.png",
                                           f"{ckpt.config.preset}: mean routing weight per head"))
     metrics = result["metrics"]

@@ -1,7 +1,7 @@
 """Same-seed A/B of the fast training path against the plain one (issue 15, fidelity).
 
 For each dataset x preset it trains fold 0 of the 5-fold protocol of results/RESULTS.md (the
-dataset overrides of `routerkt reproduce`, e.g. assist2009's collapse_repeats) twice with the same
+dataset overrides of `routerkt reproduce`, e.g. assist2009's skill_rows=first) twice with the same
 seed, the same folds and the same batch membership (train.batching=random in both arms):
 - fast: the defaults (fused attention, batches trimmed of shared left padding, bf16 autocast where
   the CPU has bf16 kernels);

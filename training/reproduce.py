@@ -20,7 +20,7 @@ from training.data.pipeline import CANONICAL_NAMES
 from training.variants import Variant
 
 DATASETS: dict[str, list[str]] = {       # dataset -> data overrides
-    "assist2009": ["data.collapse_repeats=true"],   # multi-skill duplicated rows (dataset README)
+    "assist2009": ["data.skill_rows=first"],   # the form results/ tables used: a multi-skill interaction's first skill
     "statics2011": [], "algebra2005_subset": [], "spanish_subset": [], "assist2017": [], "assist2015": [],
 }
 

@@ -36,9 +36,12 @@ from training.metrics import aggregate
 from training.models.registry import with_vocab
 
 
-def prepare(cfg: RunConfig):
-    """Read and window the data; returns (config with vocabulary sizes, vocab, sequences, folds)."""
+def prepare(cfg: RunConfig, log=None):
+    """Read and window the data; returns (config with vocabulary sizes, vocab, sequences, folds).
+    `log` gets one line saying how the file's rows were read (merged multi-skill rows)."""
     data = load_run_data(cfg.data)
+    if log is not None:
+        log(data.note)
     cfg.model = with_vocab(cfg.model, data.vocab.n_questions, data.vocab.n_skills)
     cfg.model.max_len = cfg.data.window
     return cfg, data.vocab, data.sequences, data.folds
@@ -70,7 +73,8 @@ def run_training(cfg: RunConfig, out: Path, progress: bool = True) -> dict:
     if cfg.train.threads > 0:
         torch.set_num_threads(cfg.train.threads)
     cfg.data = portable_data(cfg.data)                # no absolute path of this machine in the records
-    cfg, vocab, seqs, folds = prepare(cfg)
+    log = (lambda m: tqdm.write(m, file=sys.stderr)) if rank.is_main else (lambda m: None)  # noqa: E731
+    cfg, vocab, seqs, folds = prepare(cfg, log)
     _check_resume(out, cfg)
     if rank.is_main:
         out.mkdir(parents=True, exist_ok=True)
@@ -79,7 +83,6 @@ def run_training(cfg: RunConfig, out: Path, progress: bool = True) -> dict:
         atomic_write_json(out / "folds.json", [
             {"fold": f.index, "train": f.train.tolist(), "valid": f.valid.tolist(), "test": f.test.tolist()} for f in folds])
     run_id = f"{out.name}-{cfg.preset or 'custom'}"
-    log = (lambda m: tqdm.write(m, file=sys.stderr)) if rank.is_main else (lambda m: None)  # noqa: E731
     progress = progress and rank.is_main
     log(f"{cfg.preset}: {len(seqs)} sequences of {len(np.unique(seqs.learners))} learners, "
         f"{vocab.n_questions} question ids, {vocab.n_skills} skill ids, {len(folds)} fold(s) -> {out}")

@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from routerkt.contract.signature import PAD_ID
 from training.batching import batch_order, iterate
@@ -26,14 +27,16 @@ W = 20
 
 
 def _seqs(n=600, seed=0) -> Sequences:
-    """Left-padded sequences with lengths spread over 1..W (like a real dataset's long tail)."""
+    """Left-padded sequences with lengths spread over 1..W (like a real dataset's long tail); skill sets
+    of one or two skills ([n, W, 2], PAD_ID in unused slots and at padding)."""
     rng = np.random.default_rng(seed)
     lengths = np.minimum(rng.geometric(0.12, n), W).astype(np.int64)
     q = np.full((n, W), PAD_ID, dtype=np.int64)
-    s, r = q.copy(), np.full((n, W), -1, dtype=np.int64)
+    s, r = np.full((n, W, 2), PAD_ID, dtype=np.int64), np.full((n, W), -1, dtype=np.int64)
     for i, k in enumerate(lengths):
         q[i, W - k:] = rng.integers(2, 30, k)
-        s[i, W - k:] = rng.integers(2, 10, k)
+        s[i, W - k:, 0] = rng.integers(2, 10, k)
+        s[i, W - k:, 1] = np.where(rng.random(k) < 0.3, rng.integers(10, 20, k), PAD_ID)
         r[i, W - k:] = rng.integers(0, 2, k)
     return Sequences(questions=q, skills=s, responses=r, lengths=lengths, learners=np.arange(n))
 
@@ -84,6 +87,7 @@ def test_trimming_drops_only_all_padding_columns():
             assert (seqs.skills[idx, dropped] == PAD_ID).all() and (seqs.responses[idx, dropped] == -1).all()
             assert (seqs.skills[idx, W - width] != PAD_ID).any()              # the first kept column is real
             assert np.array_equal(batch.skills.numpy(), seqs.skills[idx, W - width:])
+            assert batch.skills.shape == (len(idx), width, 2) and batch.skills.dtype == torch.int64
             assert int((batch.responses >= 0).sum()) == int(seqs.lengths[idx].sum())   # every real token kept
     full = next(iterate(seqs, 16, shuffle=True, trim=False, seed=2))
     assert full.questions.shape[1] == W

@@ -1,4 +1,5 @@
-"""Tests of training/data/csv_reader.py: parsing, every validation error and its line, collapse_repeats."""
+"""Tests of training/data/csv_reader.py: parsing, skill sets ("3;17"), every validation error and its line,
+the former collapse_repeats (skill_rows first)."""
 from __future__ import annotations
 
 import gzip
@@ -9,7 +10,9 @@ import numpy as np
 import pytest
 
 from routerkt.errors import UserError
-from training.data.csv_reader import DataError, Interactions, collapse_repeats, read_interactions
+from routerkt.contract.signature import NO_SKILL
+from training.data.csv_reader import MAX_SKILLS, DataError, Interactions, read_interactions
+from training.data.skill_rows import first_rows as collapse_repeats
 
 pytestmark = pytest.mark.unit
 
@@ -40,7 +43,7 @@ def test_reads_valid_file_in_file_order(tmp_path):
     assert inter.skill_id.dtype == np.int64 and inter.correct.dtype == np.int8
     assert inter.user_id.tolist() == [7, 7, 2, 2]
     assert inter.question_id.tolist() == [10, 11, -1, 10]
-    assert inter.skill_id.tolist() == [3, -1, 4, 3]
+    assert inter.skill_id.shape == (4, 1) and inter.skill_id[:, 0].tolist() == [3, -1, 4, 3]
     assert inter.correct.tolist() == [1, 0, 1, 1]
     assert inter.learner_slices() == [(7, slice(0, 2)), (2, slice(2, 4))]
     assert inter.path == str(path)
@@ -50,8 +53,22 @@ def test_extra_columns_any_order_integral_floats_and_blank_lines(tmp_path):
     text = "note,correct,skill_id,question_id,order,user_id\nx,1,3,2,0,5\n\ny,0,3.0,2,1,5\n"
     inter = read_interactions(write(tmp_path, text))
     assert inter.user_id.tolist() == [5, 5]
-    assert inter.skill_id.tolist() == [3, 3]
+    assert inter.skill_id[:, 0].tolist() == [3, 3]
     assert inter.correct.tolist() == [1, 0]
+
+
+def test_skill_sets_in_one_field(tmp_path):
+    # "3;17": one interaction with two skills; K is the largest set, unused slots NO_SKILL, spaces allowed
+    path = write(tmp_path, H + "7,0,10,3;17,1\n7,1,11,-1,0\n7,2,12, 4 ; 5 ;6 ,1\n")
+    inter = read_interactions(path)
+    assert len(inter) == 3 and inter.max_skills == 3 and inter.skill_id.dtype == np.int64
+    assert inter.skill_id.tolist() == [[3, 17, NO_SKILL], [-1, NO_SKILL, NO_SKILL], [4, 5, 6]]
+    assert inter.line.tolist() == [2, 3, 4] and inter.rows == 3 and inter.merged_rows == 0
+
+
+def test_single_skill_file_reads_as_sets_of_one(tmp_path):
+    inter = read_interactions(write(tmp_path, H + "1,0,2,3,1\n1,1,2,-1,0\n"))
+    assert inter.skill_id.shape == (2, 1) and inter.max_skills == 1
 
 
 def test_gzip_file(tmp_path):
@@ -82,6 +99,15 @@ def test_gzip_file(tmp_path):
      "rows of one user are not contiguous: this user_id also appears from line 2"),
     # blank lines are skipped but still counted
     ("1,0,2,3,1\n\n\n1,1,2,3,7\n", 5, "column 'correct' must be 0 or 1, got 7"),
+    # skill sets: several ids in one field
+    ("1,0,2,3;17,1\n1,1,2,3;x,1\n", 3, "column 'skill_id' must hold integers separated by ';', got '3;x'"),
+    ("1,0,2,3;17,1\n1,1,2,3;,1\n", 3, "column 'skill_id' must hold integers separated by ';', got '3;'"),
+    ("1,0,2,3,1\n1,1,2,;4,1\n", 3, "column 'skill_id' must hold integers separated by ';', got ';4'"),
+    ("1,0,2,3;17,1\n1,1,2,3;-2,1\n", 3, "column 'skill_id' must be >= 0 or -1 (unknown), got -2"),
+    ("1,0,2,3;17,1\n1,1,2,4;17;4,1\n", 3, "column 'skill_id' names skill 4 twice in '4;17;4'"),
+    ("1,0,2,3,1\n1,1,2," + ";".join(map(str, range(MAX_SKILLS + 1))) + ",1\n", 3,
+     f"column 'skill_id' holds {MAX_SKILLS + 1} skills, at most {MAX_SKILLS} are allowed"),
+    ("1,0,2,3;4,1\n1,1,2,,1\n", 3, "missing value in column 'skill_id'"),
 ])
 def test_line_errors(tmp_path, body, line, problem):
     path = write(tmp_path, H + body)
@@ -164,7 +190,7 @@ def test_collapse_repeats_merges_multi_skill_rows_only(tmp_path):
     ]
     inter = read_interactions(write(tmp_path, H + "\n".join(rows) + "\n"))
     out = collapse_repeats(inter)
-    assert out.skill_id.tolist() == [3, 5, 3, 4, 3, 4, 4]
+    assert out.skill_id[:, 0].tolist() == [3, 5, 3, 4, 3, 4, 4]
     assert out.question_id.tolist() == [10, 10, 11, 11, -1, -1, 11]
     assert out.user_id.tolist() == [1, 1, 1, 1, 1, 1, 2]
     assert out.correct.dtype == np.int8 and out.path == inter.path

@@ -46,12 +46,12 @@ def test_recent_keeps_most_recent_window_left_padded(inter):
     seqs = make_sequences(inter, vocab, Protocol.RECENT, window=10, min_interactions=4)
     assert seqs.learners.tolist() == [9, 2, 7]  # learner 5 (3 rows) dropped; file order kept
     assert seqs.lengths.tolist() == [10, 4, 10]
-    assert seqs.questions.shape == seqs.skills.shape == seqs.responses.shape == (3, 10)
+    assert seqs.questions.shape == seqs.responses.shape == (3, 10) and seqs.skills.shape == (3, 10, 1)
     assert all(a.dtype == np.int64 for a in (seqs.questions, seqs.skills, seqs.responses, seqs.lengths))
     assert raw_questions(seqs, vocab, 0) == [900 + i for i in range(2, 12)]   # most recent 10 of 12
     assert raw_questions(seqs, vocab, 2) == [700 + i for i in range(15, 25)]
     # learner 2: 6 padding positions on the left, real interactions at the end
-    assert seqs.questions[1, :6].tolist() == [PAD_ID] * 6 and seqs.skills[1, :6].tolist() == [PAD_ID] * 6
+    assert seqs.questions[1, :6].tolist() == [PAD_ID] * 6 and seqs.skills[1, :6].tolist() == [[PAD_ID]] * 6
     assert seqs.responses[1, :6].tolist() == [-1] * 6
     assert raw_questions(seqs, vocab, 1) == [200, 201, 202, 203]
     assert (seqs.questions[1, 6:] != PAD_ID).all()
@@ -65,8 +65,40 @@ def test_sequence_values_match_rows(inter):
     # learner 7 is the last block: rows 19..43, all 25 fit in the window of 30
     rows = slice(19, 44)
     assert seqs.questions[3, 5:].tolist() == vocab.encode_questions(inter.question_id[rows]).tolist()
-    assert seqs.skills[3, 5:].tolist() == vocab.encode_skills(inter.skill_id[rows]).tolist()
+    assert seqs.skills[3, 5:, 0].tolist() == vocab.encode_skills(inter.skill_id[rows, 0]).tolist()
     assert seqs.responses[3, 5:].tolist() == inter.correct[rows].tolist()
+
+
+def test_skill_sets_become_a_last_axis_padded_with_pad_id(inter):
+    sets = np.full((len(inter), 3), -2)                                   # NO_SKILL in unused slots
+    sets[:, 0] = inter.question_id % 3
+    sets[::2, 1] = 7
+    sets[::4, 2] = -1                                                     # an unknown skill in a set
+    multi = Interactions(user_id=inter.user_id, question_id=inter.question_id, skill_id=sets, correct=inter.correct)
+    vocab = Vocab.build(multi)
+    for protocol in Protocol:
+        seqs = make_sequences(multi, vocab, protocol, window=10, min_interactions=4)
+        assert seqs.skills.shape == seqs.questions.shape + (3,) and seqs.max_skills == 3
+        real = seqs.responses >= 0
+        assert (seqs.skills[~real] == PAD_ID).all()                        # padding rows: every slot PAD_ID
+        assert (seqs.skills[real][:, 0] >= 2).all()                        # slot 0 always holds a skill
+    seqs = make_sequences(multi, vocab, "recent", window=30, min_interactions=1)
+    rows = slice(19, 44)                                                  # learner 7: rows 19..43
+    assert seqs.skills[3, 5:].tolist() == vocab.encode_skill_sets(sets[rows]).tolist()
+    assert {int(v) for v in seqs.skills[3, 5:, 2]} == {0, 1}               # PAD_ID or UNK_ID (-1)
+
+
+def test_single_skill_sequences_equal_the_former_two_dimensional_ones(inter):
+    vocab = Vocab.build(inter)
+    for protocol in Protocol:
+        seqs = make_sequences(inter, vocab, protocol, window=10, min_interactions=4)
+        assert seqs.skills.shape == seqs.questions.shape + (1,)
+        # the former [S, W] array: each real position's skill id (raw skill = question % 3), PAD_ID in padding
+        flat = seqs.skills[..., 0]
+        assert flat.dtype == np.int64 and ((flat == PAD_ID) == (seqs.questions == PAD_ID)).all()
+        raw_q = {v: k for k, v in vocab.questions.items()}
+        expected = np.vectorize(lambda q: vocab.skills[raw_q[q] % 3] if q != PAD_ID else PAD_ID)(seqs.questions)
+        assert np.array_equal(flat, expected)
 
 
 def test_chunks_split_history_from_the_oldest(inter):

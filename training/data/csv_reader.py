@@ -11,14 +11,17 @@ integer (integral floats such as `3.0` are accepted); `user_id >= 0`; `question_
 (-1 = unknown); `correct` in {0, 1}; the rows of one user are contiguous and their `order` strictly
 increases. Error messages cite line numbers, never learner ids.
 
+Skill sets: `skill_id` may name several skills of one interaction separated by ";" (`3;17`), each
+>= -1, none twice, at most MAX_SKILLS. `Interactions.skill_id` is always a set array [N, K]: K is the
+largest set of the file (1 for single-skill files, read exactly as before), unused slots NO_SKILL
+(-2, routerkt/contract/signature.py). Rows of one multi-skill interaction written one per skill are
+merged by training/data/skill_rows.py, not here.
+
 pandas is imported only when a file is read, so `DataError` and `Interactions` (and the vocabulary,
 which the serving gateway imports) need numpy alone.
 
 Compression: a name ending in `.gz` is read as gzip (and must be gzip); a file that starts with the
 gzip magic bytes is also read as gzip whatever its name.
-
-`collapse_repeats` merges the consecutive duplicated rows that multi-skill problems produce in
-assist2009 (one row per skill, same problem and answer, another skill), keeping the first row.
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from routerkt.contract.signature import NO_SKILL
 from routerkt.errors import UserError
 
 if TYPE_CHECKING:
@@ -40,6 +44,8 @@ if TYPE_CHECKING:
 
 COLUMNS = ("user_id", "order", "question_id", "skill_id", "correct")
 GZIP_MAGIC = b"\x1f\x8b"
+SKILL_SEP = ";"            # separates the skills of one interaction in a `skill_id` field
+MAX_SKILLS = 16            # most skills one interaction may carry (a field, or rows merged into one)
 _INT64_LIMIT = 2.0**63
 
 
@@ -49,15 +55,23 @@ class DataError(UserError):
 
 @dataclass
 class Interactions:
-    """All interactions of a file, one entry per row, in file order (grouped by user, then order)."""
+    """All interactions of a file in file order (grouped by user, then order): one per row as read,
+    fewer once the rows of multi-skill interactions are merged (training/data/skill_rows.py)."""
 
     user_id: np.ndarray      # int64 [N] raw learner id
     question_id: np.ndarray  # int64 [N] raw question id, -1 = unknown
-    skill_id: np.ndarray     # int64 [N] raw skill id, -1 = unknown
+    skill_id: np.ndarray     # int64 [N, K] raw skill set, -1 = unknown skill, NO_SKILL in unused slots
     correct: np.ndarray      # int8  [N] 0/1
     path: str = ""
+    line: np.ndarray | None = None  # int64 [N] file line of each interaction's (first) row, for messages
+    rows: int = -1           # data rows of the file (-1: len(self), nothing merged)
+    merged_rows: int = 0     # rows merged into (or dropped for) the interaction of an earlier row
     _segments: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(
         default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if np.ndim(self.skill_id) == 1:                 # one skill per interaction, given as [N]
+            self.skill_id = np.asarray(self.skill_id).reshape(-1, 1)
 
     def __len__(self) -> int:
         return int(self.user_id.shape[0])
@@ -83,6 +97,11 @@ class Interactions:
     @property
     def n_learners(self) -> int:
         return int(self.segments()[0].shape[0])
+
+    @property
+    def max_skills(self) -> int:
+        """K: the largest skill set of an interaction."""
+        return int(self.skill_id.shape[1])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -189,6 +208,66 @@ def _to_int64(col: pd.Series, k: int, problems: list[tuple[int, int, int, str]])
     return values
 
 
+def _to_skill_sets(col: pd.Series, problems: list[tuple[int, int, int, str]]) -> tuple[np.ndarray, np.ndarray]:
+    """The skill column -> (ids [N, K] with NO_SKILL in unused slots, skills per row [N]); a column
+    without SKILL_SEP is read exactly as the other columns (K = 1)."""
+    import pandas as pd
+
+    k = COLUMNS.index("skill_id")
+    text_column = col.dtype.kind not in "iufb"                          # str / object: may hold ";"
+    multi = (col.str.contains(SKILL_SEP, regex=False, na=False).to_numpy(dtype=bool)
+             if text_column else np.zeros(len(col), dtype=bool))
+    if not multi.any():
+        return _to_int64(col, k, problems)[:, None], np.ones(len(col), dtype=np.int64)
+    parts = col.str.split(SKILL_SEP, expand=True)                       # [N, K]; None beyond a row's fields
+    present = parts.notna().to_numpy()
+    present[~multi, 0] = True                                           # a missing value is reported below
+    counts = present.sum(axis=1).astype(np.int64)
+    ids = np.full(parts.shape, NO_SKILL, dtype=np.int64)
+    bad = np.zeros(len(col), dtype=bool)
+    for j in range(parts.shape[1]):
+        piece = parts[j].where(present[:, j], None)
+        text = piece.astype(str).str.strip()
+        numeric = pd.to_numeric(text.where(present[:, j], "0"), errors="coerce").to_numpy(dtype=np.float64,
+                                                                                       na_value=np.nan)
+        ok = np.isfinite(numeric) & (np.abs(numeric) < _INT64_LIMIT)
+        safe = np.where(ok, numeric, 0.0)
+        ok &= np.floor(safe) == safe
+        ok &= ~(present[:, j] & multi & (text == "").to_numpy())
+        bad |= present[:, j] & ~ok
+        ids[:, j] = np.where(present[:, j] & ok, safe, NO_SKILL).astype(np.int64)
+    i = _first(bad)
+    if i is not None:
+        raw = col.iloc[i]
+        if isinstance(raw, float) and np.isnan(raw):
+            problems.append((i, 0, k, "missing value in column 'skill_id'"))
+        elif multi[i]:
+            problems.append((i, 0, k, f"column 'skill_id' must hold integers separated by '{SKILL_SEP}', "
+                                      f"got {_describe(raw)}"))
+        else:
+            problems.append((i, 0, k, f"column 'skill_id' must hold integers, got {_describe(raw)}"))
+    return ids, counts
+
+
+def _check_sets(ids: np.ndarray, counts: np.ndarray, problems: list[tuple[int, int, int, str]]) -> None:
+    """Each id of a set >= -1, none twice in one field, at most MAX_SKILLS per field."""
+    k = COLUMNS.index("skill_id")
+    used = np.arange(ids.shape[1])[None, :] < counts[:, None]
+    i = _first((used & (ids < -1)).any(axis=1))
+    if i is not None:
+        problems.append((i, 1, k, f"column 'skill_id' must be >= 0 or -1 (unknown), got {ids[i][used[i] & (ids[i] < -1)][0]}"))
+    if ids.shape[1] > 1:
+        ordered = np.sort(np.where(used, ids, NO_SKILL - 1 - np.arange(ids.shape[1])[None, :]), axis=1)
+        i = _first((ordered[:, 1:] == ordered[:, :-1]).any(axis=1))
+        if i is not None:
+            twice = ordered[i][1:][ordered[i][1:] == ordered[i][:-1]][0]
+            field = SKILL_SEP.join(str(s) for s in ids[i][used[i]])
+            problems.append((i, 1, k, f"column 'skill_id' names skill {twice} twice in '{field}'"))
+    i = _first(counts > MAX_SKILLS)
+    if i is not None:
+        problems.append((i, 1, k, f"column 'skill_id' holds {counts[i]} skills, at most {MAX_SKILLS} are allowed"))
+
+
 def _first(mask: np.ndarray) -> int | None:
     idx = np.flatnonzero(mask)
     return int(idx[0]) if idx.size else None
@@ -201,11 +280,10 @@ def _check_values(cols: dict[str, np.ndarray], lines: np.ndarray,
     Rows that failed to parse hold placeholder values; any complaint those cause sits at or after the
     row's parse problem, which has a lower priority number and therefore wins.
     """
-    user, order, q, s, c = (cols[k] for k in COLUMNS)
+    user, order, q, c = (cols[k] for k in ("user_id", "order", "question_id", "correct"))
     checks = [
         (user < 0, 0, "column 'user_id' must be >= 0, got {}", user),
         (q < -1, 2, "column 'question_id' must be >= 0 or -1 (unknown), got {}", q),
-        (s < -1, 3, "column 'skill_id' must be >= 0 or -1 (unknown), got {}", s),
         ((c != 0) & (c != 1), 4, "column 'correct' must be 0 or 1, got {}", c),
     ]
     for mask, k, text, values in checks:
@@ -257,30 +335,13 @@ def read_interactions(path: str | os.PathLike) -> Interactions:
     if len(df) == 0:
         raise DataError(f"{where}: no data rows (header only)")
     problems: list[tuple[int, int, int, str]] = []  # (row, check stage, column, message); min = first
-    cols = {name: _to_int64(df[name], k, problems) for k, name in enumerate(COLUMNS)}
+    cols = {name: _to_int64(df[name], k, problems) for k, name in enumerate(COLUMNS) if name != "skill_id"}
+    skills, counts = _to_skill_sets(df["skill_id"], problems)
     _check_values(cols, lines, problems)
+    _check_sets(skills, counts, problems)
     if problems:
         row, _, _, text = min(problems)
         raise DataError(f"{where}:{lines[row]}: {text}")
-    return Interactions(user_id=cols["user_id"], question_id=cols["question_id"], skill_id=cols["skill_id"],
-                        correct=cols["correct"].astype(np.int8), path=where)
+    return Interactions(user_id=cols["user_id"], question_id=cols["question_id"], skill_id=skills,
+                        correct=cols["correct"].astype(np.int8), path=where, line=lines, rows=len(lines))
 
-
-def collapse_repeats(inter: Interactions) -> Interactions:
-    """Drop each row that repeats the previous row's learner, question (not -1) and answer with another skill.
-
-    assist2009 (AKT/DKVMN lineage) writes a problem tagged with k skills as k consecutive rows with the
-    same problem and answer, one per skill; this keeps the first of them (its first skill): 51,052 rows
-    of assist2009 go. The skill must differ so that genuine repeated attempts (same question, same
-    skill; assist2017 has 335,819 of them) stay.
-    """
-    if len(inter) < 2:
-        return inter
-    repeat = ((inter.user_id[1:] == inter.user_id[:-1])
-              & (inter.question_id[1:] == inter.question_id[:-1])
-              & (inter.question_id[1:] != -1)
-              & (inter.correct[1:] == inter.correct[:-1])
-              & (inter.skill_id[1:] != inter.skill_id[:-1]))
-    keep = np.r_[True, ~repeat]
-    return Interactions(user_id=inter.user_id[keep], question_id=inter.question_id[keep],
-                        skill_id=inter.skill_id[keep], correct=inter.correct[keep], path=inter.path)

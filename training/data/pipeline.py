@@ -1,5 +1,6 @@
-"""The one data pipeline of a run, driven by its `DataConfig`: canonical CSV -> (collapse repeated
-rows) -> vocabulary -> windowed sequences -> folds. Training, evaluation, the history-only scorer,
+"""The one data pipeline of a run, driven by its `DataConfig`: canonical CSV -> rows of multi-skill
+interactions merged (data.skill_rows, training/data/skill_rows.py) -> vocabulary -> windowed
+sequences -> folds. Training, evaluation, the history-only scorer,
 the diversity analysis, the training benchmark and export's parity batches all read data here, so
 they all see the windows training saw.
 
@@ -21,7 +22,8 @@ import numpy as np
 from routerkt.contract.vocab import Vocab
 from routerkt.errors import UserError
 from training.config import DataConfig
-from training.data.csv_reader import collapse_repeats, read_interactions
+from training.data import skill_rows
+from training.data.csv_reader import Interactions, read_interactions
 from training.data.protocol import Fold, Sequences, load_folds_file, make_folds, make_sequences
 
 DATA_ROOT = Path(__file__).resolve().parents[3] / "shared" / "datasets"
@@ -33,6 +35,7 @@ class RunData:
     vocab: Vocab
     sequences: Sequences
     folds: list[Fold]
+    note: str = ""          # what data.skill_rows did to the file's rows, one line (skill_rows.describe)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -81,16 +84,24 @@ def resolve_data_path(path: str | os.PathLike) -> Path:
 # ----------------------------------------------------------------------------------------------
 # Data
 
-def load_sequences(dc: DataConfig, vocab: Vocab | None = None) -> tuple[Vocab, Sequences]:
-    """Read `dc.path` and cut it into windows; the vocabulary is built from the data unless given
-    (evaluation and export map ids with the run's own). Raises UserError on unusable data."""
-    inter = read_interactions(resolve_data_path(dc.path))
-    if dc.collapse_repeats:
-        inter = collapse_repeats(inter)
+def load_interactions(dc: DataConfig) -> Interactions:
+    """The interactions of `dc.path`, the rows of multi-skill interactions handled by `dc.skill_rows`."""
+    return skill_rows.apply(read_interactions(resolve_data_path(dc.path)), dc.skill_rows)
+
+
+def _sequences(dc: DataConfig, vocab: Vocab | None) -> tuple[Vocab, Sequences, str]:
+    inter = load_interactions(dc)
     vocab = vocab if vocab is not None else Vocab.build(inter)
     seqs = make_sequences(inter, vocab, dc.protocol, dc.window, dc.min_interactions)
     if len(seqs) == 0:
         raise UserError(f"{dc.path}: no learner has >= {dc.min_interactions} interactions")
+    return vocab, seqs, skill_rows.describe(inter, dc.skill_rows)
+
+
+def load_sequences(dc: DataConfig, vocab: Vocab | None = None) -> tuple[Vocab, Sequences]:
+    """Read `dc.path` and cut it into windows; the vocabulary is built from the data unless given
+    (evaluation and export map ids with the run's own). Raises UserError on unusable data."""
+    vocab, seqs, _ = _sequences(dc, vocab)
     return vocab, seqs
 
 
@@ -103,6 +114,6 @@ def split_folds(dc: DataConfig, seqs: Sequences) -> list[Fold]:
 
 
 def load_run_data(dc: DataConfig, vocab: Vocab | None = None) -> RunData:
-    """Vocabulary, sequences and folds of a run's data."""
-    vocab, seqs = load_sequences(dc, vocab)
-    return RunData(vocab=vocab, sequences=seqs, folds=split_folds(dc, seqs))
+    """Vocabulary, sequences and folds of a run's data, and the line saying how its rows were read."""
+    vocab, seqs, note = _sequences(dc, vocab)
+    return RunData(vocab=vocab, sequences=seqs, folds=split_folds(dc, seqs), note=note)

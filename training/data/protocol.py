@@ -9,7 +9,8 @@ Sequences (`make_sequences`):
 
 Padding is on the LEFT everywhere (training, offline evaluation and serving): the most recent
 interaction of a sequence sits at index W-1, padding fills indices 0 .. W-len-1 with
-questions = skills = PAD_ID (0) and responses = -1.
+questions = PAD_ID (0), every skill slot PAD_ID and responses = -1. Skills are sets: [S, W, K] with
+K the largest set of the interactions (1 for single-skill data), unused slots PAD_ID.
 
 Folds are over learners, never over sequences, so all chunks of a learner land in the same part:
 - `make_folds(ids, K, valid_ratio, seed)`: the distinct learner ids are sorted, then shuffled with
@@ -51,7 +52,7 @@ class Sequences:
     """S left-padded sequences of window W (index W-1 = most recent interaction)."""
 
     questions: np.ndarray  # int64 [S, W] model question ids, PAD_ID in padding
-    skills: np.ndarray     # int64 [S, W] model skill ids, PAD_ID in padding
+    skills: np.ndarray     # int64 [S, W, K] model skill ids of each set, PAD_ID in unused slots and padding
     responses: np.ndarray  # int64 [S, W] 0/1, -1 in padding
     lengths: np.ndarray    # int64 [S] real interactions per sequence (1..W)
     learners: np.ndarray   # int64 [S] raw user id of each sequence
@@ -62,6 +63,11 @@ class Sequences:
     @property
     def window(self) -> int:
         return int(self.questions.shape[1])
+
+    @property
+    def max_skills(self) -> int:
+        """K: skill slots per interaction."""
+        return int(self.skills.shape[2])
 
     @property
     def n_interactions(self) -> int:
@@ -118,10 +124,10 @@ def make_sequences(inter: Interactions, vocab: Vocab, protocol: Protocol | str, 
     valid = offset >= 0
     rows = np.where(valid, first[:, None] + offset, 0)                      # [S, W]
     q_ids = vocab.encode_questions(inter.question_id)
-    s_ids = vocab.encode_skills(inter.skill_id)
+    s_ids = vocab.encode_skill_sets(inter.skill_id)                        # [N, K]
     return Sequences(
         questions=np.where(valid, q_ids[rows], PAD_ID).astype(np.int64),
-        skills=np.where(valid, s_ids[rows], PAD_ID).astype(np.int64),
+        skills=np.where(valid[:, :, None], s_ids[rows], PAD_ID).astype(np.int64),
         responses=np.where(valid, inter.correct[rows], PAD_RESPONSE).astype(np.int64),
         lengths=length.astype(np.int64),
         learners=users[owner].astype(np.int64),
