@@ -35,6 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("serving.cli_serve", "start tritonserver and the gRPC/HTTP gateway"),
     "predict": ("serving.cli_predict", "call the gateway's Predict from the command line"),
     "rollout": ("serving.rollout.cli_rollout", "show and change the rollout policy (status, set, promote, rollback)"),
+    "keys": ("serving.security.cli_keys", "issue, list and revoke the gateway's API keys"),
 }
 BENCHES: dict[str, tuple[str, str]] = {
     "train": ("training.bench_train", "training throughput per preset"),
