@@ -99,12 +99,18 @@ class Vocabulary:
     model: str
     version: int
     questions: tuple[int, ...]            # raw question ids, ascending
-    question_skill: dict[int, int]        # raw question -> raw skill (-1 = none known)
+    question_skills: dict[int, tuple[int, ...]]   # raw question -> its raw skill set ((-1,) = none known)
 
     @property
     def first_unknown(self) -> int:
         """Question ids from here on are unknown to the model."""
         return self.questions[-1] + 1
+
+
+def skill_fields(skills: tuple[int, ...]) -> dict:
+    """A skill set as message fields: skill_id for a set of one (single-skill traffic as before),
+    skill_ids for several."""
+    return {"skill_id": skills[0]} if len(skills) == 1 else {"skill_ids": list(skills)}
 
 
 def resolve_model(repository: Path | str, model: str | None) -> tuple[str, int]:
@@ -134,7 +140,7 @@ def load_vocabulary(repository: Path | str, model: str | None) -> Vocabulary:
     vocab = read_vocab(Path(repository), name, version)
     if not vocab.questions:
         raise UserError(f"the vocabulary of model {name!r} version {version} has no questions")
-    return Vocabulary(name, version, tuple(sorted(vocab.questions)), dict(vocab.question_skill))
+    return Vocabulary(name, version, tuple(sorted(vocab.questions)), dict(vocab.question_skills))
 
 
 # -- learners ------------------------------------------------------------------------------------
@@ -181,8 +187,8 @@ class Learner:
         i = self.rng.randrange(len(candidates))
         question = candidates[i].question_id
         correct = int(self.rng.random() < float(probabilities[i]))
-        skill = self.vocabulary.question_skill.get(question, -1)      # -1: "unknown skill"
-        interaction = pb.Interaction(question_id=question, skill_id=skill, correct=correct)
+        skills = self.vocabulary.question_skills.get(question, (-1,))      # -1: "unknown skill"
+        interaction = pb.Interaction(question_id=question, correct=correct, **skill_fields(skills))
         self.history.append(interaction)
         self.answered += 1
         return interaction
@@ -196,8 +202,8 @@ class Learner:
     def observe_request(self, interaction: pb.Interaction) -> pb.ObserveRequest:
         """The answer just given, as the one event of an Observe (event id: its sequence number)."""
         return pb.ObserveRequest(learner_id=self.learner_id, events=[pb.Event(
-            event_id=str(self.answered), question_id=interaction.question_id, skill_id=interaction.skill_id,
-            correct=interaction.correct)])
+            event_id=str(self.answered), question_id=interaction.question_id, correct=interaction.correct,
+            **(skill_fields(tuple(interaction.skill_ids)) if interaction.skill_ids else {"skill_id": interaction.skill_id}))])
 
     def predict_request(self, candidates: Sequence[pb.Candidate]) -> pb.PredictRequest:
         return pb.PredictRequest(model=self.vocabulary.model, history=list(self.history),

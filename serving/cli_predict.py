@@ -6,8 +6,10 @@
                      [--timeout 2.0] [--json]
 
 History items are question:skill:correct (skill may be left empty, "q::c", to use the question's
-skill from the vocabulary, or -1 for an unknown skill); an empty --history is a cold start.
-Candidates are question ids, optionally with :skill. Prints one line per candidate (or one JSON
+skill set from the vocabulary, or -1 for an unknown skill; several skills separated by `;` are the
+interaction's skill set, "q:3;17:c", sent as skill_ids: quote the argument, `;` ends a shell
+command); an empty --history is a cold start. Candidates are question ids, optionally with :skill
+or :skill;skill. Prints one line per candidate (or one JSON
 object with --json); with --recommend, the candidates in the Recommend policy's order (closest to
 the target probability first). Bad flags: one-line error, exit 2. gRPC errors: one line with the status code
 and message, exit 1.
@@ -25,8 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default="localhost:50051", help="gateway gRPC address HOST:PORT")
     parser.add_argument("--model", required=True, help="model name")
     parser.add_argument("--version", type=int, default=0, help="model version (0 = latest served)")
-    parser.add_argument("--history", default="", help='past interactions, oldest first: "q:s:c,q:s:c" (may be empty)')
-    parser.add_argument("--candidates", required=True, help='candidate questions: "q[:s],q[:s]"')
+    parser.add_argument("--history", default="", help='past interactions, oldest first: "q:s:c,q:s;s:c" (may be empty)')
+    parser.add_argument("--candidates", required=True, help='candidate questions: "q[:s],q[:s;s]"')
     parser.add_argument("--learner-id", default="", help="take the history from the gateway's session store")
     parser.add_argument("--recommend", action="store_true", help="call Recommend instead of Predict")
     parser.add_argument("--target-probability", type=float, default=None, help="Recommend: target P(correct), default 0.7")
@@ -43,27 +45,46 @@ def parse_int(text: str, what: str) -> int:
         raise UserError(f"{what}: {text.strip()!r} is not an integer") from None
 
 
-def parse_history(text: str) -> list[tuple[int, int | None, int]]:
-    """'q:s:c,q::c' -> [(q, s, c), (q, None, c)]."""
+Skills = int | list[int] | None        # skill_id, skill_ids (a set), or neither
+
+
+def parse_skills(text: str, what: str) -> Skills:
+    """'' -> None, '3' -> 3, '3;17' -> [3, 17]."""
+    if not text.strip():
+        return None
+    if ";" not in text:
+        return parse_int(text, what)
+    return [parse_int(s, what) for s in text.split(";")]
+
+
+def skill_fields(skills: Skills) -> dict:
+    """The message fields of `skills`: {}, {"skill_id": s} or {"skill_ids": [...]}."""
+    if skills is None:
+        return {}
+    return {"skill_ids": skills} if isinstance(skills, list) else {"skill_id": skills}
+
+
+def parse_history(text: str) -> list[tuple[int, Skills, int]]:
+    """'q:s:c,q::c,q:s;s:c' -> [(q, s, c), (q, None, c), (q, [s, s], c)]."""
     items = []
     for i, item in enumerate(p for p in text.split(",") if p.strip()):
         parts = item.split(":")
         if len(parts) != 3:
             raise UserError(f"--history item {i + 1} {item.strip()!r} must be question:skill:correct")
         question = parse_int(parts[0], f"--history item {i + 1} question")
-        skill = None if not parts[1].strip() else parse_int(parts[1], f"--history item {i + 1} skill")
+        skill = parse_skills(parts[1], f"--history item {i + 1} skill")
         items.append((question, skill, parse_int(parts[2], f"--history item {i + 1} correct")))
     return items
 
 
-def parse_candidates(text: str) -> list[tuple[int, int | None]]:
-    """'q,q:s' -> [(q, None), (q, s)]."""
+def parse_candidates(text: str) -> list[tuple[int, Skills]]:
+    """'q,q:s,q:s;s' -> [(q, None), (q, s), (q, [s, s])]."""
     items = []
     for i, item in enumerate(p for p in text.split(",") if p.strip()):
         parts = item.split(":")
         if len(parts) > 2:
             raise UserError(f"--candidates item {i + 1} {item.strip()!r} must be question[:skill]")
-        skill = None if len(parts) == 1 or not parts[1].strip() else parse_int(parts[1], f"--candidates item {i + 1} skill")
+        skill = None if len(parts) == 1 else parse_skills(parts[1], f"--candidates item {i + 1} skill")
         items.append((parse_int(parts[0], f"--candidates item {i + 1} question"), skill))
     if not items:
         raise UserError("--candidates needs at least one question id")
@@ -77,11 +98,9 @@ def build_request(args: argparse.Namespace):
         raise UserError(f"--timeout must be > 0 seconds, got {args.timeout}")
     if ":" not in args.target:
         raise UserError(f"--target must be HOST:PORT, got {args.target!r}")
-    history = [pb.Interaction(question_id=q, correct=c, **({} if s is None else {"skill_id": s}))
-               for q, s, c in parse_history(args.history)]
-    candidates = [pb.Candidate(question_id=q, **({} if s is None else {"skill_id": s}))
-                  for q, s in parse_candidates(args.candidates)]
     try:
+        history = [pb.Interaction(question_id=q, correct=c, **skill_fields(s)) for q, s, c in parse_history(args.history)]
+        candidates = [pb.Candidate(question_id=q, **skill_fields(s)) for q, s in parse_candidates(args.candidates)]
         if args.recommend:
             extra = {k: v for k, v in (("target_probability", args.target_probability), ("top_k", args.top_k))
                      if v is not None}

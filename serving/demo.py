@@ -1,5 +1,6 @@
 """The sample client `routerkt serve --sample-model NAME` runs once the model is ready: one Predict over
-real gRPC loopback with a made-up history (ids from the model's vocabulary), printed; then, with a
+real gRPC loopback with a made-up history (ids and each question's skill set from the model's
+vocabulary: skill_ids where a question has several skills), printed; then, with a
 session store, an Observe of the same history for a sample learner and a Predict by its learner id."""
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ async def sample_prediction(server, model: str) -> None:
         return
     vocab = server.catalog.get(model, max(server.backend.ready_versions(model))).vocab
     questions = sorted(vocab.questions)[:8]
-    history = [pb.Interaction(question_id=q, skill_id=vocab.question_skill.get(q, -1), correct=i % 2)
+    history = [pb.Interaction(question_id=q, correct=i % 2, **skill_fields(vocab.question_skills.get(q, (-1,))))
                for i, q in enumerate(questions[:5])]
     request = pb.PredictRequest(model=model, history=history,
                                 candidates=[pb.Candidate(question_id=q) for q in questions[5:]])
@@ -53,12 +54,18 @@ async def sample_prediction(server, model: str) -> None:
             await sample_session(stub, request, response)
 
 
+def skill_fields(skills: tuple[int, ...]) -> dict:
+    """A question's recorded skill set as message fields: skill_id for one skill, skill_ids for more."""
+    return {"skill_id": skills[0]} if len(skills) == 1 else {"skill_ids": list(skills)}
+
+
 async def sample_session(stub, request, explicit) -> None:
     """Observe the sample history for a sample learner, then Predict by learner id (same answer)."""
     learner = "routerkt-sample-learner"
     try:
         await stub.ForgetLearner(pb.ForgetLearnerRequest(learner_id=learner), timeout=10.0)
-        events = [pb.Event(event_id=f"sample-{i}", question_id=h.question_id, skill_id=h.skill_id, correct=h.correct)
+        events = [pb.Event(event_id=f"sample-{i}", question_id=h.question_id, correct=h.correct,
+                           **({"skill_ids": h.skill_ids} if h.skill_ids else {"skill_id": h.skill_id}))
                   for i, h in enumerate(request.history)]
         observed = await stub.Observe(pb.ObserveRequest(learner_id=learner, events=events), timeout=10.0)
         by_id = await stub.Predict(pb.PredictRequest(model=request.model, learner_id=learner,

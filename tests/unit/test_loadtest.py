@@ -170,7 +170,7 @@ def test_vocabulary_of_the_latest_version(tmp_path: Path) -> None:
     repo = make_repository(tmp_path / "repo", {"kt": [1, 3]})
     vocab = load_vocabulary(repo, None)
     assert (vocab.model, vocab.version, len(vocab.questions)) == ("kt", 3, 30)
-    assert vocab.first_unknown == 130 and vocab.question_skill[100] == 7
+    assert vocab.first_unknown == 130 and vocab.question_skills[100] == (7,)
     assert resolve_model(repo, "kt") == ("kt", 3)
 
 
@@ -191,7 +191,7 @@ def test_vocabulary_errors(tmp_path: Path) -> None:
 
 
 # -- learners ------------------------------------------------------------------------------------
-VOCAB = Vocabulary("kt", 1, tuple(range(10, 30)), {q: q % 3 for q in range(10, 30)} | {29: -1})
+VOCAB = Vocabulary("kt", 1, tuple(range(10, 30)), {q: (q % 3,) for q in range(10, 30)} | {28: (4, 5), 29: (-1,)})
 
 
 def learner(seed: int = 0, **options) -> Learner:
@@ -236,6 +236,9 @@ def test_answers_follow_the_probability_and_carry_the_skill() -> None:
     assert answer.HasField("skill_id") and answer.skill_id == 13 % 3
     assert one.answer([pb.Candidate(question_id=29)], [0.5]).skill_id == -1
     assert one.answer([pb.Candidate(question_id=10**9)], [0.5]).skill_id == -1          # unknown question
+    several = one.answer([pb.Candidate(question_id=28)], [0.5])                          # a skill set
+    assert list(several.skill_ids) == [4, 5] and not several.HasField("skill_id")
+    assert list(one.observe_request(several).events[0].skill_ids) == [4, 5]
     rate = sum(one.answer([pb.Candidate(question_id=14)], [0.8]).correct for _ in range(2000)) / 2000
     assert 0.75 < rate < 0.85
     with pytest.raises(ValueError, match="2 probabilities for 1 candidates"):

@@ -28,6 +28,21 @@ def test_parse_history_and_candidates() -> None:
     assert parse_candidates("5,6:7, 8:") == [(5, None), (6, 7), (8, None)]
 
 
+def test_skill_sets_on_the_command_line() -> None:
+    import argparse
+
+    from serving.cli_predict import build_request
+    assert parse_history("1:3;17:1,2:4:0") == [(1, [3, 17], 1), (2, 4, 0)]
+    assert parse_candidates("5:6;7,8") == [(5, [6, 7]), (8, None)]
+    args = argparse.Namespace(target="h:1", model="kt", version=0, history="1:3;17:1", candidates="5:6;7,8:9",
+                              learner_id="", recommend=False, timeout=1.0)
+    request = build_request(args)
+    assert list(request.history[0].skill_ids) == [3, 17] and not request.history[0].HasField("skill_id")
+    assert list(request.candidates[0].skill_ids) == [6, 7] and request.candidates[1].skill_id == 9
+    with pytest.raises(UserError, match="--history item 1 skill"):
+        parse_history("1:3;x:1")
+
+
 @pytest.mark.parametrize("text", ["1:2", "1:2:3:4", "a:1:1", "1:x:0"])
 def test_bad_history_items(text: str) -> None:
     with pytest.raises(UserError, match="--history item 1"):
