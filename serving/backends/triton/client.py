@@ -89,6 +89,7 @@ class TritonClient:
         self.url = url
         self.metrics = metrics
         self.headers = headers                     # sent on the repository index, load and unload
+        self._control = {"headers": headers} if headers else {}
         self._client: grpcaio.InferenceServerClient | None = None
         self._channel: grpc.aio.Channel | None = None
         self._infer_stub: service_pb2_grpc.GRPCInferenceServiceStub | None = None
@@ -161,7 +162,7 @@ class TritonClient:
         server "not ready", while the other models still serve."""
         try:
             live = await self.raw.is_server_live(client_timeout=timeout_s)
-            index = await self.raw.get_model_repository_index(headers=self.headers, client_timeout=timeout_s)
+            index = await self.raw.get_model_repository_index(**self._control, client_timeout=timeout_s)
         except InferenceServerException as exc:
             raise BackendError(FailureKind.UNAVAILABLE, exc.message() or str(exc)) from None
         if not live or index is None:
@@ -173,10 +174,10 @@ class TritonClient:
         return states
 
     async def load(self, model: str, timeout_s: float) -> None:
-        await self.raw.load_model(model, headers=self.headers, client_timeout=timeout_s)
+        await self.raw.load_model(model, **self._control, client_timeout=timeout_s)
 
     async def unload(self, model: str, timeout_s: float) -> None:
-        await self.raw.unload_model(model, headers=self.headers, client_timeout=timeout_s)
+        await self.raw.unload_model(model, **self._control, client_timeout=timeout_s)
 
 
 def _output(response: service_pb2.ModelInferResponse) -> np.ndarray | None:
