@@ -7,7 +7,8 @@ keeps its data-dependent decay. Routed heads are served with the causal `prefix`
 model trained with the leaking whole-window `sequence` scope is refused.
 
 Exporter: torch.onnx.export(dynamo=True), opset 18, named tensors from routerkt/contract/signature.py.
-Two graphs per model:
+Two graphs per model, skills as sets [..., K] (a dynamic `skills` axis, 1 .. MAX_SKILLS; traced
+with K = 2 so that the axis stays symbolic):
 - score (`export_onnx`): dynamic batch and sequence axes (2 .. max_len);
 - rank (`export_rank_onnx`, KTModel.rank): dynamic batch, history (1 .. max_len - 1; serving sends
   window - 1) and candidates axes. Its parity check (`check_rank_parity`) compares onnxruntime's
@@ -34,6 +35,8 @@ from training.models.base import KTModel
 
 OPSET = 18
 PARITY_TOL = 1e-5
+MAX_SKILLS = 64          # the largest skill set a served graph accepts (the gateway caps requests lower)
+EXAMPLE_SKILLS = 2       # K of the traced example and of the random parity inputs
 
 
 class ExportError(UserError):
@@ -41,7 +44,7 @@ class ExportError(UserError):
 
 
 class InferenceModel(nn.Module):
-    """The served function: (questions, skills, responses) [B, L] -> probs [B, L]."""
+    """The served function: questions, responses [B, L] and skills [B, L, K] -> probs [B, L]."""
 
     def __init__(self, model: KTModel):
         super().__init__()
@@ -52,7 +55,7 @@ class InferenceModel(nn.Module):
 
 
 class RankInferenceModel(nn.Module):
-    """The rank graph: history [B, H] and candidates [B, N] -> candidate_probs [B, N]."""
+    """The rank graph: history [B, H] and candidates [B, N] (skills [.., K]) -> candidate_probs [B, N]."""
 
     def __init__(self, model: KTModel):
         super().__init__()
@@ -72,41 +75,56 @@ def check_servable(model: KTModel) -> None:
                           "--set model.routing_scope=prefix")
 
 
+def skill_sets(rng: np.random.Generator, n_skills: int, shape: tuple[int, ...], width: int) -> np.ndarray:
+    """Random skill sets int64 [*shape, width]: 1..width real skills each, packed from slot 0."""
+    high = max(n_skills, signature.FIRST_ID + 1)
+    first = rng.integers(signature.FIRST_ID, high, shape)[..., None]
+    if width == 1:
+        return first.astype(np.int64)
+    sets = np.concatenate([first, rng.integers(signature.FIRST_ID, high, (*shape, width - 1))], axis=-1)
+    sizes = rng.integers(1, width + 1, shape)[..., None]
+    sets[np.arange(width) >= sizes] = signature.PAD_ID
+    return sets.astype(np.int64)
+
+
 def example_inputs(n_questions: int, n_skills: int, batch: int, length: int, seed: int = 0,
-                   min_len: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Random left-padded int64 batches with a random real length per row."""
+                   min_len: int = 1, skills: int = EXAMPLE_SKILLS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Random left-padded int64 batches with a random real length per row: questions and
+    responses [B, L], skill sets [B, L, skills]."""
     rng = np.random.default_rng(seed)
     q = rng.integers(signature.FIRST_ID, max(n_questions, signature.FIRST_ID + 1), (batch, length))
-    s = rng.integers(signature.FIRST_ID, max(n_skills, signature.FIRST_ID + 1), (batch, length))
+    s = skill_sets(rng, n_skills, (batch, length), skills)
     r = rng.integers(0, 2, (batch, length))
     lengths = rng.integers(min(min_len, length), length + 1, batch)
     lengths[0] = length                                                    # one full row
     for b, n in enumerate(lengths):
         q[b, : length - n], s[b, : length - n], r[b, : length - n] = 0, 0, -1
-    return q.astype(np.int64), s.astype(np.int64), r.astype(np.int64)
+    return q.astype(np.int64), s, r.astype(np.int64)
 
 
 def rank_inputs(n_questions: int, n_skills: int, batch: int, history: int, candidates: int,
-                seed: int = 0) -> tuple[np.ndarray, ...]:
+                seed: int = 0, skills: int = EXAMPLE_SKILLS) -> tuple[np.ndarray, ...]:
     """Random rank-graph inputs: left-padded histories [B, H] of random length (row 0 full, row 1
-    empty) and real candidates [B, N], the last one of the last row a padding candidate."""
+    empty) and real candidates [B, N] (skill sets [.., skills]), the last one of the last row a
+    padding candidate."""
     rng = np.random.default_rng(seed)
-    hq, hs, hr = example_inputs(n_questions, n_skills, batch, history, seed=seed, min_len=0)
+    hq, hs, hr = example_inputs(n_questions, n_skills, batch, history, seed=seed, min_len=0, skills=skills)
     if batch > 1:
         hq[1], hs[1], hr[1] = signature.PAD_ID, signature.PAD_ID, signature.PAD_RESPONSE
     cq = rng.integers(signature.FIRST_ID, max(n_questions, signature.FIRST_ID + 1), (batch, candidates))
-    cs = rng.integers(signature.FIRST_ID, max(n_skills, signature.FIRST_ID + 1), (batch, candidates))
+    cs = skill_sets(rng, n_skills, (batch, candidates), skills)
     if candidates > 1:
         cq[-1, -1] = cs[-1, -1] = signature.PAD_ID
-    return hq, hs, hr, cq.astype(np.int64), cs.astype(np.int64)
+    return hq, hs, hr, cq.astype(np.int64), cs
 
 
 def candidate_windows(hq: np.ndarray, hs: np.ndarray, hr: np.ndarray, cq: np.ndarray,
                       cs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Today's per-candidate rows: [B*N, H+1] windows [history_b, candidate_(b, j)], row b*N + j."""
-    N = cs.shape[1]
-    rows = [np.concatenate([np.repeat(h, N, axis=0), c.reshape(-1, 1)], axis=1)
-            for h, c in ((hq, cq), (hs, cs), (hr, np.full_like(cs, signature.CANDIDATE_RESPONSE)))]
+    """Today's per-candidate rows: [B*N, H+1] windows [history_b, candidate_(b, j)], row b*N + j
+    (skills [B*N, H+1, K])."""
+    N = cq.shape[1]
+    rows = [np.concatenate([np.repeat(h, N, axis=0), c.reshape(-1, 1, *c.shape[2:])], axis=1)
+            for h, c in ((hq, cq), (hs, cs), (hr, np.full_like(cq, signature.CANDIDATE_RESPONSE)))]
     return rows[0], rows[1], rows[2]
 
 
@@ -116,7 +134,7 @@ def rank_reference(model: KTModel, hq: np.ndarray, hs: np.ndarray, hr: np.ndarra
     q, s, r = (torch.from_numpy(a) for a in candidate_windows(hq, hs, hr, cq, cs))
     with torch.no_grad():
         probs = torch.sigmoid(model(q, s, r).logits[:, -1])
-    return probs.numpy().reshape(cs.shape)
+    return probs.numpy().reshape(cq.shape)
 
 
 # PyTorch 2.13 caches the kernel each OpOverload resolves to per dispatch key. The ONNX exporter's
@@ -183,7 +201,9 @@ def export_onnx(model: KTModel, path: Path, quiet: bool = True) -> None:
     inputs = tuple(torch.from_numpy(a) for a in example_inputs(cfg.n_questions, cfg.n_skills, 2, L))
     batch = torch.export.Dim("batch", min=1, max=1 << 16)
     seq = torch.export.Dim("seq", min=2, max=cfg.max_len)
-    dynamic = {name: {0: batch, 1: seq} for name in signature.SCORE.input_names}
+    skills = torch.export.Dim("skills", min=1, max=MAX_SKILLS)
+    dynamic = {spec.name: {0: batch, 1: seq, **({2: skills} if signature.skill_axis(spec) else {})}
+               for spec in signature.SCORE.inputs}
     _trace(InferenceModel(model).eval(), inputs, signature.SCORE, dynamic, path, quiet)
 
 
@@ -196,7 +216,9 @@ def export_rank_onnx(model: KTModel, path: Path, quiet: bool = True) -> None:
     batch = torch.export.Dim("batch", min=1, max=1 << 16)
     history = torch.export.Dim("history", min=1, max=cfg.max_len - 1)
     candidates = torch.export.Dim("candidates", min=1, max=1 << 16)
-    dynamic = {spec.name: {0: batch, 1: history if spec.axes[1] == "history" else candidates}
+    skills = torch.export.Dim("skills", min=1, max=MAX_SKILLS)
+    dynamic = {spec.name: {0: batch, 1: history if spec.axes[1] == "history" else candidates,
+                           **({2: skills} if signature.skill_axis(spec) else {})}
                for spec in signature.RANK.inputs}
     _trace(RankInferenceModel(model).eval(), tuple(torch.from_numpy(a) for a in arrays), signature.RANK,
            dynamic, path, quiet)
@@ -227,7 +249,7 @@ def check_parity(model: KTModel, onnx_path: Path, batches: list[tuple[np.ndarray
         with torch.no_grad():
             ref = torch.sigmoid(model(torch.from_numpy(q), torch.from_numpy(s), torch.from_numpy(r)).logits).numpy()
         got = sess.run([signature.PROBS], {"questions": q, "skills": s, "responses": r})[0]
-        valid = s != signature.PAD_ID
+        valid = (s != signature.PAD_ID).any(axis=-1)
         diff = float(np.abs(got - ref)[valid].max()) if valid.any() else 0.0
         cases.append((q.shape[0], q.shape[1], diff))
     return ParityReport(max_abs_diff=max(c[-1] for c in cases), cases=cases)
@@ -235,17 +257,17 @@ def check_parity(model: KTModel, onnx_path: Path, batches: list[tuple[np.ndarray
 
 def rank_batches(windows: list[tuple[np.ndarray, np.ndarray, np.ndarray]], candidates: int = 16,
                  seed: int = 0) -> list[tuple[np.ndarray, ...]]:
-    """Rank-graph inputs from real windows [B, L]: each row's last L-1 interactions as the history,
-    candidates drawn from the real (question, skill) pairs of the batch."""
+    """Rank-graph inputs from real windows [B, L] (skills [B, L, K]): each row's last L-1
+    interactions as the history, candidates drawn from the real (question, skill set) pairs of the batch."""
     rng = np.random.default_rng(seed)
     out = []
     for q, s, r in windows:
-        pairs = np.flatnonzero(s != signature.PAD_ID)
+        pairs = np.flatnonzero((s != signature.PAD_ID).any(axis=-1))
         if not len(pairs):
             continue
         pick = rng.choice(pairs, size=(q.shape[0], candidates))
         history = (np.ascontiguousarray(a[:, 1:]) for a in (q, s, r))
-        out.append((*history, q.reshape(-1)[pick], s.reshape(-1)[pick]))
+        out.append((*history, q.reshape(-1)[pick], s.reshape(-1, s.shape[-1])[pick]))
     return out
 
 
@@ -265,7 +287,7 @@ def check_rank_parity(model: KTModel, onnx_path: Path, batches: list[tuple[np.nd
     for arrays in cases_in:
         ref = rank_reference(model, *arrays)
         got = sess.run([signature.CANDIDATE_PROBS], dict(zip(signature.RANK.input_names, arrays)))[0]
-        valid = arrays[4] != signature.PAD_ID
+        valid = (arrays[4] != signature.PAD_ID).any(axis=-1)
         diff = float(np.abs(got - ref)[valid].max()) if valid.any() else 0.0
-        cases.append((*arrays[1].shape, arrays[4].shape[1], diff))
+        cases.append((*arrays[1].shape[:2], arrays[4].shape[1], diff))
     return ParityReport(max_abs_diff=max(c[-1] for c in cases), cases=cases)

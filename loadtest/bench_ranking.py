@@ -52,9 +52,10 @@ def ort_inputs(window: int, n: int, n_questions: int, n_skills: int, rng: np.ran
     hq, hs = rng.integers(FIRST_ID, n_questions, (1, h)), rng.integers(FIRST_ID, n_skills, (1, h))
     hr = rng.integers(0, 2, (1, h))
     cq, cs = rng.integers(FIRST_ID, n_questions, (1, n)), rng.integers(FIRST_ID, n_skills, (1, n))
+    hs, cs = hs[..., None], cs[..., None]                      # one-skill sets [1, h, 1], [1, n, 1]
     rank = dict(zip(RANK.input_names, (hq, hs, hr, cq, cs)))
     score = dict(zip(SCORE.input_names, (np.concatenate([np.repeat(hq, n, 0), cq.T], 1),
-                                         np.concatenate([np.repeat(hs, n, 0), cs.T], 1),
+                                         np.concatenate([np.repeat(hs, n, 0), cs.transpose(1, 0, 2)], 1),
                                          np.concatenate([np.repeat(hr, n, 0), np.zeros((n, 1), np.int64)], 1))))
     return {k: v.astype(np.int64) for k, v in rank.items()}, {k: v.astype(np.int64) for k, v in score.items()}
 

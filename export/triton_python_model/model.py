@@ -39,6 +39,7 @@ RANK_INPUT_NAMES = (HISTORY_QUESTIONS, HISTORY_SKILLS, HISTORY_RESPONSES, CANDID
 CANDIDATE_PROBS = "candidate_probs"
 RANK_ONNX_FILE = "rank.onnx"
 GRAPHS = {"score": (INPUT_NAMES, PROBS, ONNX_FILE), "rank": (RANK_INPUT_NAMES, CANDIDATE_PROBS, RANK_ONNX_FILE)}
+SKILL_INPUTS = (SKILLS, HISTORY_SKILLS, CANDIDATE_SKILLS)   # [batch, length, K]: a skill set per interaction
 
 # Parameter keys of config.pbtxt (mirrors export/triton_config.py).
 PARAM_ORT_INTRA_OP_THREADS = "ORT_INTRA_OP_THREADS"
@@ -86,7 +87,7 @@ class TritonPythonModel:
 
     def execute(self, requests):
         responses = [None] * len(requests)
-        good, feeds = [], []                       # feeds[k][name]: int64 [b_k, L]
+        good, feeds = [], []                       # feeds[k][name]: int64 [b_k, L] (skills [b_k, L, K_k])
         for i, request in enumerate(requests):
             if request.is_cancelled():
                 responses[i] = _error("request cancelled", pb_utils.TritonError.CANCELLED)
@@ -105,7 +106,14 @@ class TritonPythonModel:
             width = max(f[CANDIDATE_QUESTIONS].shape[1] for f in feeds)
             for f in feeds:
                 for name in (CANDIDATE_QUESTIONS, CANDIDATE_SKILLS):
-                    f[name] = np.pad(f[name], ((0, 0), (0, width - f[name].shape[1])))   # PAD_ID 0
+                    pad = [(0, 0), (0, width - f[name].shape[1])] + [(0, 0)] * (f[name].ndim - 2)
+                    f[name] = np.pad(f[name], pad)   # PAD_ID 0
+        if len(feeds) > 1:                         # pad every request's skill sets to the largest one
+            k = max(f[name].shape[2] for f in feeds for name in SKILL_INPUTS if name in f)
+            for f in feeds:
+                for name in SKILL_INPUTS:
+                    if name in f and f[name].shape[2] < k:
+                        f[name] = np.pad(f[name], ((0, 0), (0, 0), (0, k - f[name].shape[2])))
         batch = {name: np.concatenate([f[name] for f in feeds]) if len(feeds) > 1 else feeds[0][name]
                  for name in self.input_names}     # int64 [B, L] (rank: [B, H] and [B, N])
         started = time.perf_counter()
@@ -131,20 +139,24 @@ class TritonPythonModel:
         return self._read_rank(request) if self.graph == "rank" else self._read_score(request)
 
     def _read_rank(self, request):
-        """The five int64 inputs of one rank request ([b, H] history, [b, N] candidates), or
-        (None, message) when invalid."""
+        """The five int64 inputs of one rank request ([b, H] history, [b, N] candidates; skills with
+        a last axis K), or (None, message) when invalid."""
         arrays = {}
         for name in RANK_INPUT_NAMES:
             tensor = pb_utils.get_input_tensor_by_name(request, name)
             if tensor is None:
                 return None, f"missing input '{name}'"
             arrays[name] = tensor.as_numpy()
-            if arrays[name].ndim != 2 or arrays[name].dtype != np.int64:
-                return None, f"input '{name}' must be INT64 [batch, length], got {arrays[name].dtype} {list(arrays[name].shape)}"
+            rank = 3 if name in SKILL_INPUTS else 2
+            if arrays[name].ndim != rank or arrays[name].dtype != np.int64:
+                return None, (f"input '{name}' must be INT64 [batch, length{', skills' if rank == 3 else ''}], "
+                              f"got {arrays[name].dtype} {list(arrays[name].shape)}")
         history, candidates = arrays[HISTORY_QUESTIONS].shape, arrays[CANDIDATE_QUESTIONS].shape
+        k = arrays[HISTORY_SKILLS].shape[2]
         for name in RANK_INPUT_NAMES:
             expected = history if name.startswith("history") else candidates
-            if arrays[name].shape != expected or expected[0] != history[0]:
+            expected = (*expected, k) if name in SKILL_INPUTS else expected
+            if arrays[name].shape != expected or expected[0] != history[0] or k < 1:
                 return None, f"input '{name}' has shape {list(arrays[name].shape)}, expected {list(expected)}"
         if self.window is not None and history[1] != self.window - 1:
             return None, f"input '{HISTORY_QUESTIONS}' has length {history[1]}, expected {self.window - 1}"
@@ -172,9 +184,9 @@ class TritonPythonModel:
         shape = arrays[QUESTIONS].shape
         for name in INPUT_NAMES:
             a = arrays[name]
-            if a.ndim != 2 or a.shape != shape:
+            if a.shape[:2] != shape or a.ndim != (3 if name in SKILL_INPUTS else 2) or 0 in a.shape[2:]:
                 return None, (f"input '{name}' has shape {list(a.shape)}; all inputs must share one "
-                              f"[batch, window] shape, '{QUESTIONS}' has {list(shape)}")
+                              f"[batch, window] shape (skills [batch, window, K]), '{QUESTIONS}' has {list(shape)}")
             if a.dtype != np.int64:
                 return None, f"input '{name}' must be INT64, got {a.dtype}"
         if self.window is not None and shape[1] != self.window:

@@ -31,11 +31,14 @@ def _model(name: str, **overrides):
     return build_model(cfg).eval()
 
 
-def _batch(B=3, L=24, seed=1):
+def _batch(B=3, L=24, seed=1, K=3):
+    """questions, responses [B, L]; skill sets [B, L, K] of 1..K skills (multi-skill interactions)."""
     g = torch.Generator().manual_seed(seed)
     q = torch.randint(2, NQ, (B, L), generator=g)
-    s = torch.randint(2, NS, (B, L), generator=g)
+    s = torch.randint(2, NS, (B, L, K), generator=g)
     r = torch.randint(0, 2, (B, L), generator=g)
+    sizes = torch.randint(1, K + 1, (B, L, 1), generator=g)
+    s = s.masked_fill(torch.arange(K) >= sizes, 0)
     for b, pad in enumerate([0, 5, 11][:B]):      # different padding per row
         q[b, :pad], s[b, :pad], r[b, :pad] = 0, 0, -1
     return q, s, r
@@ -57,7 +60,7 @@ def _assert_no_leak(model):
         q2[:, t + 1:] = torch.randint(2, NQ, q2[:, t + 1:].shape)             # change later questions/skills
         s2[:, t + 1:] = torch.randint(2, NS, s2[:, t + 1:].shape)
         moved = _probs(model, q2, s2, r2)
-        diff = (moved - base).abs() * (s != 0)                               # predictions at padding are unused
+        diff = (moved - base).abs() * (s != 0).any(-1)                       # predictions at padding are unused
         assert diff[:, : t + 1].max().item() < TOL
         assert diff[:, t + 1:].max().item() > 0                               # the test can fail
 
@@ -66,9 +69,9 @@ def _assert_padding_free(model):
     q, s, r = _batch(B=3, L=24)
     base = _probs(model, q, s, r)
     extra = 9
-    pad = lambda x, v: torch.cat([torch.full((x.shape[0], extra), v, dtype=x.dtype), x], dim=1)
+    pad = lambda x, v: torch.cat([torch.full((x.shape[0], extra, *x.shape[2:]), v, dtype=x.dtype), x], dim=1)
     longer = _probs(model, pad(q, 0), pad(s, 0), pad(r, -1))[:, extra:]
-    valid = s != 0
+    valid = (s != 0).any(-1)
     assert (longer - base)[valid].abs().max().item() < TOL
     trimmed = _probs(model, q[:, 5:], s[:, 5:], r[:, 5:])               # rows 1, 2 lose only padding
     assert (trimmed[1:] - base[1:, 5:])[valid[1:, 5:]].abs().max().item() < TOL

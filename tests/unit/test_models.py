@@ -23,11 +23,16 @@ from training.models.router import Router
 pytestmark = pytest.mark.unit
 
 
-def _inputs(B=3, L=16, nq=30, ns=10, pad=(0, 4, 9), seed=0):
+def _inputs(B=3, L=16, nq=30, ns=10, pad=(0, 4, 9), seed=0, K=1):
+    """questions, responses [B, L] and skill sets [B, L, K] (K > 1: 1..K skills per position)."""
     g = torch.Generator().manual_seed(seed)
     q = torch.randint(2, nq, (B, L), generator=g)
-    s = torch.randint(2, ns, (B, L), generator=g)
+    s = torch.randint(2, ns, (B, L, 1), generator=g)
     r = torch.randint(0, 2, (B, L), generator=g)
+    if K > 1:
+        extra = torch.randint(2, ns, (B, L, K - 1), generator=g)
+        sizes = torch.randint(1, K + 1, (B, L, 1), generator=g)
+        s = torch.cat([s, extra], -1).masked_fill(torch.arange(K) >= sizes, 0)
     for b, p in enumerate(pad[:B]):
         q[b, :p], s[b, :p], r[b, :p] = 0, 0, -1
     return q, s, r
@@ -120,7 +125,7 @@ def test_balance_loss_uniform_routing_equals_one_over_dynamic():
     with torch.no_grad():
         router.gate.weight.zero_()                                    # every gate = 1/7
     D = 7
-    s = torch.full((1, D * 10), 5)
+    s = torch.full((1, D * 10, 1), 5)
     ctx = SequenceContext.build(s)
     h = torch.zeros(1, D * 10, 8)
     out = router(h, ctx)
@@ -176,7 +181,7 @@ def test_relative_frozen_kernel_equals_learned():
         before = model(q, s, r).logits
         model.freeze_biases()
         after = model(q, s, r).logits
-    assert model.retriever[0].attn.frozen[MaskKind.PAST].shape == (8, cfg.max_len, cfg.max_len)
+    assert model.retriever[0].attn.get_buffer("frozen_recency_past").shape == (8, cfg.max_len, cfg.max_len)
     assert torch.allclose(before, after, atol=1e-6)
 
 

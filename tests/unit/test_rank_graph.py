@@ -47,21 +47,22 @@ def _left_pad(rows: list[list[tuple[int, ...]]], length: int, pad: tuple[int, ..
 
 
 def _history_tensors(histories):
-    return _left_pad(histories, WINDOW - 1, (PAD_ID, PAD_ID, PAD_RESPONSE))
+    q, s, r = _left_pad(histories, WINDOW - 1, (PAD_ID, PAD_ID, PAD_RESPONSE))
+    return q, s.unsqueeze(-1), r                        # one-skill sets [B, H, 1]
 
 
 def _candidates(B: int, N: int, seed: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(2, NQ, (B, N), generator=g), torch.randint(2, NS, (B, N), generator=g)
+    return torch.randint(2, NQ, (B, N), generator=g), torch.randint(2, NS, (B, N, 1), generator=g)
 
 
 def _windows_reference(model, histories, cq, cs) -> torch.Tensor:
     """Today's serving: one left-padded window [last window-1 interactions, candidate] per candidate."""
-    rows = [history[max(0, len(history) - (WINDOW - 1)):] + [(int(q), int(s), CANDIDATE_RESPONSE)]
+    rows = [history[max(0, len(history) - (WINDOW - 1)):] + [(int(q), int(s[0]), CANDIDATE_RESPONSE)]
             for history, qs, ss in zip(histories, cq, cs) for q, s in zip(qs, ss)]
     q, s, r = _left_pad(rows, WINDOW, (PAD_ID, PAD_ID, PAD_RESPONSE))
     with torch.no_grad():
-        return torch.sigmoid(model(q, s, r).logits[:, -1]).reshape(cq.shape)
+        return torch.sigmoid(model(q, s.unsqueeze(-1), r).logits[:, -1]).reshape(cq.shape)
 
 
 def _rank(model, history, cq, cs) -> torch.Tensor:
@@ -152,3 +153,16 @@ def test_rank_runs_the_prediction_mlp_on_candidates_only(name):
     handle.remove()
     assert seen == [(len(HISTORY_LENGTHS), 3, model.config.d_model), (len(HISTORY_LENGTHS), WINDOW - 1,
                                                                      model.config.d_model)]
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_rank_with_skill_sets_equals_per_candidate_windows(name):
+    """Multi-skill histories and candidates (sets of 1..3 skills, one K for both)."""
+    from export.onnx_export import rank_inputs, rank_reference
+
+    model = _model(name)
+    arrays = rank_inputs(NQ, NS, batch=3, history=WINDOW - 1, candidates=5, seed=4, skills=3)
+    assert (arrays[1] != PAD_ID).sum(-1).max() == 3                       # some sets have three skills
+    got = _rank(model, [torch.from_numpy(a) for a in arrays[:3]], *(torch.from_numpy(a) for a in arrays[3:]))
+    valid = (arrays[4] != PAD_ID).any(-1)
+    assert (got.numpy() - rank_reference(model, *arrays))[valid].__abs__().max() < 1e-5

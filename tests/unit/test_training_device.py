@@ -23,7 +23,7 @@ def _batch(rows: int = 3, length: int = 12) -> Batch:
     responses = torch.randint(0, 2, (rows, length), generator=g)
     responses[0, :4] = -1                                      # left padding in one row
     return Batch(questions=torch.randint(1, 40, (rows, length), generator=g),
-                 skills=torch.randint(1, 8, (rows, length), generator=g), responses=responses,
+                 skills=torch.randint(1, 8, (rows, length, 1), generator=g), responses=responses,
                  index=np.arange(rows))
 
 
@@ -41,6 +41,21 @@ def test_a_training_step_stays_on_the_models_device(preset):
     grads = [p.grad for p in model.parameters() if p.requires_grad]
     assert grads and all(g is None or g.device.type == "meta" for g in grads)
     assert any(g is not None for g in grads)
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_an_exported_model_moves_whole_to_another_device(preset):
+    """After freeze_biases (what export does) every precomputed table follows `.to(device)`: the
+    relative recency tables once stayed on the CPU and a CUDA forward failed (seen on an H200)."""
+    cfg = with_vocab(preset_config(preset), 40, 8)
+    cfg.max_len = 12
+    model = build_model(cfg).eval()
+    model.freeze_biases()
+    model = model.to("meta")
+    assert all(t.device.type == "meta" for t in [*model.parameters(), *model.buffers()])
+    batch = _batch().to(torch.device("meta"))
+    with torch.no_grad():
+        assert model(batch.questions, batch.skills, batch.responses).logits.device.type == "meta"
 
 
 def test_batch_loss_moves_a_batch_to_the_models_device(monkeypatch):

@@ -32,7 +32,7 @@ def _round_trip(name: str, options: TritonModelOptions) -> mc.ModelConfig:
 
 def _assert_signature(config: mc.ModelConfig, window: int) -> None:
     assert [(t.name, mc.DataType.Name(t.data_type), list(t.dims)) for t in config.input] == [
-        (s.name, s.triton_dtype, [window]) for s in signature.SCORE.inputs]
+        (s.name, s.triton_dtype, [window, -1] if signature.skill_axis(s) else [window]) for s in signature.SCORE.inputs]
     assert [(t.name, mc.DataType.Name(t.data_type), list(t.dims)) for t in config.output] == [
         (s.name, s.triton_dtype, [window]) for s in signature.SCORE.outputs]
     assert [t.name for t in config.input] == ["questions", "skills", "responses"]
@@ -93,7 +93,7 @@ def test_warmup_is_one_zero_filled_batch_of_every_input() -> None:
     assert sorted(warmup.inputs) == sorted(signature.SCORE.input_names)
     for spec in signature.SCORE.inputs:
         entry = warmup.inputs[spec.name]
-        assert entry.zero_data and list(entry.dims) == [30]
+        assert entry.zero_data and list(entry.dims) == ([30, 1] if signature.skill_axis(spec) else [30])
         assert mc.DataType.Name(entry.data_type) == spec.triton_dtype
     assert len(_round_trip("kt", _options(warmup=False)).model_warmup) == 0
 

@@ -131,17 +131,22 @@ def _fake_pb_utils() -> types.ModuleType:
 
 
 def _tiny_onnx(path: Path) -> None:
-    """probs = sigmoid(0.01*q + 0.1*s + r): int64 [B, L] x3 -> float32 [B, L]."""
+    """probs = sigmoid(0.01*q + 0.1*sum(s over the set) + r): q, r int64 [B, L], s [B, L, K] -> float32 [B, L]."""
     import onnx
     from onnx import TensorProto, helper
 
-    inputs = [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "seq"]) for n in signature.SCORE.input_names]
+    inputs = [helper.make_tensor_value_info(t.name, TensorProto.INT64, list(t.axes)) for t in signature.SCORE.inputs]
     output = helper.make_tensor_value_info(signature.PROBS, TensorProto.FLOAT, ["batch", "seq"])
     consts = [helper.make_tensor(f"w_{n}", TensorProto.FLOAT, [], [w])
               for n, w in zip(signature.SCORE.input_names, (0.01, 0.1, 1.0))]
+    consts.append(helper.make_tensor("last_axis", TensorProto.INT64, [1], [-1]))
     nodes = []
     for n in signature.SCORE.input_names:
         nodes.append(helper.make_node("Cast", [n], [f"f_{n}"], to=TensorProto.FLOAT))
+        if n == "skills":
+            nodes.append(helper.make_node("ReduceSum", ["f_skills", "last_axis"], ["sum_skills"], keepdims=0))
+            nodes.append(helper.make_node("Mul", ["sum_skills", f"w_{n}"], [f"m_{n}"]))
+            continue
         nodes.append(helper.make_node("Mul", [f"f_{n}", f"w_{n}"], [f"m_{n}"]))
     nodes.append(helper.make_node("Sum", [f"m_{n}" for n in signature.SCORE.input_names], ["z"]))
     nodes.append(helper.make_node("Sigmoid", ["z"], [signature.PROBS]))
@@ -152,7 +157,7 @@ def _tiny_onnx(path: Path) -> None:
 
 
 def _expected(questions: np.ndarray, skills: np.ndarray, responses: np.ndarray) -> np.ndarray:
-    return (1 / (1 + np.exp(-(0.01 * questions + 0.1 * skills + responses)))).astype(np.float32)
+    return (1 / (1 + np.exp(-(0.01 * questions + 0.1 * skills.sum(-1) + responses)))).astype(np.float32)
 
 
 @pytest.fixture()
@@ -176,20 +181,20 @@ def model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     instance.finalize()
 
 
-def _arrays(rows: int, seed: int, **overrides) -> dict[str, np.ndarray]:
+def _arrays(rows: int, seed: int, k: int = 1, **overrides) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    arrays = {"questions": rng.integers(0, N_Q, (rows, WINDOW)), "skills": rng.integers(0, N_S, (rows, WINDOW)),
+    arrays = {"questions": rng.integers(0, N_Q, (rows, WINDOW)), "skills": rng.integers(0, N_S, (rows, WINDOW, k)),
               "responses": rng.integers(-1, 2, (rows, WINDOW))}
     arrays.update(overrides)
     return {k: np.asarray(v, dtype=np.int64) for k, v in arrays.items()}
 
 
 def test_execute_splits_one_run_per_request_and_isolates_bad_requests(model) -> None:
-    good_a, good_b = _arrays(2, 1), _arrays(1, 2)
+    good_a, good_b = _arrays(2, 1), _arrays(1, 2, k=3)          # skill sets of 1 and 3 slots: padded together
     bad_q = _arrays(1, 3, questions=np.full((1, WINDOW), N_Q))
-    bad_s = _arrays(1, 4, skills=np.full((1, WINDOW), -1))
+    bad_s = _arrays(1, 4, skills=np.full((1, WINDOW, 1), -1))
     bad_r = _arrays(1, 5, responses=np.full((1, WINDOW), 2))
-    bad_shape = {**_arrays(1, 6), "skills": np.zeros((2, WINDOW), dtype=np.int64)}
+    bad_shape = {**_arrays(1, 6), "skills": np.zeros((2, WINDOW, 1), dtype=np.int64)}
     requests = [_Request(good_a), _Request(bad_q), _Request(good_b), _Request(_arrays(1, 7), cancelled=True),
                 _Request(bad_s), _Request(bad_r), _Request(bad_shape)]
     responses = model.execute(requests)

@@ -18,6 +18,7 @@ from training.models.base import KTModel, masked_mean, register
 from training.models.context import MaskKind, SequenceContext
 from training.models.layers import PredictionHead, TransformerLayer
 from training.models.outputs import Collector
+from training.models.skill_sets import embed_set
 
 
 @register(Backbone.AKT)
@@ -46,7 +47,7 @@ class AKT(KTModel):
     def compute(self, questions: Tensor, skills: Tensor, responses: Tensor, ctx: SequenceContext,
                 collect: Collector, read_from: int = 0) -> tuple[Tensor, dict]:
         mu = self.difficulty(questions)                                      # [B, L, 1]
-        c, dvar = self.skill(skills), self.skill_var(skills)                 # [B, L, d]
+        c, dvar = embed_set(self.skill, skills), embed_set(self.skill_var, skills)   # [B, L, d]; skills [B, L, K]
         x = c + mu * dvar
         y = c + self.response(responses) + mu * (self.response_var(responses) + dvar)
         for layer in self.knowledge_encoder:

@@ -87,20 +87,24 @@ class MultiHeadAttention(nn.Module):
             tau0 = torch.tensor([1.0 / m for m in alibi_slopes(H)])        # start as ALiBi-like recency
             self.mix_logit = nn.Parameter(torch.zeros(H))                   # lam = 0.5 at start
             self.tau_raw = nn.Parameter(tau0 + torch.log(-torch.expm1(-tau0)))   # softplus^-1(tau0)
-            self.frozen: dict[MaskKind, Tensor] = {}                       # set by freeze_biases()
+            self.frozen_masks: tuple[MaskKind, ...] = ()                    # set by freeze_biases()
 
     # -- learner-independent biases --------------------------------------------------------------
     def freeze_biases(self) -> None:
-        """Precompute the relative recency tables as constants [H, Lmax, Lmax] (before export)."""
+        """Precompute the relative recency tables as constants [H, Lmax, Lmax] (before export). They
+        are non-persistent buffers, so they follow the module's device (`.to("cuda")`, `.to("meta")`)
+        and stay out of checkpoints."""
         if self.kind is AttentionKind.RELATIVE:
             with torch.no_grad():
                 tau = F.softplus(self.tau_raw)
                 dist = distance_table(self.max_len).to(tau.device)
-                self.frozen = {m: recency_weights(dist, tau, m) for m in MaskKind}
+                for m in MaskKind:
+                    self.register_buffer(_frozen_name(m), recency_weights(dist, tau, m), persistent=False)
+                self.frozen_masks = tuple(MaskKind)
 
     def _recency(self, mask: MaskKind, ctx: SequenceContext) -> Tensor:
-        if mask in self.frozen:
-            weights = ctx.table(self.frozen[mask])
+        if mask in self.frozen_masks:
+            weights = ctx.table(self.get_buffer(_frozen_name(mask)))
         else:
             weights = recency_weights(ctx.distance, F.softplus(self.tau_raw), mask)
         return ctx.restrict(weights)                                          # [H, L, L]
@@ -207,3 +211,8 @@ class MultiHeadAttention(nn.Module):
                 collect.routing.append(routing.weights.detach())
         out = out.transpose(1, 2).reshape(B, L, d)                            # [B, L, d]
         return self.out(out.to(qp.dtype))
+
+
+def _frozen_name(mask: MaskKind) -> str:
+    """The buffer holding the frozen recency table of `mask`."""
+    return f"frozen_recency_{mask.value}"

@@ -1,6 +1,7 @@
 """The one model interface (`KTModel`) and the backbone registry decorator.
 
-Every model takes re-indexed, left-padded `questions`, `skills`, `responses` [B, L] and returns a
+Every model takes re-indexed, left-padded `questions`, `responses` [B, L] and skill sets `skills`
+[B, L, K] (PAD_ID in unused slots; training/models/skill_sets.py) and returns a
 `ModelOutput` with logits [B, L] for P(correct at t | questions <= t, responses < t), an explicit
 weighted auxiliary loss, and on request attention maps and routing weights. Subclasses implement
 `compute`; the trainer, exporter and evaluator only ever call `forward` (never branch on a name).
@@ -96,17 +97,18 @@ class KTModel(nn.Module):
              candidate_questions: Tensor, candidate_skills: Tensor) -> Tensor:
         """Logits [B, N] of each candidate after its learner's history, for inference (eval mode).
 
-        history_*: [B, H] left-padded like a window without its last slot; candidate_*: [B, N]
-        (padding candidates, skill PAD_ID, get a meaningless logit). Entry j equals the last logit
+        history_*: [B, H] left-padded like a window without its last slot (skills [B, H, K]);
+        candidate_*: [B, N] (skills [B, N, K], the same K; padding candidates, every skill slot
+        PAD_ID, get a meaningless logit). Entry j equals the last logit
         of the window [history, candidate_j] with response CANDIDATE_RESPONSE at the candidate."""
         if self.config.leaks_future:
             raise ValueError("the whole-window 'sequence' routing scope has no history-once ranking")
         H = history_skills.shape[1]
         ctx = SequenceContext.build_rank(history_skills, candidate_skills)
         questions = torch.cat([history_questions, candidate_questions], dim=1)               # [B, H+N]
-        skills = torch.cat([history_skills, candidate_skills], dim=1)
+        skills = torch.cat([history_skills, candidate_skills], dim=1)                        # [B, H+N, K]
         responses = torch.cat([history_responses.clamp(0, 1),
-                               torch.full_like(candidate_skills, CANDIDATE_RESPONSE)], dim=1)
+                               torch.full_like(candidate_questions, CANDIDATE_RESPONSE)], dim=1)
         logits, _ = self.compute(questions, skills, responses, ctx, Collector(), read_from=H)  # [B, N]
         return logits.float()
 

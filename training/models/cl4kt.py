@@ -18,6 +18,7 @@ from training.models.context import MaskKind, SequenceContext
 from training.models.contrastive import contrastive_loss
 from training.models.layers import PredictionHead, TransformerLayer
 from training.models.outputs import Collector
+from training.models.skill_sets import embed_set
 
 
 @register(Backbone.CL4KT)
@@ -45,17 +46,20 @@ class CL4KT(KTModel):
 
     def encode_questions(self, skills: Tensor, collect: Collector | None = None) -> Tensor:
         ctx = SequenceContext.build(skills)
-        return self._encode(self.question_encoder, self.skill(skills), ctx, collect or Collector())
+        return self._encode(self.question_encoder, embed_set(self.skill, skills), ctx, collect or Collector())
 
     def encode_interactions(self, skills: Tensor, responses: Tensor, collect: Collector | None = None) -> Tensor:
         ctx = SequenceContext.build(skills)
-        y = self.interaction(skills + (self.config.n_skills + 1) * responses)
-        return self._encode(self.interaction_encoder, y, ctx, collect or Collector())
+        return self._encode(self.interaction_encoder, self._interactions(skills, responses), ctx, collect or Collector())
+
+    def _interactions(self, skills: Tensor, responses: Tensor) -> Tensor:
+        """skills [B, L, K], responses [B, L] -> [B, L, d]: row s + (n+1) r per skill, averaged."""
+        return embed_set(self.interaction, skills, skills + (self.config.n_skills + 1) * responses.unsqueeze(-1))
 
     def compute(self, questions: Tensor, skills: Tensor, responses: Tensor, ctx: SequenceContext,
                 collect: Collector, read_from: int = 0) -> tuple[Tensor, dict]:
-        x = self.skill(skills)                                               # [B, L, d]
-        y = self.interaction(skills + (self.config.n_skills + 1) * responses)
+        x = embed_set(self.skill, skills)                                    # [B, L, d]; skills [B, L, K]
+        y = self._interactions(skills, responses)
         h = self._encode(self.question_encoder, x, ctx, collect)
         values = self._encode(self.interaction_encoder, y, ctx, collect)
         for layer in self.retriever:

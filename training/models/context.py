@@ -2,7 +2,7 @@
 
 Every backbone builds one `SequenceContext` from its inputs and hands it to each layer, so masks are
 computed once per forward and never stored on a module. Sequences are LEFT-padded; a position is
-valid where its skill id is not PAD_ID (the candidate position of a served request is valid too).
+valid where its skill set is not empty (any slot not PAD_ID) (the candidate position of a served request is valid too).
 
 Two mask kinds (AKT's convention):
 - CURRENT: query i sees keys j <= i (encoders: the interaction at i is part of the context);
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from routerkt.contract.signature import PAD_ID
+from training.models.skill_sets import present
 
 # Large negative logit for masked entries. Finite (not -inf) so that no row can become NaN;
 # exp(NEG - max) underflows to exactly 0 in float32 and bfloat16.
@@ -52,7 +52,7 @@ class SequenceContext:
 
     @classmethod
     def build(cls, skills: Tensor) -> "SequenceContext":
-        valid = skills != PAD_ID                                     # [B, L]
+        valid = present(skills)                                      # [B, L]; skills [B, L, K]
         positions = (valid.long().cumsum(1) - 1).clamp(min=0)        # [B, L]
         idx = torch.arange(skills.shape[1], device=skills.device)
         distance = (idx[:, None] - idx[None, :]).to(torch.float32)   # [L, L]
@@ -60,11 +60,11 @@ class SequenceContext:
 
     @classmethod
     def build_rank(cls, history_skills: Tensor, candidate_skills: Tensor) -> "SequenceContext":
-        """history_skills [B, H] (left-padded), candidate_skills [B, N] -> context over H + N."""
+        """history_skills [B, H, K] (left-padded), candidate_skills [B, N, K] -> context over H + N."""
         H, N = history_skills.shape[1], candidate_skills.shape[1]
         dev = history_skills.device
-        history_valid = history_skills != PAD_ID                                   # [B, H]
-        valid = torch.cat([history_valid, candidate_skills != PAD_ID], dim=1)     # [B, H+N]
+        history_valid = present(history_skills)                                   # [B, H]
+        valid = torch.cat([history_valid, present(candidate_skills)], dim=1)      # [B, H+N]
         history_pos = (history_valid.long().cumsum(1) - 1).clamp(min=0)           # [B, H]
         seen = history_valid.long().sum(1, keepdim=True)                          # [B, 1]
         positions = torch.cat([history_pos, seen.expand(-1, N)], dim=1)            # [B, H+N]

@@ -16,13 +16,15 @@ from torch import Tensor
 
 from routerkt.contract.signature import FIRST_ID, PAD_ID
 from training.config import ModelConfig
+from training.models.skill_sets import gather_positions, present
 
 
 def augment(skills: Tensor, responses: Tensor, cfg: ModelConfig, mask_id: int) -> tuple[Tensor, Tensor]:
-    """One random view. skills/responses: [B, L] (responses 0/1); returns the same shapes."""
-    B, L = skills.shape
+    """One random view. skills [B, L, K], responses [B, L] (0/1); returns the same shapes. Mask and
+    replace act on each skill of a set."""
+    B, L, K = skills.shape
     dev = skills.device
-    valid = skills != PAD_ID
+    valid = present(skills)
     n = valid.sum(1)                                                          # [B]
     steps = torch.arange(L, device=dev)[None]                                 # [1, L]
     # crop: keep m of the n interactions, starting at a random offset, re-padded on the left
@@ -38,19 +40,19 @@ def augment(skills: Tensor, responses: Tensor, cfg: ModelConfig, mask_id: int) -
     keys = torch.where(inside, a[:, None] + torch.rand(B, L, device=dev) * (p - 1).clamp(min=0)[:, None],
                        steps.float().expand(B, L))
     source = source.gather(1, keys.argsort(dim=1, stable=True))
-    s = torch.where(keep, skills.gather(1, source), PAD_ID)
+    s = torch.where(keep.unsqueeze(-1), gather_positions(skills, source), PAD_ID)   # [B, L, K]
     r = torch.where(keep, responses.gather(1, source), 0)
     # mask / replace skills
     real = s != PAD_ID
-    masked = real & (torch.rand(B, L, device=dev) < cfg.cl_mask_prob)
-    replaced = real & ~masked & (torch.rand(B, L, device=dev) < cfg.cl_replace_prob)
-    random_skill = torch.randint(FIRST_ID, max(cfg.n_skills, FIRST_ID + 1), (B, L), device=dev)
+    masked = real & (torch.rand(B, L, K, device=dev) < cfg.cl_mask_prob)
+    replaced = real & ~masked & (torch.rand(B, L, K, device=dev) < cfg.cl_replace_prob)
+    random_skill = torch.randint(FIRST_ID, max(cfg.n_skills, FIRST_ID + 1), (B, L, K), device=dev)
     s = torch.where(masked, torch.full_like(s, mask_id), torch.where(replaced, random_skill, s))
     return s, r
 
 
 def _pool(h: Tensor, skills: Tensor) -> Tensor:
-    valid = (skills != PAD_ID).to(h.dtype).unsqueeze(-1)                      # [B, L, 1]
+    valid = present(skills).to(h.dtype).unsqueeze(-1)                         # [B, L, 1]
     return (h * valid).sum(1) / valid.sum(1).clamp(min=1.0)                   # [B, d]
 
 
@@ -65,7 +67,7 @@ def _info_nce(anchor: Tensor, positive: Tensor, temperature: float, negative: Te
 def contrastive_loss(encode_questions: Callable[[Tensor], Tensor],
                      encode_interactions: Callable[[Tensor, Tensor], Tensor],
                      skills: Tensor, responses: Tensor, cfg: ModelConfig, mask_id: int) -> Tensor:
-    """L_q + L_i. encode_*: [B, L] ids -> [B, L, d] encoder outputs."""
+    """L_q + L_i. encode_*: skill sets [B, L, K] (and responses [B, L]) -> [B, L, d] encoder outputs."""
     s1, r1 = augment(skills, responses, cfg, mask_id)
     s2, r2 = augment(skills, responses, cfg, mask_id)
     loss_q = _info_nce(_pool(encode_questions(s1), s1), _pool(encode_questions(s2), s2), cfg.cl_temperature)

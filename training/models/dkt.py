@@ -1,8 +1,8 @@
 """DKT (Piech et al. 2015): an LSTM over past interactions, the classic reference point.
 
 The hidden state at t summarises interactions < t (a learned start vector at the first position) and
-a linear layer scores every skill; the logit for position t is the score of skill s_t. Left-padded
-inputs are rotated so each learner starts at index 0 (the LSTM never sees padding before the real
+a linear layer scores every skill; the logit for position t is the mean score of the skills in the
+set s_t. Left-padded inputs are rotated so each learner starts at index 0 (the LSTM never sees padding before the real
 interactions), then rotated back: predictions do not depend on the amount of padding.
 `rank` runs the LSTM over the history once: every candidate's logit is read from the state after
 the last history interaction (the state at t never depends on the question at t).
@@ -12,11 +12,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from routerkt.contract.signature import PAD_ID
 from training.config import Backbone, ModelConfig
 from training.models.base import KTModel, register
 from training.models.context import SequenceContext
 from training.models.outputs import Collector
+from training.models.skill_sets import embed_set, gather_positions, present, set_scores
 
 
 @register(Backbone.DKT)
@@ -35,28 +35,30 @@ class DKT(KTModel):
         B = skills.shape[0]
         steps, length, pad = _rotation(ctx.valid)
         to_right = torch.remainder(steps + pad, length)                      # right[j] = left[j + pad]
-        s, r = skills.gather(1, to_right), responses.gather(1, to_right)     # [B, L], learner starts at 0
-        e = self.interaction(2 * s + r)                                      # [B, L, d]
+        s, r = gather_positions(skills, to_right), responses.gather(1, to_right)   # [B, L, K], [B, L]
+        e = embed_set(self.interaction, s, 2 * s + r.unsqueeze(-1))          # [B, L, d]
         inputs = torch.cat([self.start.expand(B, 1, -1), e[:, :-1]], dim=1)  # input j = interaction j-1
         h, _ = self.lstm(inputs)                                             # [B, L, hidden]
-        scores = self.out(self.drop(h)).gather(-1, s.unsqueeze(-1)).squeeze(-1)   # [B, L]
+        scores = set_scores(self.out(self.drop(h)), s)                       # [B, L]: mean over each set
         logits = scores.gather(1, torch.remainder(steps - pad, length))     # back to left padding
         return logits[:, read_from:], {}
 
     def rank(self, history_questions: Tensor, history_skills: Tensor, history_responses: Tensor,
              candidate_questions: Tensor, candidate_skills: Tensor) -> Tensor:
         B = history_skills.shape[0]
-        valid = history_skills != PAD_ID                                     # [B, H]
+        valid = present(history_skills)                                      # [B, H]
         steps, length, pad = _rotation(valid)
         to_right = torch.remainder(steps + pad, length)
-        s = history_skills.gather(1, to_right)                               # [B, H], learner starts at 0
+        s = gather_positions(history_skills, to_right)                       # [B, H, K], learner starts at 0
         r = history_responses.clamp(0, 1).gather(1, to_right)
-        inputs = torch.cat([self.start.expand(B, 1, -1), self.interaction(2 * s + r)], dim=1)  # [B, H+1, d]
+        e = embed_set(self.interaction, s, 2 * s + r.unsqueeze(-1))          # [B, H, d]
+        inputs = torch.cat([self.start.expand(B, 1, -1), e], dim=1)          # [B, H+1, d]
         h, _ = self.lstm(inputs)                                             # [B, H+1, hidden]
         seen = (length - pad).unsqueeze(-1).expand(-1, 1, h.shape[-1])       # [B, 1, hidden]: index n
         state = h.gather(1, seen)                                            # after start + n interactions
-        scores = self.out(self.drop(state)).squeeze(1)                       # [B, n_skills]
-        return scores.gather(1, candidate_skills).float()                    # [B, N]
+        scores = self.out(self.drop(state))                                  # [B, 1, n_skills]
+        n = candidate_skills.shape[1]
+        return set_scores(scores.expand(-1, n, -1), candidate_skills).float()   # [B, N]
 
 
 def _rotation(valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:

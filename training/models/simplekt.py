@@ -14,6 +14,7 @@ from training.models.base import KTModel, masked_mean, register
 from training.models.context import MaskKind, SequenceContext
 from training.models.layers import PredictionHead, TransformerLayer, sinusoidal
 from training.models.outputs import Collector
+from training.models.skill_sets import embed_set
 
 
 @register(Backbone.SIMPLEKT)
@@ -34,9 +35,9 @@ class SimpleKT(KTModel):
 
     def compute(self, questions: Tensor, skills: Tensor, responses: Tensor, ctx: SequenceContext,
                 collect: Collector, read_from: int = 0) -> tuple[Tensor, dict]:
-        c = self.skill(skills)                                               # [B, L, d]
+        c = embed_set(self.skill, skills)                                    # [B, L, d]; skills [B, L, K]
         mu = self.difficulty(questions)                                      # [B, L, d]
-        x = c + mu * self.skill_var(skills)
+        x = c + mu * embed_set(self.skill_var, skills)
         y = c + self.response(responses)
         pe = sinusoidal(ctx.positions, self.config.d_model)                  # [B, L, d]
         h, values = x + pe, y + pe
