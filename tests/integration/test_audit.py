@@ -23,20 +23,14 @@ def _audit(*argv: str) -> int:
     return main(["audit", *argv])
 
 
-def _duplicated_csv(source: Path, out: Path, share: float = 0.2) -> tuple[Path, int]:
-    """`source` with a share of its rows written twice in a row (same question and answer, another
-    skill id: how multi-skill problems appear), `order` renumbered; returns the path and copies."""
-    import pandas as pd
-    df = pd.read_csv(source)
-    rng = np.random.default_rng(7)
-    twice = rng.random(len(df)) < share
-    copies = df[twice].copy()
-    copies["skill_id"] = copies["skill_id"] + 1000           # another skill tag
-    both = pd.concat([df.assign(_k=np.arange(len(df)) * 2), copies.assign(_k=np.flatnonzero(twice) * 2 + 1)])
-    both = both.sort_values("_k").drop(columns="_k")
-    both["order"] = both.groupby("user_id").cumcount()
-    both.to_csv(out, index=False)
-    return out, int(twice.sum())
+@pytest.fixture(scope="module")
+def expanded_csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Synthetic learners, 30% of the questions tagged with a second skill, written as expanded files
+    write them: one row per skill (same learner, question and answer)."""
+    from training.data.synthetic import generate, write_csv
+    path = tmp_path_factory.mktemp("expanded") / "expanded.csv"
+    write_csv(generate(n_learners=160, seed=3, multi_skill=0.3, expanded=True), path)
+    return path
 
 
 def test_clean_tiny_run_passes_probe_and_visible_checks(run_copy: Path, synthetic_csv: Path, capsys):
@@ -53,16 +47,24 @@ def test_clean_tiny_run_passes_probe_and_visible_checks(run_copy: Path, syntheti
     assert "verdict: PASS" in capsys.readouterr().out
 
 
-def test_duplicated_rows_are_visible_and_fail(run_copy: Path, synthetic_csv: Path, tmp_path: Path, capsys):
-    data, copies = _duplicated_csv(synthetic_csv, tmp_path / "dup.csv")
-    assert copies > 0
-    rc = _audit("--run", str(run_copy), "--data", str(data), "--skip-control")
-    report = json.loads((run_copy / "audit.json").read_text())
+@pytest.mark.parametrize("skill_rows, verdict", [("expand", "FAIL"), ("merge", "PASS")])
+def test_expanded_rows_are_visible_unless_merged(expanded_csv: Path, tmp_path: Path, capsys, skill_rows, verdict):
+    """A run trained with the merge turned off (data.skill_rows=expand, the former default) sees the
+    answer of every second row of a multi-skill interaction: (b) FAILs. The default merge passes."""
+    from tests.conftest import train_tiny
+    extra = [] if skill_rows == "merge" else [f"data.skill_rows={skill_rows}"]
+    run = train_tiny(expanded_csv, tmp_path / skill_rows, extra=extra, epochs=1)
+    rc = _audit("--run", str(run), "--skip-control")
+    report = json.loads((run / "audit.json").read_text())
     visible = report["visible_answers"]
-    assert visible["visible"] > 0 and visible["visible_share"] > 0.05     # ~1/6 of rows are copies
-    assert rc == 1 and report["verdict"] == "FAIL"
-    assert any(r.startswith("(b)") for r in report["reasons"])
-    assert "verdict: FAIL" in capsys.readouterr().out
+    assert visible["skill_rows"] == skill_rows and report["verdict"] == verdict
+    if verdict == "FAIL":
+        assert visible["visible"] > 0 and visible["visible_share"] > 0.05     # ~1/4 of rows are a second skill's
+        assert rc == 1 and any(r.startswith("(b)") and "skill_rows=expand" in r for r in report["reasons"])
+    else:
+        assert visible["visible"] == 0 and visible["scored"] > 0 and rc == 0
+        assert report["probe"]["max_diff"] <= 1e-6
+    assert f"verdict: {verdict}" in capsys.readouterr().out
 
 
 def test_visible_answers_definition():
@@ -71,12 +73,18 @@ def test_visible_answers_definition():
     # one window of 7, two padding positions; position 3 repeats 2 (another skill): visible;
     # 5 repeats 4 with the same skill (a retry: not judged); 6 repeats 5's question, other answer
     q = np.array([[0, 0, 5, 5, 7, 7, 7]])
-    s = np.array([[0, 0, 2, 3, 4, 4, 4]])
+    s = np.array([[0, 0, 2, 3, 4, 4, 4]])[..., None]                  # skill sets of one: [S, W, 1]
     r = np.array([[-1, -1, 1, 1, 0, 0, 1]])
     seqs = Sequences(questions=q, skills=s, responses=r, lengths=np.array([5]), learners=np.array([1]))
     out = visible_answers(seqs)
     assert out["scored"] == 5 and out["visible"] == 1 and out["visible_share"] == pytest.approx(0.2)
     assert out["identical_repeats"] == 1 and out["same_question_other_answer"] == 1
+    # sets: {2,3} then {4} (no shared skill): visible; {4} then {4,5} (shares 4): neither; {4,5} twice: identical
+    q = np.array([[5, 5, 7, 7, 7]])
+    s = np.array([[[2, 3], [4, 0], [4, 0], [4, 5], [4, 5]]])
+    r = np.array([[1, 1, 0, 0, 0]])
+    out = visible_answers(Sequences(questions=q, skills=s, responses=r, lengths=np.array([5]), learners=np.array([1])))
+    assert out["visible"] == 1 and out["identical_repeats"] == 1
 
 
 def test_probe_catches_a_leaking_model(synthetic_csv: Path):

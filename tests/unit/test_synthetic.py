@@ -57,6 +57,34 @@ def test_canonical_columns_and_ranges():
     assert (df.groupby("question_id")["skill_id"].nunique() == 1).all()
 
 
+def test_default_output_is_unchanged_by_the_multi_skill_option():
+    # the file every committed synthetic number came from (SyntheticConfig defaults), byte for byte
+    import hashlib
+    df, _ = simulate(SyntheticConfig())
+    assert hashlib.sha256(df.to_csv(index=False).encode()).hexdigest() == \
+        "c24ae99a9cc86965cc1daece69f977a76ba9008257885d388ce88ec835b1c9b5"
+
+
+def test_multi_skill_questions_one_field_or_expanded_rows(tmp_path):
+    from training.data.skill_rows import merge_rows
+    plain = generate(60, seed=3)
+    field = generate(60, seed=3, multi_skill=0.3)
+    rows = generate(60, seed=3, multi_skill=0.3, expanded=True)
+    assert field[["user_id", "order", "question_id", "correct"]].equals(plain[["user_id", "order", "question_id", "correct"]])
+    tagged = field["skill_id"].str.contains(";")
+    assert 0.15 < tagged.mean() < 0.45
+    assert (field["skill_id"].str.split(";").str[0].astype(np.int64) == plain["skill_id"]).all()
+    assert len(rows) == len(plain) + int(tagged.sum())
+    assert (rows.groupby("user_id")["order"].apply(lambda o: o.tolist() == list(range(len(o))))).all()
+    write_csv(field, tmp_path / "field.csv")
+    write_csv(rows, tmp_path / "rows.csv")
+    one, expanded = read_interactions(tmp_path / "field.csv"), read_interactions(tmp_path / "rows.csv")
+    assert one.max_skills == 2 and expanded.max_skills == 1
+    merged = merge_rows(expanded)                                 # the merge rule restores the one-field form
+    assert merged.merged_rows == int(tagged.sum())
+    assert np.array_equal(merged.skill_id, one.skill_id) and np.array_equal(merged.correct, one.correct)
+
+
 def test_profiles_have_reviewers(data):
     df, profiles = data
     assert len(profiles) == 400 and set(profiles.columns) >= {"user_id", "ability", "tau", "reviewer", "period"}
@@ -71,6 +99,7 @@ def test_profiles_have_reviewers(data):
     (dict(n_learners=5, n_skills=10, n_questions=5), r"questions \(5\) must be >= skills \(10\)"),
     (dict(n_learners=5, min_len=20, max_len=10), "need 1 <= min-len <= max-len"),
     (dict(n_learners=5, min_len=0), "need 1 <= min-len <= max-len"),
+    (dict(n_learners=5, multi_skill=1.5), r"multi-skill must be a share in \[0, 1\]"),
 ])
 def test_bad_parameters(kwargs, problem):
     with pytest.raises(UserError, match=problem):
@@ -157,6 +186,14 @@ def test_cli_writes_file_and_summary(tmp_path, capsys):
 def test_cli_defaults():
     args = parse(["--out", "x.csv"])
     assert (args.learners, args.seed, args.min_len, args.max_len) == (600, 7, 10, 300)
+    assert (args.multi_skill, args.expanded) == (0.0, False)
+
+
+def test_cli_multi_skill_expanded(tmp_path, capsys):
+    out = tmp_path / "syn.csv"
+    assert cli_synth.run(parse(["--out", str(out), "--learners", "8", "--multi-skill", "0.5", "--expanded"])) == 0
+    line = capsys.readouterr().out.strip()
+    assert f"{len(read_interactions(out)):,} rows" in line
 
 
 def test_cli_bad_flag_is_a_one_line_error(tmp_path, capsys):

@@ -23,13 +23,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="fewest interactions per learner (default %(default)s)")
     p.add_argument("--max-len", type=int, default=_DEFAULTS.max_len, metavar="N",
                    help="most interactions per learner (default %(default)s)")
+    p.add_argument("--multi-skill", type=float, default=_DEFAULTS.multi_skill, metavar="SHARE",
+                   help="share of questions tagged with a second skill (default %(default)s: none)")
+    p.add_argument("--expanded", action="store_true",
+                   help="write a multi-skill interaction as one row per skill, as expanded files do "
+                        "(default: one row, skill_id 'a;b')")
 
 
 def run(args: argparse.Namespace) -> int:
     cfg = SyntheticConfig(n_learners=args.learners, n_skills=args.skills, n_questions=args.questions,
-                          min_len=args.min_len, max_len=args.max_len, seed=args.seed)
+                          min_len=args.min_len, max_len=args.max_len, seed=args.seed,
+                          multi_skill=args.multi_skill, expanded=args.expanded)
     df, _ = simulate(cfg)  # validates the flags (UserError)
     write_csv(df, args.out)
-    print(f"synth: wrote {cfg.n_learners:,} learners, {len(df):,} interactions "
+    print(f"synth: wrote {cfg.n_learners:,} learners, {len(df):,} {'rows' if cfg.expanded else 'interactions'} "
           f"(correct rate {df['correct'].mean():.3f}) to {args.out}")
     return 0

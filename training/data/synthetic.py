@@ -28,6 +28,12 @@ Each step t:
 So correctness depends on the question, the learner, the recency and outcome of practice on the same
 skill, and on one distant event (mastering skill 0) - structure an attention model can find.
 Raw ids are 0-based: user_id 0..n-1, question_id 0..n_questions-1, skill_id 0..n_skills-1.
+
+Multi-skill questions (`multi_skill` > 0, off by default, so default files stay byte-identical):
+after the simulation, each question is tagged with a second skill with probability `multi_skill`
+(drawn from its own generator, seeded by (seed, 1); never the question's own skill). The tag does
+not change any answer. `expanded` writes such an interaction the way expanded files do, one row per
+skill (same learner, question and answer; `order` renumbered), else as one row with `a;b`.
 """
 from __future__ import annotations
 
@@ -67,6 +73,8 @@ class SyntheticConfig:
     min_len: int = 10       # interactions per learner, uniform in [min_len, max_len]
     max_len: int = 300
     seed: int = 7
+    multi_skill: float = 0.0  # share of questions tagged with a second skill (module docstring)
+    expanded: bool = False  # multi-skill interactions as one row per skill (else one row, "a;b")
 
     def validate(self) -> None:
         if self.n_learners < 1:
@@ -77,6 +85,8 @@ class SyntheticConfig:
             raise UserError(f"questions ({self.n_questions}) must be >= skills ({self.n_skills})")
         if not 1 <= self.min_len <= self.max_len:
             raise UserError(f"need 1 <= min-len <= max-len, got {self.min_len} and {self.max_len}")
+        if not 0.0 <= self.multi_skill <= 1.0:
+            raise UserError(f"multi-skill must be a share in [0, 1], got {self.multi_skill}")
 
 
 def dependent_skills(n_skills: int) -> range:
@@ -156,14 +166,33 @@ def simulate(cfg: SyntheticConfig) -> tuple[pd.DataFrame, pd.DataFrame]:
             cs.append(c)
     df = pd.DataFrame({"user_id": users, "order": orders, "question_id": qs, "skill_id": ss, "correct": cs},
                       columns=list(COLUMNS)).astype(np.int64)
+    if cfg.multi_skill > 0:
+        df = _second_skills(df, question_skill, cfg)
     return df, pd.DataFrame(profiles)
 
 
+def _second_skills(df: pd.DataFrame, question_skill: np.ndarray, cfg: SyntheticConfig) -> pd.DataFrame:
+    """`df` with a share of the questions tagged with a second skill (module docstring)."""
+    rng = np.random.default_rng([cfg.seed, 1])
+    tagged = rng.random(cfg.n_questions) < cfg.multi_skill
+    second = (question_skill + rng.integers(1, cfg.n_skills, cfg.n_questions)) % cfg.n_skills   # never its own
+    extra = second[df["question_id"].to_numpy()]
+    multi = tagged[df["question_id"].to_numpy()]
+    if not cfg.expanded:
+        skills = df["skill_id"].astype(str).where(~multi, df["skill_id"].astype(str) + ";" + extra.astype(str))
+        return df.assign(skill_id=skills)
+    copies = df[multi].assign(skill_id=extra[multi])
+    key = np.arange(len(df)) * 2
+    both = pd.concat([df.assign(_k=key), copies.assign(_k=key[multi] + 1)]).sort_values("_k", kind="stable")
+    both["order"] = both.groupby("user_id").cumcount()
+    return both.drop(columns="_k").reset_index(drop=True)
+
+
 def generate(n_learners: int, seed: int, n_skills: int = 20, n_questions: int = 200, min_len: int = 10,
-             max_len: int = 300) -> pd.DataFrame:
+             max_len: int = 300, multi_skill: float = 0.0, expanded: bool = False) -> pd.DataFrame:
     """Synthetic interactions in the canonical columns, sorted by user then order."""
     cfg = SyntheticConfig(n_learners=n_learners, n_skills=n_skills, n_questions=n_questions,
-                          min_len=min_len, max_len=max_len, seed=seed)
+                          min_len=min_len, max_len=max_len, seed=seed, multi_skill=multi_skill, expanded=expanded)
     return simulate(cfg)[0]
 
 
