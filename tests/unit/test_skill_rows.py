@@ -88,6 +88,7 @@ def test_too_many_skills_after_merging_names_the_line(tmp_path):
         merge_rows(read(tmp_path, rows))
     assert str(info.value).startswith(f"{tmp_path / 'data.csv'}:{MAX_SKILLS + 2}: merging this row's skills")
     assert len(merge_rows(read(tmp_path, rows[:MAX_SKILLS])).skill_id[0]) == MAX_SKILLS
+    assert "17 rows read as 17 interactions" in describe(read(tmp_path, rows), "expand")   # expand reads them
 
 
 def _reference(user, q, sets, correct):

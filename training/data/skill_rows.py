@@ -159,7 +159,10 @@ def describe(inter: Interactions, mode: SkillRows | str) -> str:
     if mode is SkillRows.FIRST:
         return (f"{inter.path}: dropped {inter.merged_rows:,} expanded multi-skill rows, keeping each interaction's "
                 f"first row and its skill ({rows:,} rows -> {n:,} interactions; data.skill_rows=first)")
-    would = len(inter) - len(merge_rows(inter))
+    try:
+        would = len(inter) - len(merge_rows(inter))
+    except DataError:                                   # a run past MAX_SKILLS: expand reads it all the same
+        would = int(_continues(inter).sum())
     tail = (f"; {would:,} of them repeat the row before under another skill and show the model the answer it "
             f"predicts (data.skill_rows=merge would merge them)") if would else ""
     return f"{inter.path}: {n:,} rows read as {n:,} interactions (data.skill_rows=expand){tail}"
