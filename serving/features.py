@@ -248,15 +248,19 @@ def _map(raw_questions: np.ndarray, raw_skills: np.ndarray, vocab: Vocab) -> tup
     absent = raw_skills[:, 0] == ABSENT_SKILL
     if not absent.any():
         resolved = raw_skills
-    elif raw_skills.shape[1] == 1 and vocab.max_skills == 1:     # single skills: one column throughout
-        resolved = np.where(absent, vocab.skills_of_questions(raw_questions), raw_skills[:, 0]).reshape(-1, 1)
     else:
         looked = vocab.skill_sets_of_questions(raw_questions[absent])         # [m, max_skills], NO_SKILL padded
-        used = max(int((looked != NO_SKILL).any(axis=0).sum()), 1)
-        resolved = np.full((raw_skills.shape[0], max(raw_skills.shape[1], used)), NO_SKILL, dtype=np.int64)
-        resolved[:, :raw_skills.shape[1]] = raw_skills
+        used = 1 if looked.shape[1] == 1 else max(int((looked != NO_SKILL).any(axis=0).sum()), 1)
+        width = raw_skills.shape[1]
+        if used <= width:                                          # single skills: one column throughout
+            resolved = raw_skills.copy()
+        else:
+            resolved = np.full((raw_skills.shape[0], used), NO_SKILL, dtype=np.int64)
+            resolved[:, :width] = raw_skills
         resolved[absent, :used] = looked[:, :used]
-    skills = vocab.encode_skill_sets(resolved)     # -1 (unknown) -> UNK_ID, NO_SKILL -> PAD_ID; unknown ids were rejected
+    skills = vocab.encode_skills(resolved)         # -1 (unknown) -> UNK_ID; unknown ids were rejected
+    if resolved.shape[1] > 1:                      # unused slots (one column holds none once resolved)
+        skills[resolved == NO_SKILL] = PAD_ID
     return questions, skills, int((questions == UNK_ID).sum()), int((skills == UNK_ID).sum())
 
 

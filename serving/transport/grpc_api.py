@@ -79,11 +79,14 @@ def learner_query(history: Sequence, candidates: Sequence, learner_id: str = "",
                   columns: pb.HistoryColumns | None = None, prefix: str = "",
                   max_skills: int = DEFAULT_MAX_SKILLS) -> LearnerQuery:
     """Repeated Interaction / Candidate messages (or HistoryColumns) -> a LearnerQuery of raw-id
-    arrays. Messages: one pass over each list, ~1.4 us per interaction (a set's `skill_ids` are
-    read in a second pass only when some message has them); columns: no object per interaction
-    (np.fromiter over each packed column). `prefix` ("" or "learners[i].") names the learner in
-    errors; `max_skills`: the most skills one set may have (Settings.max_skills_per_interaction)."""
+    arrays. Messages: one pass over each list, ~1.4 us per interaction plus ~0.35 us to see whether
+    it has `skill_ids` (whose ids are read in a second pass only when some message has them);
+    columns: no object per interaction (np.fromiter over each packed column). `prefix` ("" or
+    "learners[i].") names the learner in errors; `max_skills`: the most skills one set may have
+    (Settings.max_skills_per_interaction)."""
     h_sets = None
+    c = np.array([(q.question_id, q.skill_id, q.HasField("skill_id"), len(q.skill_ids)) for q in candidates],
+                 dtype=np.int64).reshape(-1, 4)                                   # [C, 4]
     if columns is not None:
         hq, hs, hc, h_sets = column_arrays(columns.question_ids, columns.skill_ids, columns.correct,
                                            f"{prefix}history_columns", len(history), columns.skill_lengths,
@@ -94,8 +97,6 @@ def learner_query(history: Sequence, candidates: Sequence, learner_id: str = "",
         sets = [i.skill_ids for i in history] if h[:, 4].any() else None
         hs, h_sets = skill_sets(h[:, 1], h[:, 3].astype(bool), sets, f"{prefix}history", max_skills)
         hq, hc = h[:, 0].copy(), h[:, 2].copy()
-    c = np.array([(q.question_id, q.skill_id, q.HasField("skill_id"), len(q.skill_ids)) for q in candidates],
-                 dtype=np.int64).reshape(-1, 4)                                   # [C, 4]
     cs, c_sets = skill_sets(c[:, 1], c[:, 2].astype(bool), [q.skill_ids for q in candidates] if c[:, 3].any() else None,
                             f"{prefix}candidates", max_skills)
     return LearnerQuery(history_questions=hq, history_skills=hs, history_correct=hc,
