@@ -48,6 +48,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "convert": ("loadtest.bench_convert", "the gateway's conversions: Interaction messages vs HistoryColumns, Triton request building"),
     "cost": ("loadtest.bench_cost", "one Predict's cost: in-process onnxruntime vs Triton vs gateway, Triton settings swept"),
     "replicas": ("loadtest.bench_replicas", "one gateway over 1 vs 2 Triton replicas: calls/s, p50 / p99"),
+    "security": ("loadtest.bench_security", "Predict with TLS + API keys vs plain, 1 and 32 callers: p50 / p99, calls/s"),
     "distributed": ("training.bench_distributed", "data-parallel training throughput: 1 vs N processes (DDP, gloo)"),
 }
 SESSIONS: dict[str, tuple[str, str]] = {

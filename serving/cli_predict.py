@@ -21,6 +21,7 @@ import json
 import sys
 
 from routerkt.errors import UserError
+from serving.security.client_flags import add_client_flags, api_key, tls_ca
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,6 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--exclude-seen", action="store_true", help="Recommend: drop questions already in the history")
     parser.add_argument("--timeout", type=float, default=2.0, help="deadline of the call in seconds")
     parser.add_argument("--json", action="store_true", help="print the response as one JSON object")
+    add_client_flags(parser)
 
 
 def parse_int(text: str, what: str) -> int:
@@ -121,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     from serving.client import connect
 
     request = build_request(args)
-    with connect(args.target) as channel:
+    with connect(args.target, api_key=api_key(args), tls_ca=tls_ca(args)) as channel:
         stub = pb_grpc.KnowledgeTracingServiceStub(channel)
         try:
             response = (stub.Recommend if args.recommend else stub.Predict)(request, timeout=args.timeout)

@@ -21,6 +21,7 @@ import urllib.request
 from pathlib import Path
 
 from routerkt.errors import UserError
+from serving.security.client_flags import add_client_flags, api_key, https_context
 from serving.rollout.kinds import KINDS
 from serving.rollout.kinds.pinned import Pinned
 from serving.rollout.policy_file import PolicyError, RolloutPolicyFile, parse_model, read_policy, write_policy
@@ -32,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", required=True, parser_class=type(parser))
     status = sub.add_parser("status", help="print the policy file (and a gateway's view with --gateway)")
     status.add_argument("--gateway", default=None, metavar="URL", help="a gateway's HTTP base URL")
+    add_client_flags(status)
     change = sub.add_parser("set", help="set one model's policy")
     change.add_argument("model")
     change.add_argument("kind", choices=list(KINDS))
@@ -102,9 +104,14 @@ def _status(args: argparse.Namespace, policy: RolloutPolicyFile) -> int:
         print(f"  {name}: {json.dumps(rollout.to_json())}")
     if args.gateway:
         url = args.gateway.rstrip("/") + "/v1/rollout"
+        key = api_key(args)
+        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
         try:
-            with urllib.request.urlopen(url, timeout=5) as response:
+            with urllib.request.urlopen(request, timeout=5, context=https_context(args)) as response:
                 live = json.load(response)
+        except urllib.error.HTTPError as exc:
+            hint = " (an admin key: --api-key-file or $ROUTERKT_API_KEY)" if exc.code in (401, 403) else ""
+            raise UserError(f"cannot read {url}: HTTP {exc.code} {exc.reason}{hint}") from None
         except (urllib.error.URLError, OSError, ValueError) as exc:
             raise UserError(f"cannot read {url}: {getattr(exc, 'reason', exc)}") from None
         print(f"gateway {args.gateway}: " + ("policy file refused: " + live["error"] if live.get("error")

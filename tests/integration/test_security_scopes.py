@@ -150,3 +150,20 @@ def test_forget_learner_and_rollout_changes_are_audited(gateway, caplog) -> None
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert LEARNER not in logged
     assert not any(token.split(".", 1)[1] in logged for token in gateway.tokens.values())
+
+
+def test_the_cli_reads_a_keyed_gateway_with_its_key_file(gateway, tmp_path, capsys, monkeypatch) -> None:
+    """`routerkt rollout status --gateway` sends --api-key-file (or $ROUTERKT_API_KEY) as a bearer key."""
+    from routerkt.cli import main
+
+    monkeypatch.delenv("ROUTERKT_API_KEY", raising=False)
+    url = f"http://127.0.0.1:{gateway.gw.http_port}"
+    policy = ["rollout", "status", "--file", str(tmp_path / "none.json"), "--gateway", url]
+    assert main(policy) == 2                                           # GET /v1/rollout needs admin
+    assert "401" in capsys.readouterr().err
+    (tmp_path / "key").write_text(gateway.tokens["admin"] + "\n")
+    assert main([*policy, "--api-key-file", str(tmp_path / "key")]) == 0
+    assert "policy file in force" in capsys.readouterr().out
+    monkeypatch.setenv("ROUTERKT_API_KEY", gateway.tokens["predict"])
+    assert main(policy) == 2                                           # a predict key is not enough
+    assert "403" in capsys.readouterr().err

@@ -1,0 +1,49 @@
+"""The client side of the gateway's security for the `routerkt` commands that call it (predict,
+rollout status): an API key (--api-key-file, or the ROUTERKT_API_KEY environment variable; never a
+flag value, which would land in shell history and process lists) and the CA of its TLS certificate."""
+from __future__ import annotations
+
+import argparse
+import os
+import ssl
+from pathlib import Path
+
+from routerkt.errors import UserError
+
+ENV_KEY = "ROUTERKT_API_KEY"
+
+
+def add_client_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--api-key-file", type=Path, default=None,
+                        help=f"file holding the API key to send (default: ${ENV_KEY} when set)")
+    parser.add_argument("--tls-ca", type=Path, default=None,
+                        help="PEM of the CA that signed the gateway's certificate (the gateway serves TLS)")
+
+
+def api_key(args: argparse.Namespace) -> str | None:
+    """The key to send, or None."""
+    if args.api_key_file is not None:
+        try:
+            key = args.api_key_file.read_text().strip()
+        except OSError as exc:
+            raise UserError(f"--api-key-file {args.api_key_file}: {exc.strerror}") from None
+        if not key:
+            raise UserError(f"--api-key-file {args.api_key_file}: the file is empty")
+        return key
+    return os.environ.get(ENV_KEY) or None
+
+
+def tls_ca(args: argparse.Namespace) -> bytes | None:
+    """The CA certificate's PEM bytes, or None (plaintext)."""
+    if args.tls_ca is None:
+        return None
+    try:
+        return args.tls_ca.read_bytes()
+    except OSError as exc:
+        raise UserError(f"--tls-ca {args.tls_ca}: {exc.strerror}") from None
+
+
+def https_context(args: argparse.Namespace) -> ssl.SSLContext | None:
+    """An SSL context trusting --tls-ca for https:// URLs (None: the system's defaults)."""
+    ca = tls_ca(args)
+    return ssl.create_default_context(cadata=ca.decode()) if ca else None
