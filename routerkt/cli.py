@@ -53,6 +53,7 @@ BENCHES: dict[str, tuple[str, str]] = {
 }
 SESSIONS: dict[str, tuple[str, str]] = {
     "import": ("serving.sessions.cli_import", "bulk-load a canonical CSV into a session store"),
+    "export": ("serving.sessions.cli_export", "stream a session store's events to the canonical CSV (bounded memory)"),
 }
 GROUPS: dict[str, dict[str, tuple[str, str]]] = {"bench": BENCHES, "sessions": SESSIONS}
 # Commands that train with PyTorch: glibc returning memory through mmap made CPU training ~1.8x

@@ -26,6 +26,7 @@ from redis.retry import Retry
 
 import json
 from collections import defaultdict
+from typing import AsyncIterator
 
 from serving.sessions.store import AppendResult, History, ServedEntry, StoredEvent, StoreUnavailable, parse_skills
 
@@ -200,6 +201,48 @@ class RedisStore:
         except (RedisError, OSError) as exc:
             raise StoreUnavailable(f"redis: {exc}") from None
         return sorted(found)
+
+    async def stream(self, chunk_learners: int) -> AsyncIterator[list[tuple[str, list[StoredEvent]]]]:
+        """SCAN over the learners' event lists, then one pipeline of LRANGEs per chunk. SCAN may return a
+        key twice (a rehash during the scan): the learner keys already sent are remembered (32 bytes
+        each, not their events), so each learner comes once."""
+        seen: set[str] = set()
+        pending: list[str] = []
+        cursor = 0
+        chunk_learners = max(1, chunk_learners)
+        try:
+            while True:
+                cursor, found = await self._client.scan(cursor=cursor, match="rk:{*}:events",
+                                                        count=max(chunk_learners, 100))
+                for key in found:
+                    learner = key.split("{", 1)[1].split("}", 1)[0]
+                    if learner not in seen:
+                        seen.add(learner)
+                        pending.append(learner)
+                while len(pending) >= chunk_learners or (int(cursor) == 0 and pending):
+                    batch, pending = pending[:chunk_learners], pending[chunk_learners:]
+                    chunk = await self._read_learners(batch)
+                    if chunk:
+                        yield chunk
+                if int(cursor) == 0:
+                    return
+        except (RedisError, OSError) as exc:
+            raise StoreUnavailable(f"redis: {exc}") from None
+
+    async def _read_learners(self, learners: list[str]) -> list[tuple[str, list[StoredEvent]]]:
+        async with self._client.pipeline(transaction=False) as pipe:
+            for learner in learners:
+                pipe.lrange(_keys(learner)[0], 0, -1)
+            lists = await pipe.execute()
+        out = []
+        for learner, items in zip(learners, lists):
+            events = []
+            for item in items:
+                question, skills, correct, timestamp = item.split(",")[:4]
+                events.append(StoredEvent("", int(question), parse_skills(skills), int(correct), int(timestamp)))
+            if events:
+                out.append((learner, events))
+        return out
 
     # -- served predictions (outcome tracking) -----------------------------------------------------
     async def remember_served(self, entries: list[ServedEntry], expires_ms: int) -> None:

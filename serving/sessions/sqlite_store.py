@@ -28,6 +28,7 @@ import sqlite3
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import AsyncIterator
 
 from serving.sessions.store import AppendResult, History, ServedEntry, StoredEvent, StoreUnavailable, parse_skills
 
@@ -225,6 +226,33 @@ class SqliteStore:
             rows = conn.execute("SELECT learner FROM learners UNION SELECT DISTINCT learner FROM events").fetchall()
             return sorted(k for (k,) in rows)
         return await self._run(self._reader, keys)
+
+    async def stream(self, chunk_learners: int) -> AsyncIterator[list[tuple[str, list[StoredEvent]]]]:
+        """Learners in key order, `chunk_learners` (<= 500) per read; each chunk one read transaction."""
+        after = ""
+        while True:
+            chunk = await self._run(self._reader, self._read_chunk, after, max(1, min(chunk_learners, 500)))
+            if not chunk:
+                return
+            after = chunk[-1][0]
+            yield [(learner, events) for learner, events in chunk if events]
+
+    def _read_chunk(self, after: str, n: int) -> list[tuple[str, list[StoredEvent]]]:
+        conn = self._connection()
+        conn.execute("BEGIN")
+        try:
+            keys = [k for (k,) in conn.execute("SELECT learner FROM learners WHERE learner > ? ORDER BY learner "
+                                                "LIMIT ?", (after, n))]
+            found: dict[str, list[StoredEvent]] = {k: [] for k in keys}
+            if keys:
+                rows = conn.execute(f"SELECT learner, question, skill, correct, ts, skills FROM events WHERE learner "
+                                    f"IN ({','.join('?' * len(keys))}) ORDER BY learner, seq", keys)
+                for learner, question, skill, correct, ts, skills in rows:
+                    found[learner].append(StoredEvent("", question, parse_skills(skills) if skills else skill,
+                                                      correct, ts))
+        finally:
+            conn.execute("COMMIT")
+        return list(found.items())
 
     # -- served predictions (outcome tracking) -----------------------------------------------------
     def _served_transaction(self, work):

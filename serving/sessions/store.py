@@ -25,7 +25,7 @@ imports none of them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import AsyncIterator, Protocol
 
 import numpy as np
 
@@ -141,6 +141,11 @@ class SessionStore(Protocol):
 
     async def learner_keys(self) -> list[str]:
         """Every learner key held (for audits and tests; scans the whole store)."""
+
+    def stream(self, chunk_learners: int) -> AsyncIterator[list[tuple[str, list[StoredEvent]]]]:
+        """Every learner's stored events, oldest first, in chunks of at most `chunk_learners` learners,
+        each learner once; memory holds one chunk (`routerkt sessions export`). Event keys are not
+        read (""). A learner forgotten before its chunk is read does not appear."""
 
     async def remember_served(self, entries: list[ServedEntry], expires_ms: int) -> None: ...
 
