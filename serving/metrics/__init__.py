@@ -69,6 +69,8 @@ METRIC_NAMES = (
     "routerkt_rollout_policy_errors_total",
     "routerkt_rollout_weight",
     "routerkt_rollout_rollbacks_total",
+    "routerkt_rollout_decisions_total",
+    "routerkt_rollout_log_loss_difference",
     "routerkt_triton_replica_up",
     "routerkt_triton_replica_inferences_total",
     "routerkt_triton_replica_retries_total",
@@ -190,6 +192,13 @@ class Metrics:
             ("model",), registry=r)
         self.rollout_rollbacks = Counter(
             "routerkt_rollout_rollbacks", "Canaries rolled back by the guardrail.", ("model",), registry=r)
+        self.rollout_decisions = Counter(
+            "routerkt_rollout_decisions", "Canaries promoted or rolled back by the sequential test.",
+            ("model", "decision"), registry=r)
+        self.rollout_difference = Gauge(
+            "routerkt_rollout_log_loss_difference", "The sequential test's confidence sequence for candidate - "
+            "baseline mean clipped log loss of a running canary (bound: lower, upper).", ("model", "bound"),
+            registry=r)
         self.rollout_policy_ok.set(1)
         self.triton_replica_up = Gauge(
             "routerkt_triton_replica_up", "1 while the Triton replica (its index in --triton-url) serves at least "

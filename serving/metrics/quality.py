@@ -23,7 +23,9 @@ Over a rolling window (`window_s`, kept as `WINDOW_SLOTS` time slots), computed 
     routerkt_online_reliability{bin}   observed correct rate per calibration bin ("0.0-0.1", ...)
     routerkt_online_outcomes       pairs inside the window
 
-`totals(model, version)` gives the running (count, log-loss sum) that the canary guardrail reads.
+`totals(model, version)` gives the running (count, log-loss sum) that the canary guardrail reads;
+`follow(model, version, fn)` calls fn(log loss) for each later pair of that version (the canary's
+sequential test, serving/rollout/sequential.py; fn runs under the lock and must be O(1)).
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Histogram, Summary
@@ -162,6 +165,7 @@ class OutcomeQuality:
         self._windows: dict[tuple[str, str], RollingWindow] = {}
         self._totals: dict[tuple[str, int], list[float]] = {}     # (model, version) -> [count, log-loss sum]
         self._children: dict[tuple[str, str], _Series] = {}
+        self._followers: dict[tuple[str, int], list[Callable[[float], None]]] = {}
         self._lock = threading.Lock()
         registry.register(_WindowCollector(self))
 
@@ -185,6 +189,8 @@ class OutcomeQuality:
             total = self._totals.setdefault((model, int(version)), [0.0, 0.0])
             total[0] += 1
             total[1] += loss
+            for follower in self._followers.get((model, int(version)), ()):
+                follower(loss)
 
     def _series(self, labels: tuple[str, str]) -> _Series:
         """The labelled children of one (model, version), looked up once (every correct{le} bound
@@ -203,6 +209,19 @@ class OutcomeQuality:
         with self._lock:
             count, loss = self._totals.get((model, int(version)), (0.0, 0.0))
         return int(count), loss
+
+    def follow(self, model: str, version: int, fn: Callable[[float], None]) -> None:
+        """Call fn(log loss) for every pair of (model, version) recorded from now on."""
+        with self._lock:
+            self._followers.setdefault((model, int(version)), []).append(fn)
+
+    def unfollow(self, model: str, version: int, fn: Callable[[float], None]) -> None:
+        with self._lock:
+            followers = self._followers.get((model, int(version)), [])
+            if fn in followers:
+                followers.remove(fn)
+            if not followers:
+                self._followers.pop((model, int(version)), None)
 
     def summary(self) -> dict[str, dict[str, float]]:
         """Per "model/version": outcomes, mean log loss, online AUC (for /v1/rollout and the CLI)."""

@@ -3,14 +3,16 @@
     routerkt rollout status   [--file F] [--gateway http://127.0.0.1:8080]
     routerkt rollout set      MODEL latest|pinned|canary|shadow [--version N] [--baseline N]
                               [--candidate N] [--weight W] [--sample S] [--min-outcomes M]
-                              [--max-log-loss-increase X | --no-guardrail] [--file F]
+                              [--max-log-loss-increase X | --no-guardrail]
+                              [--alpha A] [--promotion-min-outcomes M | --no-promotion] [--file F]
     routerkt rollout promote  MODEL [--file F]     canary/shadow -> pinned to the candidate
     routerkt rollout rollback MODEL [--file F]     canary/shadow -> pinned to the baseline
 
 The file defaults to .routerkt/rollout.json (what `routerkt serve` watches by default); every
 change is validated like the gateway does and written atomically; the gateway picks it up within
 rollout_poll_s (1 s). `status --gateway URL` also prints what that gateway has in force (a refused
-file's error included) and its outcome counts per version (GET /v1/rollout).
+file's error included), its outcome counts per version and each canary's sequential test (its
+interval for candidate - baseline log loss and its decision so far; GET /v1/rollout).
 """
 from __future__ import annotations
 
@@ -43,6 +45,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     change.add_argument("--max-log-loss-increase", type=float, default=None,
                         help="canary guardrail: allowed candidate - baseline mean log loss")
     change.add_argument("--no-guardrail", action="store_true", help="canary without automatic rollback")
+    change.add_argument("--alpha", type=float, default=None,
+                        help="canary promotion: the sequential test's level (default 0.05)")
+    change.add_argument("--promotion-min-outcomes", type=int, default=None,
+                        help="canary promotion: outcomes per version before the test may decide (default 200)")
+    change.add_argument("--no-promotion", action="store_true",
+                        help="canary without promotion or rollback by the sequential test")
     for name, text in (("promote", "pin a canary's or shadow's candidate"),
                        ("rollback", "pin a canary's or shadow's baseline")):
         action = sub.add_parser(name, help=text)
@@ -89,12 +97,18 @@ def _flags():
 def _build(args: argparse.Namespace):
     kind = KINDS[args.kind]
     given = {f.name: getattr(args, f.name) for f in _flags() if getattr(args, f.name) is not None}
+    if args.no_promotion and (args.alpha is not None or args.promotion_min_outcomes is not None):
+        raise UserError("--no-promotion: not with --alpha or --promotion-min-outcomes")
     value = kind.from_flags(given, {"no_guardrail": args.no_guardrail, "min_outcomes": args.min_outcomes,
-                                    "max_log_loss_increase": args.max_log_loss_increase})
+                                    "max_log_loss_increase": args.max_log_loss_increase,
+                                    "no_promotion": args.no_promotion, "alpha": args.alpha,
+                                    "promotion_min_outcomes": args.promotion_min_outcomes})
     try:
         return parse_model(args.model, value)
     except PolicyError as exc:
-        flag = str(exc).split(":", 1)[0].rsplit(".", 1)[-1].replace("_", "-")
+        field = str(exc).split(":", 1)[0]
+        flag = "promotion-min-outcomes" if field.endswith("promotion.min_outcomes") else \
+            field.rsplit(".", 1)[-1].replace("_", "-")
         raise UserError(f"--{flag}: {str(exc).split(': ', 1)[-1]}") from None
 
 
@@ -118,9 +132,21 @@ def _status(args: argparse.Namespace, policy: RolloutPolicyFile) -> int:
                                              else "policy file in force"))
         for name, entry in sorted(live.get("models", {}).items()):
             print(f"  {name}: {json.dumps(entry)}")
+        for name, test in sorted(live.get("sequential_tests", {}).items()):
+            print(f"  sequential test {name}: {_reading(test)}")
         for key, quality in sorted(live.get("quality", {}).items()):
             loss = quality.get("mean_log_loss")
             auc = quality.get("online_auc")
             print(f"  outcomes {key}: {quality['outcomes']}, mean log loss "
                   f"{'-' if loss is None else f'{loss:.4f}'}, online AUC {'-' if auc is None else f'{auc:.4f}'}")
     return 0
+
+
+def _reading(test: dict) -> str:
+    """One line of a canary's sequential test from /v1/rollout."""
+    n, gap = test["outcomes"], test["difference"]
+    verdict = {"promote": "candidate better: promoted", "rollback": "candidate worse: rolled back"}.get(
+        test["decision"], "no decision yet (the split stays)")
+    return (f"candidate {test['candidate']} - baseline {test['baseline']} mean clipped log loss in "
+            f"[{gap['lower']:+.4f}, {gap['upper']:+.4f}] at confidence {1 - test['alpha']:g}, outcomes "
+            f"{n['candidate']} / {n['baseline']} (min {test['min_outcomes']}): {verdict}")

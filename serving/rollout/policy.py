@@ -14,6 +14,13 @@
   max_log_loss_increase, the model is pinned to the baseline at once, the event is logged and
   counted (routerkt_rollout_rollbacks_total), and the file is rewritten to say so (a read-only
   file keeps the rollback in force in this process only, and the log says that).
+- Sequential test (each poll, after the guardrail): for a canary with `promotion`, the log loss of
+  every outcome of each version since the canary began feeds a SequentialTest
+  (serving/rollout/sequential.py, through OutcomeQuality.follow); once both versions have
+  min_outcomes and the confidence sequence for candidate - baseline excludes 0, the candidate is
+  pinned (better) or the baseline (worse), the same way, counted in
+  routerkt_rollout_decisions_total{model, decision}; routerkt_rollout_log_loss_difference{model,
+  bound} shows the interval while the canary runs, status() its state and the last decision.
 """
 from __future__ import annotations
 
@@ -32,6 +39,7 @@ from serving.parts import Route
 from serving.rollout.kinds.base import Guardrail, Rollout, RouteInputs, Split, requested_version
 from serving.rollout.kinds.pinned import Pinned
 from serving.rollout.policy_file import PolicyError, RolloutPolicyFile, read_policy, write_policy
+from serving.rollout.sequential import PROMOTE, Reading, SequentialTest
 from serving.sessions.keys import LearnerKeys
 
 log = logging.getLogger("routerkt.gateway.rollout")
@@ -41,9 +49,10 @@ log = logging.getLogger("routerkt.gateway.rollout")
 class _CanaryStart:
     rollout: Rollout
     split: Split
-    guard: Guardrail
+    guard: Guardrail | None
     baseline: tuple[int, float]      # (outcomes, log-loss sum) when the canary began
     candidate: tuple[int, float]
+    test: SequentialTest | None = None
 
 
 class RolloutPolicy:
@@ -60,6 +69,7 @@ class RolloutPolicy:
         self.error: str | None = None
         self._stamp: tuple[int, int, int] | None = None
         self._canaries: dict[str, _CanaryStart] = {}
+        self._decided: dict[str, tuple[Rollout, dict[str, object]]] = {}   # model -> (the pin written, the test)
         self.check_file()
 
     # -- VersionPolicy -----------------------------------------------------------------------------
@@ -121,26 +131,72 @@ class RolloutPolicy:
         """Put `policy` in force (canaries that did not change keep their guardrail counts)."""
         canaries = {}
         for name, rollout in policy.models.items():
-            split, guard = rollout.split(), rollout.guardrail()
-            if split is not None and guard is not None:
+            split, guard, promotion = rollout.split(), rollout.guardrail(), rollout.promotion()
+            if split is not None and (guard is not None or promotion is not None):
                 kept = self._canaries.get(name)
-                canaries[name] = kept if kept is not None and kept.rollout == rollout else _CanaryStart(
-                    rollout, split, guard, self.metrics.quality.totals(name, split.baseline),
-                    self.metrics.quality.totals(name, split.candidate))
+                canaries[name] = kept if kept is not None and kept.rollout == rollout else self._start(
+                    name, rollout, split, guard, promotion)
+        for name, start in self._canaries.items():
+            if canaries.get(name) is not start:
+                self._stop(name, start)
         for name in set(self.policy.models) | set(policy.models):
             self.metrics.rollout_weight.labels(model=name).set(policy.get(name).candidate_weight())
         self.policy, self._canaries = policy, canaries
 
+    def _start(self, name: str, rollout: Rollout, split: Split, guard: Guardrail | None, promotion) -> _CanaryStart:
+        quality = self.metrics.quality
+        start = _CanaryStart(rollout, split, guard, quality.totals(name, split.baseline),
+                             quality.totals(name, split.candidate))
+        if promotion is not None:
+            start.test = SequentialTest(promotion.alpha, promotion.min_outcomes)
+            quality.follow(name, split.baseline, start.test.add_baseline)
+            quality.follow(name, split.candidate, start.test.add_candidate)
+        return start
+
+    def _stop(self, name: str, start: _CanaryStart) -> None:
+        if start.test is not None:
+            self.metrics.quality.unfollow(name, start.split.baseline, start.test.add_baseline)
+            self.metrics.quality.unfollow(name, start.split.candidate, start.test.add_candidate)
+            for bound in ("lower", "upper"):
+                try:
+                    self.metrics.rollout_difference.remove(name, bound)
+                except KeyError:
+                    pass
+
     # -- the guardrail -----------------------------------------------------------------------------
     def check_guardrails(self) -> list[str]:
-        """Roll back every canary whose guardrail trips; returns their model names."""
-        rolled = []
+        """Roll back every canary whose guardrail trips, then promote or roll back every canary
+        whose sequential test decides; returns their model names."""
+        decided = []
         for name, start in list(self._canaries.items()):
-            verdict = self._verdict(name, start, start.guard)
+            verdict = self._verdict(name, start, start.guard) if start.guard is not None else None
             if verdict is not None:
                 self._roll_back(name, start.split, verdict)
-                rolled.append(name)
-        return rolled
+                decided.append(name)
+            elif start.test is not None and self._check_test(name, start, start.test):
+                decided.append(name)
+        return decided
+
+    def _check_test(self, name: str, start: _CanaryStart, test: SequentialTest) -> bool:
+        reading = test.read()
+        if min(reading.outcomes) > 0:
+            self.metrics.rollout_difference.labels(model=name, bound="lower").set(reading.lower)
+            self.metrics.rollout_difference.labels(model=name, bound="upper").set(reading.upper)
+        if not reading.decision:
+            return False
+        split = start.split
+        version = split.candidate if reading.decision == PROMOTE else split.baseline
+        verdict = "promoted" if reading.decision == PROMOTE else "rolled back"
+        reason = (f"candidate - baseline mean clipped log loss in [{reading.lower:+.4f}, {reading.upper:+.4f}] "
+                  f"at confidence {1 - test.alpha:g} after {reading.outcomes[1]} / {reading.outcomes[0]} outcomes")
+        note = (f"canary of version {split.candidate} over {split.baseline} {verdict} by the sequential test at "
+                f"{_stamp()}: {reason}")
+        state = self._test_json(start, test, reading)
+        self._pin(name, version, note)
+        self._decided[name] = (self.policy.models[name], state)
+        self.metrics.rollout_decisions.labels(model=name, decision=reading.decision).inc()
+        log.warning("rollout sequential test: model %s %s, version %d pinned: %s", name, verdict, version, reason)
+        return True
 
     def _verdict(self, name: str, start: _CanaryStart, guard: Guardrail) -> str | None:
         base = _since(self.metrics.quality.totals(name, start.split.baseline), start.baseline)
@@ -154,19 +210,21 @@ class RolloutPolicy:
                 f"{start.split.baseline} {base_loss:.4f} over {base[0]} (allowed +{guard.max_log_loss_increase:g})")
 
     def _roll_back(self, name: str, rollout: Split, reason: str) -> None:
-        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        pinned = Pinned(rollout.baseline, note=f"canary of version {rollout.candidate} rolled back by the guardrail "
-                                               f"at {stamp}: {reason}")
-        self.apply(replace(self.policy, models={**self.policy.models, name: pinned}))
+        self._pin(name, rollout.baseline, f"canary of version {rollout.candidate} rolled back by the guardrail "
+                                          f"at {_stamp()}: {reason}")
         self.metrics.rollout_rollbacks.labels(model=name).inc()
         log.warning("rollout guardrail: model %s rolled back to version %d: %s", name, rollout.baseline, reason)
+
+    def _pin(self, name: str, version: int, note: str) -> None:
+        """Pin `name` to `version` at once and rewrite the file to say so (atomically)."""
+        self.apply(replace(self.policy, models={**self.policy.models, name: Pinned(version, note=note)}))
         if self.path is None:
             return
         try:
             write_policy(self.path, self.policy)
         except OSError as exc:
-            log.error("the rollback of model %s holds in this gateway only: cannot rewrite %s: %s",
-                      name, self.path, exc.strerror)
+            log.error("pinning model %s to version %d holds in this gateway only: cannot rewrite %s: %s",
+                      name, version, self.path, exc.strerror)
 
     # -- status ------------------------------------------------------------------------------------
     def status(self) -> dict[str, object]:
@@ -179,7 +237,21 @@ class RolloutPolicy:
                     str(v): dict(zip(("outcomes", "log_loss_sum"), _since(self.metrics.quality.totals(name, v), s)))
                     for v, s in ((start.split.baseline, start.baseline), (start.split.candidate, start.candidate))}
             models[name] = entry
-        return {"file": str(self.path) if self.path else None, "error": self.error, "models": models}
+        tests = {name: self._test_json(start, start.test, start.test.read())
+                 for name, start in self._canaries.items() if start.test is not None}
+        tests.update({name: state for name, (pin, state) in self._decided.items()
+                      if self.policy.models.get(name) == pin})
+        return {"file": str(self.path) if self.path else None, "error": self.error, "models": models,
+                "sequential_tests": tests}
+
+    @staticmethod
+    def _test_json(start: _CanaryStart, test: SequentialTest, reading: Reading) -> dict[str, object]:
+        return {"baseline": start.split.baseline, "candidate": start.split.candidate,
+                **reading.to_json(test.alpha, test.min_outcomes)}
+
+
+def _stamp() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _since(now: tuple[int, float], then: tuple[int, float]) -> tuple[int, float]:

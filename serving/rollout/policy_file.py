@@ -13,7 +13,8 @@
 Each "policy" names a rollout kind (serving/rollout/kinds/: latest, pinned, canary, shadow; a model
 the file does not name gets `latest`); the kind's class validates and writes its own fields.
 A request that names a version gets that version whatever the policy. `note` (any policy) is free
-text; the guardrail writes one when it rolls a canary back.
+text; the guardrail writes one when it rolls a canary back, the sequential test (`promotion`, a
+canary's, defaults when absent) when it promotes or rolls one back.
 
 `parse_policy` validates a whole file and raises PolicyError naming the first bad field
 ("models.dkt.version: ..."); `write_policy` writes atomically (the watcher never sees half a file).

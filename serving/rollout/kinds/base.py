@@ -54,6 +54,15 @@ class Guardrail:
     max_log_loss_increase: float = 0.02     # candidate mean log loss - baseline mean log loss
 
 
+@dataclass(frozen=True)
+class Promotion:
+    """Promote or roll back a canary on an anytime-valid sequential test at level alpha
+    (serving/rollout/sequential.py), once both versions have min_outcomes since the canary began."""
+
+    alpha: float = 0.05
+    min_outcomes: int = 200
+
+
 class Rollout(ABC):
     """One model's rollout: a kind and its fields (subclasses are frozen dataclasses)."""
 
@@ -82,6 +91,9 @@ class Rollout(ABC):
         return None
 
     def guardrail(self) -> Guardrail | None:
+        return None
+
+    def promotion(self) -> Promotion | None:
         return None
 
     def candidate_weight(self) -> float:
@@ -114,6 +126,12 @@ def share_field(value: object, where: str) -> float:
             or not 0.0 <= value <= 1.0:
         raise PolicyError(f"{where}: must be a number in [0, 1], got {json.dumps(value)}")
     return float(value)
+
+
+def count_field(value: object, where: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise PolicyError(f"{where}: must be an integer >= 1, got {json.dumps(value)}")
+    return value
 
 
 def split_fields(value: Mapping[str, Any], where: str) -> tuple[int, int]:
