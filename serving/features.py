@@ -28,7 +28,7 @@ Each candidate becomes one row of length `window`: padding (question = skill = P
 response -1) on the left, then the used history oldest first, and the candidate at index window-1
 with response 0 (ignored by the causal model). All rows of one learner share the history part.
 That is the score graph's input. The rank graph (what the exporter serves) gets that history part
-once per learner, [window - 1], and the candidates beside it, padded to 1/4/16/64 (candidate_width)
+once per learner, [window - 1], and the candidates beside it, padded to CANDIDATE_WIDTHS (candidate_width)
 so requests of different learners share a few shapes; both give the same probabilities (<= 1e-5).
 """
 from __future__ import annotations
@@ -53,7 +53,12 @@ if TYPE_CHECKING:
 
 
 CountUnknown = Callable[[str, int], None]   # (kind "question" | "skill", how many)
-CANDIDATE_WIDTHS = (1, 4, 16, 64)
+# By measurement (docs/benchmarks.md, "Candidate widths"): the rank forward attends over history +
+# candidates, so its cost grows with the padded width (in process, history 99: width 64 ~1.7-1.9x
+# width 1, 24-32 ~1.0-1.3x); 20 candidates padded to 64 cost 1.7-1.9x one through the gateway.
+CANDIDATE_WIDTHS = (1, 4, 8, 16, 24, 32, 48, 64)
+WIDE_STEP = 8             # beyond the last width (Mastery over a vocabulary): multiples of this (115 -> 120: 2.9x
+                          # width 1 in process vs 3.7x at 128; one row beats 2 x 64 (4.0x) and 4 x 32 (5.9x))
 
 
 @dataclass
@@ -161,12 +166,13 @@ def _widen(skills: np.ndarray, width: int) -> np.ndarray:
 
 
 def candidate_width(n: int) -> int:
-    """Candidates are padded to 1, 4, 16 or 64 (then multiples of 64), so that rank requests of
-    learners with different numbers of candidates share a few shapes Triton can batch together."""
+    """Candidates are padded to the next of CANDIDATE_WIDTHS (then multiples of WIDE_STEP), so that
+    rank requests of learners with different numbers of candidates share a few shapes Triton can
+    batch together, without paying much for padding (the rank forward's cost grows with the width)."""
     for width in CANDIDATE_WIDTHS:
         if n <= width:
             return width
-    return -(-n // CANDIDATE_WIDTHS[-1]) * CANDIDATE_WIDTHS[-1]
+    return -(-n // WIDE_STEP) * WIDE_STEP
 
 
 @dataclass
