@@ -2,7 +2,10 @@
 score graph), for N candidates, side by side in one interleaved run.
 
     routerkt bench ranking [--repository model_repository] [--model NAME] [--n 1,4,16,20,64]
-                           [--repeats 30] [--threads 2] [--out bench/ranking]
+                           [--repeats 30] [--threads 2] [--out bench/ranking] [--mastery]
+
+With --mastery: the rank path's calls through the gateway instead (loadtest/rank_costs.py):
+Predict with 1 / 20 / 64 candidates, Mastery over every skill, Predict with and without explain.
 
 Two levels, on the latest version of the model (its real weights and vocabulary):
   onnxruntime  rank.onnx on [1, window-1] + [1, N] vs model.onnx on N windows [N, window], in process;
@@ -40,6 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n", default="1,4,16,20,64", help="candidate counts")
     p.add_argument("--repeats", type=int, default=30, help="interleaved repetitions per cell")
     p.add_argument("--threads", type=int, default=2, help="onnxruntime intra-op threads (in process)")
+    p.add_argument("--mastery", action="store_true", help="Mastery over every skill and explain vs Predict instead")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -84,6 +88,9 @@ def run(args: argparse.Namespace) -> int:
     name = args.model or (models[0] if len(models) == 1 else "")
     if name not in models:
         raise UserError(f"choose --model among {models} in {args.repository}")
+    if args.mastery:
+        from loadtest.rank_costs import run as run_rank_costs
+        return run_rank_costs(args, name)
     version = latest_version(args.repository, name)
     info = read_model_info(args.repository, name, version)
     folder = version_dir(args.repository, name, version)

@@ -1,8 +1,9 @@
-"""`routerkt predict`: call the gateway's Predict (or Recommend) from the command line.
+"""`routerkt predict`: call the gateway's Predict (or Recommend, or Mastery) from the command line.
 
     routerkt predict --target localhost:50051 --model NAME [--version N]
                      --history "q:s:c,q:s:c,..." | --learner-id ID  --candidates "q[:s],q[:s]"
                      [--recommend [--target-probability 0.7] [--top-k K] [--exclude-seen]]
+                     [--mastery [--skills "s,s"]]   (no --candidates: P(correct) per skill)
                      [--timeout 2.0] [--json]
 
 History items are question:skill:correct (skill may be left empty, "q::c", to use the question's
@@ -11,7 +12,8 @@ interaction's skill set, "q:3;17:c", sent as skill_ids: quote the argument, `;` 
 command); an empty --history is a cold start. Candidates are question ids, optionally with :skill
 or :skill;skill. Prints one line per candidate (or one JSON
 object with --json); with --recommend, the candidates in the Recommend policy's order (closest to
-the target probability first). Bad flags: one-line error, exit 2. gRPC errors: one line with the status code
+the target probability first); with --mastery, one line per skill (every skill of the version,
+or those of --skills). Bad flags: one-line error, exit 2. gRPC errors: one line with the status code
 and message, exit 1.
 """
 from __future__ import annotations
@@ -29,12 +31,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="model name")
     parser.add_argument("--version", type=int, default=0, help="model version (0 = latest served)")
     parser.add_argument("--history", default="", help='past interactions, oldest first: "q:s:c,q:s;s:c" (may be empty)')
-    parser.add_argument("--candidates", required=True, help='candidate questions: "q[:s],q[:s;s]"')
+    parser.add_argument("--candidates", default="", help='candidate questions: "q[:s],q[:s;s]" (not with --mastery)')
     parser.add_argument("--learner-id", default="", help="take the history from the gateway's session store")
     parser.add_argument("--recommend", action="store_true", help="call Recommend instead of Predict")
     parser.add_argument("--target-probability", type=float, default=None, help="Recommend: target P(correct), default 0.7")
     parser.add_argument("--top-k", type=int, default=None, help="Recommend: how many to return (default: all)")
     parser.add_argument("--exclude-seen", action="store_true", help="Recommend: drop questions already in the history")
+    parser.add_argument("--mastery", action="store_true", help="call Mastery: P(correct) per skill")
+    parser.add_argument("--skills", default="", help='Mastery: skill ids "s,s" (default: every skill of the version)')
     parser.add_argument("--timeout", type=float, default=2.0, help="deadline of the call in seconds")
     parser.add_argument("--json", action="store_true", help="print the response as one JSON object")
     add_client_flags(parser)
@@ -102,6 +106,15 @@ def build_request(args: argparse.Namespace):
         raise UserError(f"--target must be HOST:PORT, got {args.target!r}")
     try:
         history = [pb.Interaction(question_id=q, correct=c, **skill_fields(s)) for q, s, c in parse_history(args.history)]
+        mastery, skill_list = getattr(args, "mastery", False), getattr(args, "skills", "")   # callers' namespaces
+        if mastery:
+            if args.candidates.strip() or args.recommend:
+                raise UserError("--mastery takes no --candidates and no --recommend")
+            skills = [parse_int(s, "--skills item") for s in skill_list.split(",") if s.strip()]
+            return pb.MasteryRequest(model=args.model, version=args.version, history=history,
+                                     learner_id=args.learner_id, skill_ids=skills)
+        if skill_list.strip():
+            raise UserError("--skills needs --mastery")
         candidates = [pb.Candidate(question_id=q, **skill_fields(s)) for q, s in parse_candidates(args.candidates)]
         if args.recommend:
             extra = {k: v for k, v in (("target_probability", args.target_probability), ("top_k", args.top_k))
@@ -126,11 +139,23 @@ def run(args: argparse.Namespace) -> int:
     with connect(args.target, api_key=api_key(args), tls_ca=tls_ca(args)) as channel:
         stub = pb_grpc.KnowledgeTracingServiceStub(channel)
         try:
-            response = (stub.Recommend if args.recommend else stub.Predict)(request, timeout=args.timeout)
+            call = stub.Mastery if args.mastery else stub.Recommend if args.recommend else stub.Predict
+            response = call(request, timeout=args.timeout)
         except grpc.RpcError as exc:
             details = (exc.details() or "").splitlines()[0] if exc.details() else ""
             print(f"routerkt predict: {exc.code().name}: {details}", file=sys.stderr)
             return 1
+    if args.mastery:
+        if args.json:
+            print(json.dumps({"model": response.model, "version": response.version,
+                              "history_used": response.history_used,
+                              "skills": [{"skill_id": s.skill_id, "probability": s.probability}
+                                         for s in response.skills]}))
+        else:
+            print(f"model {response.model} version {response.version} (history used: {response.history_used})")
+            for s in response.skills:
+                print(f"skill {s.skill_id}\tP(correct) = {s.probability:.6f}")
+        return 0
     if args.recommend:
         pairs = [(r.question_id, r.probability) for r in response.recommendations]
         if args.json:

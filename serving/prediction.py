@@ -249,16 +249,19 @@ class PredictionService:
                                               f"candidates for model {shown(model.name)} (its max_batch_size)")
         return [self.encoder.encode(learner, model) for learner in learners]
 
-    async def _infer(self, model: ModelVersion, learners: list[EncodedLearner], deadline: Deadline) -> list[np.ndarray]:
+    async def _infer(self, model: ModelVersion, learners: list[EncodedLearner], deadline: Deadline,
+                     candidates_per_infer: int = 0) -> list[np.ndarray]:
         """P(correct) per candidate for each learner: float32 [C_i] each. Score graph: whole
         learners in calls of at most min(max_rows_per_infer, max_batch_size) rows, concurrently.
         Rank graph: at most rank_rows_per_infer learners (of at most rank_candidates_per_infer
         candidates: a learner with more is split, exactly) per call, ONE call in flight at a time, so
         a large PredictBatch queues one small inference at a time in Triton and the inferences of
-        other callers get in between (fair sharing; its own latency is about the sum of its parts)."""
+        other callers get in between (fair sharing; its own latency is about the sum of its parts).
+        `candidates_per_infer` (> 0) replaces rank_candidates_per_infer (Mastery: a vocabulary in one call)."""
         rank = model.graph.name == "rank"
         limit = self.settings.rank_rows_per_infer if rank else self.settings.max_rows_per_infer
-        pieces, owners = (split_candidates(learners, self.settings.rank_candidates_per_infer) if rank
+        pieces, owners = (split_candidates(learners, candidates_per_infer or self.settings.rank_candidates_per_infer)
+                          if rank
                           else (learners, list(range(len(learners)))))
         calls = self.encoder.inferences(pieces, model, max(1, min(limit, model.max_batch_size)))
         if rank:

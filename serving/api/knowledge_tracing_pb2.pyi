@@ -162,6 +162,42 @@ class RecommendResponse(_message.Message):
     prediction_id: str
     def __init__(self, recommendations: _Optional[_Iterable[_Union[Recommendation, _Mapping]]] = ..., model: _Optional[str] = ..., version: _Optional[int] = ..., history_used: _Optional[int] = ..., excluded: _Optional[int] = ..., prediction_id: _Optional[str] = ...) -> None: ...
 
+class MasteryRequest(_message.Message):
+    __slots__ = ("model", "version", "history", "learner_id", "history_columns", "skill_ids")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
+    LEARNER_ID_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    SKILL_IDS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    version: int
+    history: _containers.RepeatedCompositeFieldContainer[Interaction]
+    learner_id: str
+    history_columns: HistoryColumns
+    skill_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., history: _Optional[_Iterable[_Union[Interaction, _Mapping]]] = ..., learner_id: _Optional[str] = ..., history_columns: _Optional[_Union[HistoryColumns, _Mapping]] = ..., skill_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class SkillMastery(_message.Message):
+    __slots__ = ("skill_id", "probability")
+    SKILL_ID_FIELD_NUMBER: _ClassVar[int]
+    PROBABILITY_FIELD_NUMBER: _ClassVar[int]
+    skill_id: int
+    probability: float
+    def __init__(self, skill_id: _Optional[int] = ..., probability: _Optional[float] = ...) -> None: ...
+
+class MasteryResponse(_message.Message):
+    __slots__ = ("skills", "model", "version", "history_used")
+    SKILLS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_USED_FIELD_NUMBER: _ClassVar[int]
+    skills: _containers.RepeatedCompositeFieldContainer[SkillMastery]
+    model: str
+    version: int
+    history_used: int
+    def __init__(self, skills: _Optional[_Iterable[_Union[SkillMastery, _Mapping]]] = ..., model: _Optional[str] = ..., version: _Optional[int] = ..., history_used: _Optional[int] = ...) -> None: ...
+
 class Event(_message.Message):
     __slots__ = ("event_id", "question_id", "skill_id", "correct", "timestamp_ms", "skill_ids")
     EVENT_ID_FIELD_NUMBER: _ClassVar[int]

@@ -69,6 +69,11 @@ class KnowledgeTracingServiceStub:
                 request_serializer=serving_dot_api_dot_knowledge__tracing__pb2.ReportOutcomeRequest.SerializeToString,
                 response_deserializer=serving_dot_api_dot_knowledge__tracing__pb2.ReportOutcomeResponse.FromString,
                 _registered_method=True)
+        self.Mastery = channel.unary_unary(
+                '/routerkt.v1.KnowledgeTracingService/Mastery',
+                request_serializer=serving_dot_api_dot_knowledge__tracing__pb2.MasteryRequest.SerializeToString,
+                response_deserializer=serving_dot_api_dot_knowledge__tracing__pb2.MasteryResponse.FromString,
+                _registered_method=True)
 
 
 class KnowledgeTracingServiceServicer:
@@ -121,6 +126,13 @@ class KnowledgeTracingServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Mastery(self, request, context):
+        """P(correct) per skill for one learner (MasteryRequest); reads only, tracks nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KnowledgeTracingServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -153,6 +165,11 @@ def add_KnowledgeTracingServiceServicer_to_server(servicer, server):
                     servicer.ReportOutcome,
                     request_deserializer=serving_dot_api_dot_knowledge__tracing__pb2.ReportOutcomeRequest.FromString,
                     response_serializer=serving_dot_api_dot_knowledge__tracing__pb2.ReportOutcomeResponse.SerializeToString,
+            ),
+            'Mastery': grpc.unary_unary_rpc_method_handler(
+                    servicer.Mastery,
+                    request_deserializer=serving_dot_api_dot_knowledge__tracing__pb2.MasteryRequest.FromString,
+                    response_serializer=serving_dot_api_dot_knowledge__tracing__pb2.MasteryResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -322,6 +339,33 @@ class KnowledgeTracingService:
             '/routerkt.v1.KnowledgeTracingService/ReportOutcome',
             serving_dot_api_dot_knowledge__tracing__pb2.ReportOutcomeRequest.SerializeToString,
             serving_dot_api_dot_knowledge__tracing__pb2.ReportOutcomeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Mastery(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/routerkt.v1.KnowledgeTracingService/Mastery',
+            serving_dot_api_dot_knowledge__tracing__pb2.MasteryRequest.SerializeToString,
+            serving_dot_api_dot_knowledge__tracing__pb2.MasteryResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -5,7 +5,7 @@ tests/integration/test_security_scopes.py fails until it is listed.
 """
 from __future__ import annotations
 
-PREDICT = "predict"      # Predict, PredictBatch, Recommend (also by learner_id, reading the store)
+PREDICT = "predict"      # Predict, PredictBatch, Recommend, Mastery (also by learner_id, reading the store)
 OBSERVE = "observe"      # Observe, ReportOutcome: writes answers into the store
 ADMIN = "admin"          # ForgetLearner, rollout changes (and any future retraining hook)
 PUBLIC = "public"        # no key needed: health, metrics, the API's own description
@@ -16,6 +16,7 @@ GRPC: dict[str, str] = {
     f"/{SERVICE}/Predict": PREDICT,
     f"/{SERVICE}/PredictBatch": PREDICT,
     f"/{SERVICE}/Recommend": PREDICT,
+    f"/{SERVICE}/Mastery": PREDICT,
     f"/{SERVICE}/Observe": OBSERVE,
     f"/{SERVICE}/ReportOutcome": OBSERVE,
     f"/{SERVICE}/ForgetLearner": ADMIN,
@@ -34,6 +35,7 @@ HTTP: dict[tuple[str, str], str] = {
     ("POST", "/v1/predict"): PREDICT,
     ("POST", "/v1/predict_batch"): PREDICT,
     ("POST", "/v1/recommend"): PREDICT,
+    ("POST", "/v1/mastery"): PREDICT,
     ("POST", "/v1/report_outcome"): OBSERVE,
     ("GET", "/v1/rollout"): ADMIN,
     ("PUT", "/v1/rollout/{model}"): ADMIN,

@@ -25,6 +25,7 @@ from serving import errors
 from serving.api import knowledge_tracing_pb2 as pb
 from serving.errors import ServingError
 from serving.transport.endpoints import Endpoints
+from serving.mastery import MasteryQuery, MasteryService
 from serving.recommend import RecommendQuery
 from serving.requests import (DEFAULT_MAX_SKILLS, Deadline, LearnerQuery, PredictQuery, PredictResult, column_arrays,
                               skill_sets)
@@ -132,6 +133,13 @@ def recommend_query(request: pb.RecommendRequest, max_skills: int = DEFAULT_MAX_
         top_k=request.top_k if request.HasField("top_k") else None, exclude_seen=request.exclude_seen)
 
 
+def mastery_query(request: pb.MasteryRequest, max_skills: int = DEFAULT_MAX_SKILLS) -> MasteryQuery:
+    columns = request.history_columns if request.HasField("history_columns") else None
+    learner = learner_query(request.history, (), request.learner_id, columns, "", max_skills)
+    return MasteryQuery(model=request.model, version=request.version, learner=learner,
+                        skill_ids=np.fromiter(request.skill_ids, dtype=np.int64, count=len(request.skill_ids)))
+
+
 def observe_query(request: pb.ObserveRequest, max_skills: int = DEFAULT_MAX_SKILLS) -> ObserveQuery:
     events = request.events
     n = len(events)
@@ -169,6 +177,7 @@ class KnowledgeTracingServicer:
         self.service = endpoints.service
         self.sessions = endpoints.sessions
         self.recommender = endpoints.recommender
+        self.mastery = MasteryService(endpoints.service)
         self.default_deadline_s = self.service.settings.default_deadline_s
         self.max_skills = self.service.settings.max_skills_per_interaction
         self.max_deadline_s = self.service.settings.max_deadline_s
@@ -204,6 +213,13 @@ class KnowledgeTracingServicer:
                              for q, p in zip(result.question_ids, result.probabilities)],
             model=result.model, version=result.version, history_used=result.history_used, excluded=result.excluded,
             prediction_id=result.prediction_id)
+
+    async def Mastery(self, request: pb.MasteryRequest, deadline: Deadline) -> pb.MasteryResponse:
+        result = await self.mastery.mastery(mastery_query(request, self.max_skills), deadline)
+        return pb.MasteryResponse(
+            skills=[pb.SkillMastery(skill_id=s, probability=p)
+                    for s, p in zip(result.skill_ids.tolist(), result.probabilities.tolist())],
+            model=result.model, version=result.version, history_used=result.history_used)
 
     async def Observe(self, request: pb.ObserveRequest, deadline: Deadline) -> pb.ObserveResponse:
         result = await self._sessions().observe(observe_query(request, self.max_skills), deadline)

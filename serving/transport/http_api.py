@@ -42,6 +42,7 @@ from pydantic import AfterValidator, BaseModel, Field, StrictInt
 
 from serving.errors import ServingError, failed_precondition, invalid_argument
 from serving.transport.endpoints import Endpoints
+from serving.mastery import MasteryQuery, MasteryService
 from serving.recommend import RecommendQuery
 from serving.requests import DEFAULT_MAX_SKILLS, Deadline, LearnerQuery, PredictQuery, column_arrays, skill_sets
 from serving.rollout.policy_file import PolicyError, parse_model, read_policy, write_policy
@@ -165,6 +166,27 @@ class RecommendOut(BaseModel):
     prediction_id: str = ""
 
 
+class MasteryIn(BaseModel):
+    model: Text
+    version: Int64 = 0
+    history: list[InteractionIn] = Field(default_factory=list)
+    learner_id: Text = ""
+    history_columns: HistoryColumnsIn | None = Field(None, description="the history as columns instead of history")
+    skill_ids: list[Int64] = Field(default_factory=list, description="empty: every skill of the version")
+
+
+class SkillMasteryOut(BaseModel):
+    skill_id: int
+    probability: float
+
+
+class MasteryOut(BaseModel):
+    skills: list[SkillMasteryOut]
+    model: str
+    version: int
+    history_used: int
+
+
 class ReportOutcomeIn(BaseModel):
     prediction_id: Text
     question_id: Int64
@@ -242,6 +264,7 @@ def create_app(endpoints: Endpoints) -> FastAPI:
     """The FastAPI app over a gateway's endpoints. One error mapping for every route: a ServingError
     raised anywhere (the deadline header, the service) becomes the JSON error with its HTTP status."""
     service, sessions, recommender = endpoints.service, endpoints.sessions, endpoints.recommender
+    masteries = MasteryService(service)
     settings, metrics = service.settings, service.metrics
     max_skills = settings.max_skills_per_interaction
     guard = endpoints.guard
@@ -357,6 +380,16 @@ def create_app(endpoints: Endpoints) -> FastAPI:
                             model=result.model, version=result.version, history_used=result.history_used,
                             excluded=result.excluded, prediction_id=result.prediction_id)
 
+    @app.post("/v1/mastery", response_model=MasteryOut, responses=ERROR_RESPONSES,
+              summary="P(correct) per skill for one learner (reads only, tracks nothing)")
+    async def mastery(body: MasteryIn, deadline: Deadline = Depends(call_deadline)) -> MasteryOut:
+        learner = _learner(body, "", max_skills, candidates=[])
+        result = await masteries.mastery(MasteryQuery(body.model, body.version, learner,
+                                                      np.array(body.skill_ids, dtype=np.int64)), deadline)
+        return MasteryOut(skills=[SkillMasteryOut(skill_id=s, probability=p) for s, p in
+                                  zip(result.skill_ids.tolist(), result.probabilities.tolist())],
+                          model=result.model, version=result.version, history_used=result.history_used)
+
     @app.post("/v1/report_outcome", response_model=ReportOutcomeOut, responses=ERROR_RESPONSES,
               summary="record the answer to a question a stateless predict scored")
     async def report_outcome(body: ReportOutcomeIn, deadline: Deadline = Depends(call_deadline)) -> ReportOutcomeOut:
@@ -387,9 +420,11 @@ def create_app(endpoints: Endpoints) -> FastAPI:
     return app
 
 
-def _learner(body: PredictIn | LearnerIn | RecommendIn, prefix: str = "",
-             max_skills: int = DEFAULT_MAX_SKILLS) -> LearnerQuery:
-    """One learner's query; `history_columns` and skill sets as on gRPC (serving/requests.py)."""
+def _learner(body: PredictIn | LearnerIn | RecommendIn | MasteryIn, prefix: str = "",
+             max_skills: int = DEFAULT_MAX_SKILLS, candidates: list[CandidateIn] | None = None) -> LearnerQuery:
+    """One learner's query; `history_columns` and skill sets as on gRPC (serving/requests.py);
+    `candidates`: instead of the body's (Mastery has none)."""
+    candidates = body.candidates if candidates is None else candidates
     if body.history_columns is not None:
         columns = body.history_columns
         hq, hs, hc, h_sets = column_arrays(columns.question_ids, columns.skill_ids, columns.correct,
@@ -399,8 +434,8 @@ def _learner(body: PredictIn | LearnerIn | RecommendIn, prefix: str = "",
         hq = np.array([i.question_id for i in body.history], dtype=np.int64)
         hc = np.array([i.correct for i in body.history], dtype=np.int64)
         hs, h_sets = _skills(body.history, f"{prefix}history", max_skills)
-    cs, c_sets = _skills(body.candidates, f"{prefix}candidates", max_skills)
-    return LearnerQuery(hq, hs, hc, np.array([c.question_id for c in body.candidates], dtype=np.int64), cs,
+    cs, c_sets = _skills(candidates, f"{prefix}candidates", max_skills)
+    return LearnerQuery(hq, hs, hc, np.array([c.question_id for c in candidates], dtype=np.int64), cs,
                         body.learner_id, h_sets, c_sets)
 
 

@@ -27,7 +27,7 @@ def test_generated_code_imports_without_path_tricks() -> None:
     service = pb.DESCRIPTOR.services_by_name["KnowledgeTracingService"]
     assert service.full_name == "routerkt.v1.KnowledgeTracingService"
     assert {m.name for m in service.methods} == {"Predict", "PredictBatch", "Recommend", "Observe", "ForgetLearner",
-                                                      "ReportOutcome"}
+                                                      "ReportOutcome", "Mastery"}
     assert hasattr(pb_grpc, "KnowledgeTracingServiceStub")
     text = Path(pb_grpc.__file__).read_text()
     assert "from serving.api import knowledge_tracing_pb2" in text
