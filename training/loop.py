@@ -111,12 +111,16 @@ def evaluate(model: KTModel, seqs: Sequences, batch_size: int) -> dict[str, floa
 
 def train_fold(cfg: RunConfig, vocab: Vocab, data: FoldData, fold_dir: Path, fold: int, run_id: str,
                log: Callable[[str], None] = lambda m: tqdm.write(m, file=sys.stderr),
-               progress: bool = True) -> dict | None:
+               progress: bool = True, init_state: dict | None = None) -> dict | None:
+    """`init_state`: the model's initial weights (a warm start) instead of fresh ones."""
     tc = cfg.train
     rank = distributed.current()      # data-parallel: rank 0 validates, records and decides; the others train
     device = devices.resolve(tc.device, rank.local_rank)
     torch.manual_seed(tc.seed + fold)
-    model = build_model(cfg.model).to(device)   # built on the CPU (same initial weights everywhere), then moved
+    model = build_model(cfg.model)   # built on the CPU (same initial weights everywhere), then moved
+    if init_state is not None:
+        model.load_state_dict(init_state)
+    model = model.to(device)
     distributed.seed_rank(tc.seed + fold)
     net = distributed.wrap(model)     # DDP in a data-parallel run; evaluate and save `model`
     optimizer = torch.optim.Adam(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)

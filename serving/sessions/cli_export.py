@@ -10,10 +10,10 @@ import os
 import tempfile
 import time
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
 from routerkt.errors import UserError
+from routerkt.timestamps import parse_time
 from serving.sessions.factory import open_store
 from serving.sessions.store import NO_TIMESTAMP, SessionStore, StoredEvent, StoreUnavailable
 
@@ -34,21 +34,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="password of the --store redis(s)://USER@HOST:PORT/DB user")
     parser.add_argument("--store-ca-file", type=Path, default=None, metavar="PEM",
                         help="CA that signed the store's certificate (rediss://)")
-
-
-def parse_time(text: str | None, flag: str) -> int | None:
-    """Milliseconds since the epoch from an integer or an ISO 8601 time (UTC when it names no zone)."""
-    if text is None:
-        return None
-    if text.strip().lstrip("-").isdigit():
-        return int(text)
-    try:
-        moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-    except ValueError:
-        raise UserError(f"{flag} {text!r}: expected milliseconds since the epoch or an ISO 8601 time") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
-    return int(moment.timestamp() * 1000)
 
 
 def user_id(learner_key: str) -> int:

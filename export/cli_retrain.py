@@ -1,0 +1,60 @@
+"""`routerkt retrain`: retrain on the session store's events, gate offline against the served version, publish the new one as a canary."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from export.retrain import MARGIN, WEIGHT, RetrainOptions
+from export.retrain_train import EPOCHS
+from routerkt.errors import UserError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", required=True, help="the gateway's session store: sqlite:///PATH, redis://HOST:PORT/DB, rediss://USER@HOST:PORT/DB")
+    p.add_argument("--repository", type=Path, required=True, help="the Triton model repository the gateway serves")
+    p.add_argument("--model", required=True, help="model name in the repository")
+    p.add_argument("--preset", default=None, help="preset to train (default: the served version's, with its run's configuration when found)")
+    p.add_argument("--cutoff", default=None, metavar="T",
+                   help="held-out events: each learner's from its first event at or after T (ms since the epoch or ISO 8601); "
+                        "default: the time before which 80%% of the timed events lie")
+    p.add_argument("--warm-start", action=argparse.BooleanOptionalAction, default=True,
+                   help="start from the served version's weights (rows of known ids copied, new ones fresh) when its run "
+                        "is found under --runs (default: on; docs/learning-loop.md)")
+    p.add_argument("--margin", type=float, default=MARGIN, help=f"publish only when held-out log loss < served - margin (default {MARGIN})")
+    p.add_argument("--weight", type=float, default=WEIGHT, help=f"canary share of learners for the new version (default {WEIGHT})")
+    p.add_argument("--epochs", type=int, default=EPOCHS, help=f"maximum epochs (early stopping, patience 3; default {EPOCHS})")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a config field, as `routerkt train --set` (e.g. train.device=cuda)")
+    p.add_argument("--runs", type=Path, default=Path("runs"), help="folder of training runs: where the served version's run is looked for")
+    p.add_argument("--out", type=Path, default=None, help="this retrain's run folder and report (default runs/retrain-MODEL-TIME)")
+    p.add_argument("--policy-file", type=Path, default=Path(".routerkt") / "rollout.json", help="the rollout policy file the gateway watches")
+    p.add_argument("--gateway", default=None, metavar="URL", help="wait until this gateway's /readyz lists the new version before the canary")
+    p.add_argument("--gateway-ca-file", type=Path, default=None, metavar="PEM", help="CA of the gateway's HTTPS certificate")
+    p.add_argument("--load-timeout", type=float, default=300.0, help="seconds to wait for --gateway to load the new version")
+    p.add_argument("--store-password-file", type=Path, default=None, metavar="FILE", help="password of the rediss:// store user")
+    p.add_argument("--store-ca-file", type=Path, default=None, metavar="PEM", help="CA of the store's certificate (rediss://)")
+    p.add_argument("--keep-data", action="store_true", help="keep the exported events.csv and train.csv in --out (mode 0600)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from export.retrain import retrain, write_report
+    from routerkt.timestamps import parse_time
+    out = args.out or Path("runs") / f"retrain-{args.model}-{time.strftime('%Y%m%d-%H%M%S')}"
+    opts = RetrainOptions(store=args.store, repository=args.repository, model=args.model, out=out, runs=args.runs,
+                          policy_file=args.policy_file, preset=args.preset, cutoff_ms=parse_time(args.cutoff, "--cutoff"),
+                          warm_start=args.warm_start, margin=args.margin, weight=args.weight, epochs=args.epochs,
+                          overrides=args.overrides, gateway=args.gateway, gateway_ca_file=args.gateway_ca_file,
+                          load_timeout_s=args.load_timeout, store_password_file=args.store_password_file,
+                          store_ca_file=args.store_ca_file, keep_data=args.keep_data)
+    log = (lambda message: print(message, file=sys.stderr))  # noqa: E731
+    try:
+        code, report = retrain(opts, log)
+    except UserError:
+        raise
+    except Exception as exc:              # one line, whatever broke; the repository and policy are as they were
+        first = (str(exc).splitlines() or [""])[0][:300]
+        raise UserError(f"retrain failed: {type(exc).__name__}: {first}") from None
+    print(write_report(report, out), end="")
+    return code
