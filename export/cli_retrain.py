@@ -28,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a config field, as `routerkt train --set` (e.g. train.device=cuda)")
     p.add_argument("--runs", type=Path, default=Path("runs"), help="folder of training runs: where the served version's run is looked for")
-    p.add_argument("--out", type=Path, default=None, help="this retrain's run folder and report (default runs/retrain-MODEL-TIME)")
+    p.add_argument("--out", type=Path, default=None, help="this retrain's run folder and report (default RUNS/retrain-MODEL-TIME)")
     p.add_argument("--policy-file", type=Path, default=Path(".routerkt") / "rollout.json", help="the rollout policy file the gateway watches")
     p.add_argument("--gateway", default=None, metavar="URL", help="wait until this gateway's /readyz lists the new version before the canary")
     p.add_argument("--gateway-ca-file", type=Path, default=None, metavar="PEM", help="CA of the gateway's HTTPS certificate")
@@ -41,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from export.retrain import retrain, write_report
     from routerkt.timestamps import parse_time
-    out = args.out or Path("runs") / f"retrain-{args.model}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out = args.out or args.runs / f"retrain-{args.model}-{time.strftime('%Y%m%d-%H%M%S')}"   # the next warm start finds it
     opts = RetrainOptions(store=args.store, repository=args.repository, model=args.model, out=out, runs=args.runs,
                           policy_file=args.policy_file, preset=args.preset, cutoff_ms=parse_time(args.cutoff, "--cutoff"),
                           warm_start=args.warm_start, margin=args.margin, weight=args.weight, epochs=args.epochs,

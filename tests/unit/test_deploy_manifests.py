@@ -455,6 +455,29 @@ def test_compose_gateway_matches_code(compose: dict, defaults: Settings, routes:
     assert secret.startswith("${ROUTERKT_STORE_SECRET:?"), "the store secret must come from the caller, not the file"
 
 
+def test_compose_retrain_publishes_where_triton_and_the_gateway_read(compose: dict) -> None:
+    """The retrain service's repository and policy file are the gateway's and Triton's, on one volume."""
+    from export import cli_retrain
+    services = compose["services"]
+    parser = argparse.ArgumentParser(prog="routerkt retrain", exit_on_error=False)
+    cli_retrain.add_arguments(parser)
+    args = parser.parse_args(services["retrain"]["command"][1:])
+    served = serve_args(services["gateway"]["command"])
+
+    def on_volume(service: dict, path: Path) -> tuple[str, str]:
+        for entry in service["volumes"]:
+            source, target = volume_source(entry)
+            if path == Path(target) or Path(target) in path.parents:
+                sub = entry.get("volume", {}).get("subpath", "") if isinstance(entry, dict) else ""
+                return source, (Path(sub) / path.relative_to(target)).as_posix()
+        pytest.fail(f"{path} lies on no volume")
+    triton_repo = check_triton_argv(services["triton"]["command"], "compose triton")
+    assert on_volume(services["retrain"], Path(args.repository)) == on_volume(services["gateway"], Path(served.repository))
+    assert on_volume(services["retrain"], Path(args.repository)) == on_volume(services["triton"], Path(triton_repo))
+    assert on_volume(services["retrain"], Path(args.policy_file)) == \
+        on_volume(services["gateway"], Path(served.rollout_policy))
+
+
 def test_compose_triton_and_redis(compose: dict) -> None:
     triton = compose["services"]["triton"]
     repository = check_triton_argv(triton["command"], "compose triton")
@@ -617,16 +640,66 @@ def ingress_sources(objects: dict, component: str) -> dict[int, list]:
 
 
 def test_only_gateway_pods_reach_triton_and_redis(objects: dict) -> None:
+    """... and the retrain job's pods reach Valkey (they export the store), nothing else."""
     gateway_labels = only(objects, "gateway")["spec"]["template"]["metadata"]["labels"]
+    retrain_labels = retrain_job(objects)["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["labels"]
     for component, open_ports in (("triton", {TRITON_METRICS}), ("redis", set())):
+        allowed = [gateway_labels] + ([retrain_labels] if component == "redis" else [])
         for port, sources in ingress_sources(objects, component).items():
             if port in open_ports:
                 continue
             for peers in sources:
                 assert peers, f"{component} port {port} is open to every pod"
                 for peer in peers:
-                    assert set(peer) == {"podSelector"} and \
-                        peer["podSelector"]["matchLabels"].items() <= gateway_labels.items(), (component, port)
+                    assert set(peer) == {"podSelector"} and any(
+                        peer["podSelector"]["matchLabels"].items() <= labels.items() for labels in allowed), \
+                        (component, port)
+
+
+def retrain_job(objects: dict) -> dict:
+    (job,) = [obj for (kind, _), obj in objects.items() if kind == "CronJob"]
+    return job
+
+
+def test_retrain_cronjob_matches_code_and_shares_the_served_volume(objects: dict) -> None:
+    """The CronJob's args parse with the real `routerkt retrain` parser; it reaches the store as the ACL user
+    over TLS with the password from a Secret, and writes the repository and the policy file that the gateway
+    and Triton read (one volume claim, the same sub-paths)."""
+    from export import cli_retrain
+    job = retrain_job(objects)
+    spec = job["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    assert container["args"][0] == "retrain" and job["spec"]["concurrencyPolicy"] == "Forbid"
+    parser = argparse.ArgumentParser(prog="routerkt retrain", exit_on_error=False)
+    cli_retrain.add_arguments(parser)
+    args = parser.parse_args(container["args"][1:])
+    redis = service_for(objects, only(objects, "redis"))["metadata"]["name"]
+    store = urlparse(args.store)
+    assert (store.scheme, store.hostname, store.port, store.username) == ("rediss", redis, REDIS_PORT, "routerkt")
+    for path in (args.store_password_file, args.store_ca_file, args.gateway_ca_file):
+        assert "secret" in {v["name"]: v for v in spec["volumes"]}[
+            next(m["name"] for m in container["volumeMounts"] if Path(m["mountPath"]) == Path(path).parent)]
+
+    def on_claim(pod: dict, mounts: list[dict], path: Path) -> tuple[str, str]:
+        """(claim, path inside the claim) of a path a container sees."""
+        (mount,) = [m for m in mounts if path == Path(m["mountPath"]) or Path(m["mountPath"]) in path.parents]
+        volume = {v["name"]: v for v in pod["volumes"]}[mount["name"]]
+        inside = Path(mount.get("subPath", "")) / path.relative_to(mount["mountPath"])
+        return volume["persistentVolumeClaim"]["claimName"], inside.as_posix()
+    gateway_pod = pod_spec(only(objects, "gateway"))
+    (gateway,) = gateway_pod["containers"]
+    served = serve_args(gateway["args"])
+    mounts = container["volumeMounts"]
+    assert on_claim(spec, mounts, Path(args.repository)) == on_claim(gateway_pod, gateway["volumeMounts"],
+                                                                      Path(served.repository))
+    assert on_claim(spec, mounts, Path(args.policy_file)) == on_claim(gateway_pod, gateway["volumeMounts"],
+                                                                       Path(served.rollout_policy))
+    triton_pod = pod_spec(only(objects, "triton"))
+    (triton,) = triton_pod["containers"]
+    triton_repo = check_triton_argv(triton["command"] + triton["args"], "k8s triton")
+    assert on_claim(spec, mounts, Path(args.repository)) == on_claim(triton_pod, triton["volumeMounts"],
+                                                                      Path(triton_repo))
+    assert args.gateway.startswith("https://" + service_for(objects, only(objects, "gateway"))["metadata"]["name"])
 
 
 def secret_volume_of(workload: dict, path: str) -> dict:
