@@ -211,17 +211,21 @@ def export_rank_onnx(model: KTModel, path: Path, quiet: bool = True) -> None:
     """Freeze biases and write the rank graph to `path` (single file, weights embedded)."""
     _prepare(model)
     cfg = model.config
-    H = min(cfg.max_len - 1, 15)
-    arrays = rank_inputs(cfg.n_questions, cfg.n_skills, 2, H, 3)
+    arrays = rank_inputs(cfg.n_questions, cfg.n_skills, 2, min(cfg.max_len - 1, 15), 3)
+    _trace(RankInferenceModel(model).eval(), tuple(torch.from_numpy(a) for a in arrays), signature.RANK,
+           rank_dynamic_axes(cfg.max_len, signature.RANK), path, quiet)
+
+
+def rank_dynamic_axes(max_len: int, graph: signature.Graph) -> dict:
+    """The dynamic axes of a graph with the rank graph's inputs: batch, history (1 .. max_len - 1),
+    candidates and skills."""
     batch = torch.export.Dim("batch", min=1, max=1 << 16)
-    history = torch.export.Dim("history", min=1, max=cfg.max_len - 1)
+    history = torch.export.Dim("history", min=1, max=max_len - 1)
     candidates = torch.export.Dim("candidates", min=1, max=1 << 16)
     skills = torch.export.Dim("skills", min=1, max=MAX_SKILLS)
-    dynamic = {spec.name: {0: batch, 1: history if spec.axes[1] == "history" else candidates,
-                           **({2: skills} if signature.skill_axis(spec) else {})}
-               for spec in signature.RANK.inputs}
-    _trace(RankInferenceModel(model).eval(), tuple(torch.from_numpy(a) for a in arrays), signature.RANK,
-           dynamic, path, quiet)
+    return {spec.name: {0: batch, 1: history if spec.axes[1] == "history" else candidates,
+                        **({2: skills} if signature.skill_axis(spec) else {})}
+            for spec in graph.inputs}
 
 
 @dataclass

@@ -27,6 +27,12 @@ Graphs (one ONNX file per graph in a model version folder):
   window - 1 in serving; any length up to window - 1 is accepted); candidate_probs[b, j] equals
   probs[b, -1] of the score graph on the window [history_b, candidate_j] (tolerance 1e-5), from one
   forward over history + candidates. Padding candidates (PAD_ID) get a meaningless value.
+- `explain`: the rank graph's inputs -> candidate_probs as rank, plus explain_attention float32
+  [batch, candidates, heads, history] (the knowledge retriever's last layer: each head's attention
+  from candidate j to each history position; rows sum to <= 1, 0 on padding) and
+  explain_head_weights float32 [batch, candidates, heads] (that layer's weight of each head at the
+  candidate: RouterKT's shared heads 1, selected dynamic heads their routing weight, others 0;
+  dense heads all 1). Attention-free models (DKT) have no explain graph.
 """
 from __future__ import annotations
 
@@ -44,6 +50,7 @@ NO_SKILL = -2              # raw skill id of an unused slot of a skill set (raw 
 # Files inside a model version folder of the Triton repository.
 ONNX_FILE = "model.onnx"
 RANK_ONNX_FILE = "rank.onnx"     # the rank graph, next to model.onnx
+EXPLAIN_ONNX_FILE = "explain.onnx"   # the explain graph (absent: a version exported before it)
 PLAN_FILE = "model.plan"
 VOCAB_FILE = "vocab.json"        # routerkt/contract/vocab.py
 INFO_FILE = "model_info.json"    # routerkt/contract/model_info.py
@@ -100,13 +107,23 @@ RANK = Graph(
 )
 CANDIDATE_PROBS = RANK.outputs[0].name   # the probability output of the rank graph
 
-GRAPHS: dict[str, Graph] = {SCORE.name: SCORE, RANK.name: RANK}
+EXPLAIN = Graph(           # the rank graph plus the knowledge retriever's last attention layer (docs/api.md, "explain")
+    name="explain",
+    inputs=RANK.inputs,
+    outputs=(RANK.outputs[0],
+             TensorSpec("explain_attention", "float32", "TYPE_FP32", "FP32", ("batch", "candidates", "heads", "history")),
+             TensorSpec("explain_head_weights", "float32", "TYPE_FP32", "FP32", ("batch", "candidates", "heads"))),
+)
+EXPLAIN_ATTENTION, EXPLAIN_HEAD_WEIGHTS = (t.name for t in EXPLAIN.outputs[1:])
+
+# RANK before EXPLAIN: graph_with_inputs (same inputs) names a config's inputs the rank graph
+GRAPHS: dict[str, Graph] = {SCORE.name: SCORE, RANK.name: RANK, EXPLAIN.name: EXPLAIN}
 
 
 def served_dims(graph: Graph, window: int) -> dict[str, tuple[int, ...]]:
     """Non-batch dims of each tensor of `graph` as Triton serves it for a model of `window`:
     score [window]; rank history [window - 1], candidates [-1] (variable); skills [-1] (variable)."""
-    axis = {"seq": window, "history": window - 1, "candidates": -1, "skills": -1}
+    axis = {"seq": window, "history": window - 1, "candidates": -1, "skills": -1, "heads": -1}
     return {t.name: tuple(axis[a] for a in t.axes[1:]) for t in graph.inputs + graph.outputs}
 
 

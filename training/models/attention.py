@@ -209,6 +209,7 @@ class MultiHeadAttention(nn.Module):
             collect.balance.append(routing.balance)
             if collect.want_routing:
                 collect.routing.append(routing.weights.detach())
+                collect.head_routing[self.name] = routing.weights.detach()
         out = out.transpose(1, 2).reshape(B, L, d)                            # [B, L, d]
         return self.out(out.to(qp.dtype))
 

@@ -101,16 +101,24 @@ class KTModel(nn.Module):
         candidate_*: [B, N] (skills [B, N, K], the same K; padding candidates, every skill slot
         PAD_ID, get a meaningless logit). Entry j equals the last logit
         of the window [history, candidate_j] with response CANDIDATE_RESPONSE at the candidate."""
+        H = history_skills.shape[1]
+        logits, _ = self.compute(*self.rank_layout(history_questions, history_skills, history_responses,
+                                                   candidate_questions, candidate_skills), Collector(), read_from=H)
+        return logits.float()                                                                # [B, N]
+
+    def rank_layout(self, history_questions: Tensor, history_skills: Tensor, history_responses: Tensor,
+                    candidate_questions: Tensor, candidate_skills: Tensor
+                    ) -> tuple[Tensor, Tensor, Tensor, SequenceContext]:
+        """`compute`'s (questions [B, H+N], skills [B, H+N, K], responses [B, H+N], context) of the
+        rank layout: the history, then the candidates with response CANDIDATE_RESPONSE."""
         if self.config.leaks_future:
             raise ValueError("the whole-window 'sequence' routing scope has no history-once ranking")
-        H = history_skills.shape[1]
         ctx = SequenceContext.build_rank(history_skills, candidate_skills)
         questions = torch.cat([history_questions, candidate_questions], dim=1)               # [B, H+N]
         skills = torch.cat([history_skills, candidate_skills], dim=1)                        # [B, H+N, K]
         responses = torch.cat([history_responses.clamp(0, 1),
                                torch.full_like(candidate_questions, CANDIDATE_RESPONSE)], dim=1)
-        logits, _ = self.compute(questions, skills, responses, ctx, Collector(), read_from=H)  # [B, N]
-        return logits.float()
+        return questions, skills, responses, ctx
 
     def freeze_biases(self) -> None:
         """Precompute learner-independent attention biases as constants (before export)."""
