@@ -1,8 +1,8 @@
 """The one model interface (`KTModel`) and the backbone registry decorator.
 
 Every model takes re-indexed, left-padded `questions`, `responses` [B, L] and skill sets `skills`
-[B, L, K] (PAD_ID in unused slots; training/models/skill_sets.py) and returns a
-`ModelOutput` with logits [B, L] for P(correct at t | questions <= t, responses < t), an explicit
+[B, L, K] (PAD_ID in unused slots; training/models/skill_sets.py; [B, L] is read as one skill each)
+and returns a `ModelOutput` with logits [B, L] for P(correct at t | questions <= t, responses < t), an explicit
 weighted auxiliary loss, and on request attention maps and routing weights. Subclasses implement
 `compute`; the trainer, exporter and evaluator only ever call `forward` (never branch on a name).
 
@@ -25,6 +25,7 @@ from training.config import Backbone, ModelConfig
 from training.models.attention import MultiHeadAttention
 from training.models.context import SequenceContext
 from training.models.outputs import Collector, ModelOutput
+from training.models.skill_sets import as_sets
 
 MODELS: dict[Backbone, type["KTModel"]] = {}
 
@@ -77,6 +78,7 @@ class KTModel(nn.Module):
 
     def forward(self, questions: Tensor, skills: Tensor, responses: Tensor, *,
                 return_attention: bool = False, return_routing: bool = False) -> ModelOutput:
+        skills = as_sets(skills)                                     # [B, L] callers: one skill each
         ctx = SequenceContext.build(skills)
         collect = Collector(want_attention=return_attention, want_routing=return_routing)
         logits, terms = self.compute(questions, skills, responses.clamp(0, 1), ctx, collect)
@@ -113,6 +115,7 @@ class KTModel(nn.Module):
         rank layout: the history, then the candidates with response CANDIDATE_RESPONSE."""
         if self.config.leaks_future:
             raise ValueError("the whole-window 'sequence' routing scope has no history-once ranking")
+        history_skills, candidate_skills = as_sets(history_skills), as_sets(candidate_skills)
         ctx = SequenceContext.build_rank(history_skills, candidate_skills)
         questions = torch.cat([history_questions, candidate_questions], dim=1)               # [B, H+N]
         skills = torch.cat([history_skills, candidate_skills], dim=1)                        # [B, H+N, K]

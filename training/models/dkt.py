@@ -16,7 +16,7 @@ from training.config import Backbone, ModelConfig
 from training.models.base import KTModel, register
 from training.models.context import SequenceContext
 from training.models.outputs import Collector
-from training.models.skill_sets import embed_set, gather_positions, present, set_scores
+from training.models.skill_sets import as_sets, embed_set, gather_positions, present, set_scores
 
 
 @register(Backbone.DKT)
@@ -45,6 +45,7 @@ class DKT(KTModel):
 
     def rank(self, history_questions: Tensor, history_skills: Tensor, history_responses: Tensor,
              candidate_questions: Tensor, candidate_skills: Tensor) -> Tensor:
+        history_skills, candidate_skills = as_sets(history_skills), as_sets(candidate_skills)
         B = history_skills.shape[0]
         valid = present(history_skills)                                      # [B, H]
         steps, length, pad = _rotation(valid)

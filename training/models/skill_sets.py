@@ -16,6 +16,11 @@ from torch import Tensor, nn
 from routerkt.contract.signature import PAD_ID
 
 
+def as_sets(skills: Tensor) -> Tensor:
+    """Skills [B, L] (one per interaction, as before sets existed) -> [B, L, 1]; sets [B, L, K] unchanged."""
+    return skills.unsqueeze(-1) if skills.dim() == 2 else skills
+
+
 def present(skills: Tensor) -> Tensor:
     """skills [B, L, K] -> [B, L] bool: the position holds an interaction (its set is not empty)."""
     return (skills != PAD_ID).any(dim=-1)
