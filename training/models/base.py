@@ -2,8 +2,8 @@
 
 Every model takes re-indexed, left-padded `questions`, `responses` [B, L] and skill sets `skills`
 [B, L, K] (PAD_ID in unused slots; training/models/skill_sets.py; [B, L] is read as one skill each)
-and returns a `ModelOutput` with logits [B, L] for P(correct at t | questions <= t, responses < t), an explicit
-weighted auxiliary loss, and on request attention maps and routing weights. Subclasses implement
+and returns a `ModelOutput` with logits [B, L] for P(correct at t | questions <= t, responses < t), an
+explicit weighted auxiliary loss, and on request attention maps and routing weights. Subclasses implement
 `compute`; the trainer, exporter and evaluator only ever call `forward` (never branch on a name).
 
 `rank` scores N candidate questions after one shared history in one forward: the candidates are N
