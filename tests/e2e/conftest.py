@@ -31,8 +31,8 @@ def _build_module():
             self.skill = nn.Embedding(n_skills, dim)
             self.response = nn.Embedding(3, dim)        # responses -1/0/1 -> rows 0/1/2
 
-        def forward(self, questions, skills, responses):  # each int64 [B, L]
-            target = self.question(questions) + self.skill(skills)                 # [B, L, d]
+        def forward(self, questions, skills, responses):  # int64 [B, L], skill sets [B, L, K], [B, L]
+            target = self.question(questions) + self.skill(skills).mean(-2)        # [B, L, d]
             past = self.response(responses.clamp(-1, 1) + 1) + target             # [B, L, d]
             summed = torch.cumsum(past, dim=1) - past                              # strictly past
             steps = torch.arange(questions.shape[1], device=questions.device)     # [L]
@@ -64,15 +64,18 @@ def tiny_kt_onnx(tiny_kt_model: TinyModel, tmp_path_factory: pytest.TempPathFact
     import torch
 
     path = tmp_path_factory.mktemp("tiny_onnx") / signature.ONNX_FILE
-    example = tuple(torch.zeros(2, 10, dtype=torch.int64) for _ in signature.SCORE.input_names)
+    example = tuple(torch.zeros(2, 10, *((2,) if signature.skill_axis(spec) else ()), dtype=torch.int64)
+                    for spec in signature.SCORE.inputs)
     batch = torch.export.Dim("batch", min=1, max=4096)
     seq = torch.export.Dim("seq", min=2, max=512)
+    skills = torch.export.Dim("skills", min=1, max=64)
     with warnings.catch_warnings():            # exporter chatter (torchvision, LeafSpec, axis names)
         warnings.simplefilter("ignore")
         torch.onnx.export(
             tiny_kt_model.module, example, str(path), dynamo=True, opset_version=18,
             input_names=list(signature.SCORE.input_names), output_names=list(signature.SCORE.output_names),
-            dynamic_shapes={name: {0: batch, 1: seq} for name in signature.SCORE.input_names},
+            dynamic_shapes={spec.name: {0: batch, 1: seq, **({2: skills} if signature.skill_axis(spec) else {})}
+                            for spec in signature.SCORE.inputs},
             external_data=False, verbose=False)
     tiny_kt_model.onnx_path = path
     return tiny_kt_model

@@ -57,7 +57,7 @@ def served(tiny_kt_onnx, tmp_path_factory):
 
 def _batch(tiny, rows: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
-    return (rng.integers(0, tiny.n_questions, (rows, WINDOW)), rng.integers(0, tiny.n_skills, (rows, WINDOW)),
+    return (rng.integers(0, tiny.n_questions, (rows, WINDOW)), rng.integers(0, tiny.n_skills, (rows, WINDOW, 1)),
             rng.integers(-1, 2, (rows, WINDOW)))
 
 
