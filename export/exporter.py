@@ -4,7 +4,9 @@ Steps: rebuild the model from the chosen fold's meta.json alone -> refuse non-se
 ONNX export with frozen biases -> (with fuse_attention: the attention-fusion pass,
 export/attention_fusion.py; not for TensorRT, which builds from the plain graph) -> parity check against PyTorch (random batches at several sizes
 and lengths, plus real batches when the run's data file is readable) -> the same for the rank graph
-(rank.onnx, checked against one PyTorch window per candidate) -> (TensorRT plan of the score graph
+(rank.onnx, checked against one PyTorch window per candidate) -> the same for the explain graph
+(explain.onnx: python backend and models with attention only; never fused nor quantized, so its
+attention is the model's; config.pbtxt then also declares its outputs) -> (TensorRT plan of the score graph
 on a GPU host) -> render config.pbtxt -> publish the version atomically. Either parity failing
 refuses the export; any failure leaves the repository untouched. With --quantize int8 both graphs
 are quantized and each must stay within INT8_TOL.
@@ -21,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from export.attention_fusion import FusionReport, fuse_attention_file
+from export.explain_export import check_explain_parity, explainable, export_explain_onnx
 from export.onnx_export import (PARITY_TOL, ExportError, check_parity, check_rank_parity, export_onnx,
                                 ParityReport, export_rank_onnx, rank_batches)
 from export.repository import publish_version
@@ -45,6 +48,7 @@ class ExportResult:
     rank_parity_max_abs_diff: float = float("nan")
     rank_parity_cases: list = field(default_factory=list)
     fused_attention_cores: int = 0        # attention cores of the served graph as one fused op each
+    explain_parity_max_abs_diff: float = float("nan")   # nan: no explain graph exported
 
 
 def _check_repository(repository: Path) -> None:
@@ -94,6 +98,9 @@ def export_run(run: Path, repository: Path, name: str | None = None, version: in
                   "fold": str(meta.get("fold", "")), "epoch": str(meta.get("epoch", ""))}
     options.parameters = {**options.parameters, PARAM_N_QUESTIONS: str(cfg.model.n_questions),
                           PARAM_N_SKILLS: str(cfg.model.n_skills), **provenance}
+    # the explain graph rides on the rank model of the python backend (export/triton_python_model/model.py)
+    options.explain = (options.backend is Backend.PYTHON and options.graph == signature.RANK.name
+                       and explainable(ckpt.model))
     config_text = render_config(name, options)          # validates name and options before heavy work
     _check_served_graph(repository, name, options.graph)
 
@@ -132,6 +139,18 @@ def export_run(run: Path, repository: Path, name: str | None = None, version: in
         if not rank_report.ok:
             raise ExportError(f"rank parity check failed: max |onnxruntime rank - pytorch windows| = "
                               f"{rank_report.max_abs_diff:.3e} > {PARITY_TOL:g}; nothing was published")
+        explain_report = None
+        if options.explain:
+            started = time.perf_counter()
+            explain_path = Path(tmp) / signature.EXPLAIN_ONNX_FILE
+            export_explain_onnx(ckpt.model, explain_path)
+            explain_report = check_explain_parity(ckpt.model, explain_path, batches=rank_batches(real))
+            log(f"exported the explain graph in {time.perf_counter() - started:.1f}s; explain parity max |ort - "
+                f"torch (probs, attention, head weights)| = {explain_report.max_abs_diff:.2e} over "
+                f"{len(explain_report.cases)} batches")
+            if not explain_report.ok:
+                raise ExportError(f"explain parity check failed: max |onnxruntime explain - pytorch| = "
+                                  f"{explain_report.max_abs_diff:.3e} > {PARITY_TOL:g}; nothing was published")
         if quantize == "int8":                # weights of MatMul/Gemm as int8, activations quantized on the fly
             onnx_path, report = _int8(onnx_path, lambda path: check_parity(ckpt.model, path, batches=real), log)
             rank_path, rank_report = _int8(rank_path, lambda path: check_rank_parity(
@@ -140,6 +159,8 @@ def export_run(run: Path, repository: Path, name: str | None = None, version: in
             raise UserError(f"--quantize {quantize!r}: choose none or int8")
         files: dict[str, Path | bytes] = {signature.VOCAB_FILE: json.dumps(ckpt.vocab.to_json()).encode(),
                                           signature.RANK_ONNX_FILE: rank_path}
+        if explain_report is not None:
+            files[signature.EXPLAIN_ONNX_FILE] = explain_path
         if options.backend is Backend.TENSORRT:
             from export.tensorrt import build_engine
             plan = Path(tmp) / signature.PLAN_FILE
@@ -155,13 +176,16 @@ def export_run(run: Path, repository: Path, name: str | None = None, version: in
                          routing_scope=cfg.model.routing_scope.value, backend=options.backend.value,
                          quantization=quantize, parity_max_abs_diff=report.max_abs_diff,
                          served_graph=options.graph, rank_parity_max_abs_diff=rank_report.max_abs_diff,
+                         explain_parity_max_abs_diff=(explain_report.max_abs_diff if explain_report
+                                                      else float("nan")),
                          provenance={**provenance, "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
         files[signature.INFO_FILE] = info.save_bytes()
         version = publish_version(repository, name, files, config_text, version=version, keep_versions=keep_versions)
     return ExportResult(name=name, version=version, repository=repository, parity_max_abs_diff=report.max_abs_diff,
                         parity_cases=report.cases, files=sorted(files),
                         rank_parity_max_abs_diff=rank_report.max_abs_diff, rank_parity_cases=rank_report.cases,
-                        fused_attention_cores=rank_fusion.fused)
+                        fused_attention_cores=rank_fusion.fused,
+                        explain_parity_max_abs_diff=explain_report.max_abs_diff if explain_report else float("nan"))
 
 
 def _fuse(path: Path) -> FusionReport:

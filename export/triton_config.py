@@ -60,6 +60,9 @@ class TritonModelOptions:
     max_batch_size: int = 1024          # rows per execution; Triton rejects bigger requests
     window: int = 100                   # fixed sequence length (second dim) the gateway sends
     graph: str = "score"                # the contract's graph this model serves (rank: the gateway's path)
+    # rank graph, python backend: also declare the explain graph's outputs (model.py runs explain.onnx
+    # for a request that asks for them, rank.onnx otherwise; the inputs are the rank graph's)
+    explain: bool = False
     preferred_batch_sizes: list[int] = field(default_factory=lambda: [8, 32, 128])
     # The next three by measurement: `routerkt bench cost` (bench/cost/cost.json, 2-core machine,
     # 1 / 8 / 32 callers, Predict with history 99 and 1 candidate, delays 0/100/500/2000 us x 1/2
@@ -102,6 +105,8 @@ class TritonModelOptions:
                 raise UserError(f"Triton option {key} must be a positive integer, got {value!r}")
         if self.graph not in signature.GRAPHS:
             raise UserError(f"Triton option graph must be one of {sorted(signature.GRAPHS)}, got {self.graph!r}")
+        if self.explain and (self.graph != signature.RANK.name or self.backend is not Backend.PYTHON):
+            raise UserError("the explain outputs are served with the rank graph by the python backend only")
         if self.graph != signature.SCORE.name and self.backend is Backend.TENSORRT:
             raise UserError("the tensorrt backend serves the score graph only (the plan is built from model.onnx)")
         if not isinstance(self.max_queue_delay_us, int) or self.max_queue_delay_us < 0:
@@ -153,7 +158,9 @@ def build_config(name: str, options: TritonModelOptions) -> mc.ModelConfig:
     dims = signature.served_dims(graph, options.window)
     for spec in graph.inputs:
         config.input.add(name=spec.name, data_type=mc.DataType.Value(spec.triton_dtype), dims=dims[spec.name])
-    for spec in graph.outputs:
+    outputs = signature.EXPLAIN if options.explain else graph      # EXPLAIN: candidate_probs + attention
+    dims = {**dims, **signature.served_dims(outputs, options.window)}
+    for spec in outputs.outputs:
         config.output.add(name=spec.name, data_type=mc.DataType.Value(spec.triton_dtype), dims=dims[spec.name])
 
     # Dynamic batching only: see HEADER for why there is no queue policy / priority levels.

@@ -45,6 +45,7 @@ class ModelVersion:
     vocab: Vocab = field(repr=False, compare=False)
     graph: Graph = SCORE     # the contract graph the backend serves for it (from config.pbtxt's inputs)
     skill_sets: bool = True  # False: exported before skill sets, one skill per interaction (2-D skill inputs)
+    explain: bool = False    # the version holds explain.onnx and its config serves the explain outputs
 
     def probe_inputs(self) -> dict[str, np.ndarray]:
         """One padding-only request in the shape this version takes (warm-up and health probes)."""
@@ -151,6 +152,8 @@ class ModelCatalog:
                 raise UserError(f"{config_path}: input dims {[list(d) for d in shape.input_dims]} do not match the "
                                 f"window {window} of {signature.INFO_FILE}")
             vocab = read_vocab(self.repository, name, version)
+            explain = (graph is signature.RANK and signature.EXPLAIN_ATTENTION in shape.output_names
+                       and (self.repository / name / str(version) / signature.EXPLAIN_ONNX_FILE).is_file())
         except (UserError, OSError, UnicodeDecodeError) as exc:
             self._broken[(name, version)] = stamp
             log.error("skipping model %s version %s: %s", name, version, str(exc).splitlines()[0])
@@ -162,7 +165,7 @@ class ModelCatalog:
             log.warning("model %s version %s was exported before skill sets (one skill per interaction): it gets "
                         "each set's first skill", name, version)
         return ModelVersion(name=name, version=version, window=window, max_batch_size=shape.max_batch_size,
-                            vocab=vocab, graph=graph, skill_sets=skill_sets)
+                            vocab=vocab, graph=graph, skill_sets=skill_sets, explain=explain)
 
     def _stamp(self, config_path: Path, name: str, version: int) -> _Stamp | None:
         folder = self.repository / name / str(version)

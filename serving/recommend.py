@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from serving import errors
+from serving.explain import ExplainService
 from serving.requests import Deadline, LearnerQuery, PredictQuery
 from serving.prediction import PredictionService
 from serving.sessions.session_service import SessionService
@@ -31,6 +32,7 @@ class RecommendQuery:
     target_probability: float | None = None     # None: DEFAULT_TARGET
     top_k: int | None = None                    # None: every candidate
     exclude_seen: bool = False
+    explain_top_k: int | None = None            # set (0: the default): explain, serving/explain.py
 
 
 @dataclass
@@ -42,6 +44,7 @@ class Recommendations:
     history_used: int
     excluded: int
     prediction_id: str = ""
+    explanations: list | None = None           # with explain: serving/explain.py Explanation per recommendation
 
 
 def order(probabilities: np.ndarray, target: float) -> list[int]:
@@ -70,6 +73,13 @@ class Recommender:
             learner = dataclasses.replace(
                 learner, candidate_questions=learner.candidate_questions[keep], candidate_skills=learner.candidate_skills[keep],
                 candidate_sets=None if learner.candidate_sets is None else learner.candidate_sets[keep])
+        if query.explain_top_k is not None:     # the explain graph instead of the rank graph (not tracked)
+            got = await ExplainService(self.service).explain(query.model, query.version, learner,
+                                                             query.explain_top_k, deadline)
+            ranked = order(got.probabilities, target)[:query.top_k]
+            return Recommendations([int(learner.candidate_questions[i]) for i in ranked],
+                                   [float(got.probabilities[i]) for i in ranked], query.model, got.version,
+                                   got.history_used, excluded, explanations=[got.explanations[i] for i in ranked])
         result = await self.service.predict(PredictQuery(query.model, query.version, [learner]), deadline)
         probs = result.learners[0].probabilities
         ranked = order(probs, target)[:query.top_k]

@@ -1,5 +1,8 @@
 """Triton Python-backend model: runs one exported graph (model.onnx: score, or rank.onnx: rank; the
-config parameter GRAPH says which) with onnxruntime on CPU.
+config parameter GRAPH says which) with onnxruntime on CPU. A rank model whose version folder also
+holds explain.onnx (the explain graph: the rank graph's inputs and candidate_probs plus the attention
+outputs) runs it instead of rank.onnx for the requests that ask for an explain output; the others
+(and every request of a version without explain.onnx) run rank.onnx alone, as before.
 
 Copied verbatim into every version folder of a python-backend model by `routerkt export`. It runs
 inside Triton's `triton_python_backend_stub` with the project venv's interpreter, so it imports only
@@ -39,6 +42,11 @@ RANK_INPUT_NAMES = (HISTORY_QUESTIONS, HISTORY_SKILLS, HISTORY_RESPONSES, CANDID
 CANDIDATE_PROBS = "candidate_probs"
 RANK_ONNX_FILE = "rank.onnx"
 GRAPHS = {"score": (INPUT_NAMES, PROBS, ONNX_FILE), "rank": (RANK_INPUT_NAMES, CANDIDATE_PROBS, RANK_ONNX_FILE)}
+# ... and the explain graph (EXPLAIN, EXPLAIN_ONNX_FILE): the rank graph's inputs, candidate_probs and these.
+EXPLAIN_ATTENTION = "explain_attention"          # float32 [B, N, heads, H]
+EXPLAIN_HEAD_WEIGHTS = "explain_head_weights"    # float32 [B, N, heads]
+EXPLAIN_OUTPUTS = (CANDIDATE_PROBS, EXPLAIN_ATTENTION, EXPLAIN_HEAD_WEIGHTS)
+EXPLAIN_ONNX_FILE = "explain.onnx"
 SKILL_INPUTS = (SKILLS, HISTORY_SKILLS, CANDIDATE_SKILLS)   # [batch, length, K]: a skill set per interaction
 
 # Parameter keys of config.pbtxt (mirrors export/triton_config.py).
@@ -75,13 +83,11 @@ class TritonPythonModel:
         options.enable_cpu_mem_arena = params.get(PARAM_ORT_MEM_ARENA, "0") == "1"
         options.inter_op_num_threads = 1
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")   # routerkt/contract/onnx_session.py
-        path = os.path.join(args["model_repository"], args["model_version"], onnx_file)
-        self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-        names = {i.name for i in self.session.get_inputs()}
-        if names != set(self.input_names) or self.output_name not in {o.name for o in self.session.get_outputs()}:
-            raise pb_utils.TritonModelException(
-                f"{onnx_file} does not match the signature: inputs {sorted(names)}, "
-                f"expected {sorted(self.input_names)} and output {self.output_name!r}")
+        folder = os.path.join(args["model_repository"], args["model_version"])
+        self.session = _session(os.path.join(folder, onnx_file), options, self.input_names, (self.output_name,))
+        explain = os.path.join(folder, EXPLAIN_ONNX_FILE)
+        self.explain_session = (_session(explain, options, RANK_INPUT_NAMES, EXPLAIN_OUTPUTS)
+                                if self.graph == "rank" and os.path.isfile(explain) else None)
         # The family must stay referenced as long as its metric: dropping it unregisters the metric.
         self.exec_family, self.exec_seconds = _exec_histogram(self.model_name, args["model_version"])
 
@@ -100,6 +106,19 @@ class TritonPythonModel:
             feeds.append(arrays)
         if not good:
             return responses
+        # a version without explain.onnx answers candidate_probs alone, as before (the gateway never asks it;
+        # Triton's warm-up and clients that name no outputs ask for every output of config.pbtxt)
+        explain = [self.explain_session is not None and _wants_explain(requests[i]) for i in good]
+        for wanted, session, names in ((False, self.session, (self.output_name,)),
+                                       (True, self.explain_session, EXPLAIN_OUTPUTS)):
+            group = [k for k, e in enumerate(explain) if e is wanted]
+            if group:
+                self._run(session, names, [good[k] for k in group], [feeds[k] for k in group], responses)
+        return responses
+
+    def _run(self, session, output_names, good, feeds, responses):
+        """One onnxruntime run over the requests `good` (their validated `feeds`): every request's
+        outputs `output_names` (candidate axis cut back to its own width) into `responses`."""
         widths = [f[CANDIDATE_QUESTIONS].shape[1] if self.graph == "rank" else None for f in feeds]
 
         if self.graph == "rank":                   # pad every request's candidates to the widest one
@@ -118,22 +137,22 @@ class TritonPythonModel:
                  for name in self.input_names}     # int64 [B, L] (rank: [B, H] and [B, N])
         started = time.perf_counter()
         try:
-            probs = self.session.run([self.output_name], batch)[0]   # float32 [B, L] (rank: [B, N])
+            outputs = session.run(list(output_names), batch)   # float32 [B, L] (rank: [B, N], ...)
         except Exception:                          # ORT errors carry paths: answer generically
             for i in good:
                 responses[i] = _error("model execution failed", pb_utils.TritonError.INTERNAL)
-            return responses
+            return
         if self.exec_seconds is not None:
             self.exec_seconds.observe(time.perf_counter() - started)
 
-        probs = np.asarray(probs, dtype=np.float32)
+        outputs = [np.asarray(o, dtype=np.float32) for o in outputs]
         offset = 0
         for i, arrays, width in zip(good, feeds, widths):
             rows = arrays[self.input_names[0]].shape[0]
-            out = np.ascontiguousarray(probs[offset:offset + rows, :width])
+            tensors = [pb_utils.Tensor(name, np.ascontiguousarray(o[offset:offset + rows, :width]))
+                       for name, o in zip(output_names, outputs)]
             offset += rows
-            responses[i] = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(self.output_name, out)])
-        return responses
+            responses[i] = pb_utils.InferenceResponse(output_tensors=tensors)
 
     def _read(self, request):
         return self._read_rank(request) if self.graph == "rank" else self._read_score(request)
@@ -203,8 +222,27 @@ class TritonPythonModel:
 
     def finalize(self):
         self.session = None
+        self.explain_session = None
         self.exec_seconds = None
         self.exec_family = None
+
+
+def _session(path, options, input_names, output_names):
+    """An onnxruntime session of `path`, checked against the signature's input and output names."""
+    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    names = {i.name for i in session.get_inputs()}
+    missing = set(output_names) - {o.name for o in session.get_outputs()}
+    if names != set(input_names) or missing:
+        raise pb_utils.TritonModelException(
+            f"{os.path.basename(path)} does not match the signature: inputs {sorted(names)}, "
+            f"expected {sorted(input_names)} and outputs {list(output_names)}")
+    return session
+
+
+def _wants_explain(request):
+    """True when the request asks for an explain output (Triton's requested_output_names)."""
+    requested = getattr(request, "requested_output_names", None)
+    return bool(requested is not None and {EXPLAIN_ATTENTION, EXPLAIN_HEAD_WEIGHTS} & set(requested()))
 
 
 def _error(message, code):

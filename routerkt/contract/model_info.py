@@ -56,6 +56,7 @@ class ModelInfo:
     served_graph: str = "score"     # the graph Triton serves for this version (config.pbtxt inputs)
     parity_max_abs_diff: float = math.nan
     rank_parity_max_abs_diff: float = math.nan
+    explain_parity_max_abs_diff: float = math.nan   # nan: no explain graph (explain.onnx) in the version
     provenance: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -99,7 +100,7 @@ class ModelInfo:
             raise ModelInfoError(f"{where}: served_graph must be one of {sorted(GRAPHS)}")
         if kwargs.get("padding", "left") != "left":
             raise ModelInfoError(f"{where}: padding is {kwargs['padding']!r}; this code serves left padding only")
-        for key in ("parity_max_abs_diff", "rank_parity_max_abs_diff"):
+        for key in ("parity_max_abs_diff", "rank_parity_max_abs_diff", "explain_parity_max_abs_diff"):
             value = d.get(key, math.nan)
             kwargs[key] = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
         provenance = d.get("provenance", {})

@@ -68,6 +68,7 @@ class ServedShape:
     max_batch_size: int                      # rows per Triton request
     input_names: tuple[str, ...]
     input_dims: tuple[tuple[int, ...], ...]  # dims of each input, without the batch axis
+    output_names: tuple[str, ...] = ()       # rank + explain outputs: the model also serves the explain graph
 
 
 def parse_triton_config(text: str):
@@ -92,4 +93,5 @@ def read_served_shape(repository: Path, name: str) -> ServedShape:
         raise UserError(f"{path}: cannot read ({exc})") from None
     config = parse_triton_config(text)
     return ServedShape(max_batch_size=int(config.max_batch_size), input_names=tuple(t.name for t in config.input),
-                       input_dims=tuple(tuple(int(d) for d in t.dims) for t in config.input))
+                       input_dims=tuple(tuple(int(d) for d in t.dims) for t in config.input),
+                       output_names=tuple(t.name for t in config.output))

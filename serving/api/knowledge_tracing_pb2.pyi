@@ -43,34 +43,68 @@ class Candidate(_message.Message):
     def __init__(self, question_id: _Optional[int] = ..., skill_id: _Optional[int] = ..., skill_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PredictRequest(_message.Message):
-    __slots__ = ("model", "version", "history", "candidates", "learner_id", "history_columns")
+    __slots__ = ("model", "version", "history", "candidates", "learner_id", "history_columns", "explain")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIELD_NUMBER: _ClassVar[int]
     CANDIDATES_FIELD_NUMBER: _ClassVar[int]
     LEARNER_ID_FIELD_NUMBER: _ClassVar[int]
     HISTORY_COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    EXPLAIN_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: int
     history: _containers.RepeatedCompositeFieldContainer[Interaction]
     candidates: _containers.RepeatedCompositeFieldContainer[Candidate]
     learner_id: str
     history_columns: HistoryColumns
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., history: _Optional[_Iterable[_Union[Interaction, _Mapping]]] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., learner_id: _Optional[str] = ..., history_columns: _Optional[_Union[HistoryColumns, _Mapping]] = ...) -> None: ...
+    explain: ExplainOptions
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., history: _Optional[_Iterable[_Union[Interaction, _Mapping]]] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., learner_id: _Optional[str] = ..., history_columns: _Optional[_Union[HistoryColumns, _Mapping]] = ..., explain: _Optional[_Union[ExplainOptions, _Mapping]] = ...) -> None: ...
+
+class ExplainOptions(_message.Message):
+    __slots__ = ("top_k",)
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    top_k: int
+    def __init__(self, top_k: _Optional[int] = ...) -> None: ...
+
+class AttendedInteraction(_message.Message):
+    __slots__ = ("position", "question_id", "skill_ids", "correct", "weight", "head_attention")
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    QUESTION_ID_FIELD_NUMBER: _ClassVar[int]
+    SKILL_IDS_FIELD_NUMBER: _ClassVar[int]
+    CORRECT_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    HEAD_ATTENTION_FIELD_NUMBER: _ClassVar[int]
+    position: int
+    question_id: int
+    skill_ids: _containers.RepeatedScalarFieldContainer[int]
+    correct: bool
+    weight: float
+    head_attention: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, position: _Optional[int] = ..., question_id: _Optional[int] = ..., skill_ids: _Optional[_Iterable[int]] = ..., correct: _Optional[bool] = ..., weight: _Optional[float] = ..., head_attention: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class CandidateExplanation(_message.Message):
+    __slots__ = ("attended", "head_weights")
+    ATTENDED_FIELD_NUMBER: _ClassVar[int]
+    HEAD_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    attended: _containers.RepeatedCompositeFieldContainer[AttendedInteraction]
+    head_weights: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, attended: _Optional[_Iterable[_Union[AttendedInteraction, _Mapping]]] = ..., head_weights: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class PredictResponse(_message.Message):
-    __slots__ = ("probabilities", "model", "version", "history_used", "prediction_id")
+    __slots__ = ("probabilities", "model", "version", "history_used", "prediction_id", "explanations")
     PROBABILITIES_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     HISTORY_USED_FIELD_NUMBER: _ClassVar[int]
     PREDICTION_ID_FIELD_NUMBER: _ClassVar[int]
+    EXPLANATIONS_FIELD_NUMBER: _ClassVar[int]
     probabilities: _containers.RepeatedScalarFieldContainer[float]
     model: str
     version: int
     history_used: int
     prediction_id: str
-    def __init__(self, probabilities: _Optional[_Iterable[float]] = ..., model: _Optional[str] = ..., version: _Optional[int] = ..., history_used: _Optional[int] = ..., prediction_id: _Optional[str] = ...) -> None: ...
+    explanations: _containers.RepeatedCompositeFieldContainer[CandidateExplanation]
+    def __init__(self, probabilities: _Optional[_Iterable[float]] = ..., model: _Optional[str] = ..., version: _Optional[int] = ..., history_used: _Optional[int] = ..., prediction_id: _Optional[str] = ..., explanations: _Optional[_Iterable[_Union[CandidateExplanation, _Mapping]]] = ...) -> None: ...
 
 class LearnerRequest(_message.Message):
     __slots__ = ("history", "candidates", "learner_id", "history_columns")
@@ -117,7 +151,7 @@ class PredictBatchResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[LearnerResult, _Mapping]]] = ..., model: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
 
 class RecommendRequest(_message.Message):
-    __slots__ = ("model", "version", "history", "learner_id", "candidates", "target_probability", "top_k", "exclude_seen", "history_columns")
+    __slots__ = ("model", "version", "history", "learner_id", "candidates", "target_probability", "top_k", "exclude_seen", "history_columns", "explain")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIELD_NUMBER: _ClassVar[int]
@@ -127,6 +161,7 @@ class RecommendRequest(_message.Message):
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     EXCLUDE_SEEN_FIELD_NUMBER: _ClassVar[int]
     HISTORY_COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    EXPLAIN_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: int
     history: _containers.RepeatedCompositeFieldContainer[Interaction]
@@ -136,15 +171,18 @@ class RecommendRequest(_message.Message):
     top_k: int
     exclude_seen: bool
     history_columns: HistoryColumns
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., history: _Optional[_Iterable[_Union[Interaction, _Mapping]]] = ..., learner_id: _Optional[str] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., target_probability: _Optional[float] = ..., top_k: _Optional[int] = ..., exclude_seen: _Optional[bool] = ..., history_columns: _Optional[_Union[HistoryColumns, _Mapping]] = ...) -> None: ...
+    explain: ExplainOptions
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., history: _Optional[_Iterable[_Union[Interaction, _Mapping]]] = ..., learner_id: _Optional[str] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., target_probability: _Optional[float] = ..., top_k: _Optional[int] = ..., exclude_seen: _Optional[bool] = ..., history_columns: _Optional[_Union[HistoryColumns, _Mapping]] = ..., explain: _Optional[_Union[ExplainOptions, _Mapping]] = ...) -> None: ...
 
 class Recommendation(_message.Message):
-    __slots__ = ("question_id", "probability")
+    __slots__ = ("question_id", "probability", "explanation")
     QUESTION_ID_FIELD_NUMBER: _ClassVar[int]
     PROBABILITY_FIELD_NUMBER: _ClassVar[int]
+    EXPLANATION_FIELD_NUMBER: _ClassVar[int]
     question_id: int
     probability: float
-    def __init__(self, question_id: _Optional[int] = ..., probability: _Optional[float] = ...) -> None: ...
+    explanation: CandidateExplanation
+    def __init__(self, question_id: _Optional[int] = ..., probability: _Optional[float] = ..., explanation: _Optional[_Union[CandidateExplanation, _Mapping]] = ...) -> None: ...
 
 class RecommendResponse(_message.Message):
     __slots__ = ("recommendations", "model", "version", "history_used", "excluded", "prediction_id")

@@ -25,6 +25,7 @@ from serving import errors
 from serving.api import knowledge_tracing_pb2 as pb
 from serving.errors import ServingError
 from serving.transport.endpoints import Endpoints
+from serving.explain import ExplainService, Explanation
 from serving.mastery import MasteryQuery, MasteryService
 from serving.recommend import RecommendQuery
 from serving.requests import (DEFAULT_MAX_SKILLS, Deadline, LearnerQuery, PredictQuery, PredictResult, column_arrays,
@@ -130,7 +131,8 @@ def recommend_query(request: pb.RecommendRequest, max_skills: int = DEFAULT_MAX_
     return RecommendQuery(
         model=request.model, version=request.version, learner=_learner(request, "", max_skills),
         target_probability=request.target_probability if request.HasField("target_probability") else None,
-        top_k=request.top_k if request.HasField("top_k") else None, exclude_seen=request.exclude_seen)
+        top_k=request.top_k if request.HasField("top_k") else None, exclude_seen=request.exclude_seen,
+        explain_top_k=request.explain.top_k if request.HasField("explain") else None)
 
 
 def mastery_query(request: pb.MasteryRequest, max_skills: int = DEFAULT_MAX_SKILLS) -> MasteryQuery:
@@ -163,6 +165,13 @@ def predict_response(result: PredictResult) -> pb.PredictResponse:
                               prediction_id=learner.prediction_id)
 
 
+def explanation_pb(explanation: Explanation) -> pb.CandidateExplanation:
+    return pb.CandidateExplanation(
+        attended=[pb.AttendedInteraction(position=a.position, question_id=a.question_id, skill_ids=a.skill_ids,
+                                         correct=a.correct, weight=a.weight, head_attention=a.head_attention)
+                  for a in explanation.attended], head_weights=explanation.head_weights)
+
+
 def batch_response(result: PredictResult) -> pb.PredictBatchResponse:
     return pb.PredictBatchResponse(
         results=[pb.LearnerResult(probabilities=l.probabilities.tolist(), history_used=l.history_used,
@@ -178,6 +187,7 @@ class KnowledgeTracingServicer:
         self.sessions = endpoints.sessions
         self.recommender = endpoints.recommender
         self.mastery = MasteryService(endpoints.service)
+        self.explainer = ExplainService(endpoints.service)
         self.default_deadline_s = self.service.settings.default_deadline_s
         self.max_skills = self.service.settings.max_skills_per_interaction
         self.max_deadline_s = self.service.settings.max_deadline_s
@@ -197,6 +207,13 @@ class KnowledgeTracingServicer:
         return count
 
     async def Predict(self, request: pb.PredictRequest, deadline: Deadline) -> pb.PredictResponse:
+        if request.HasField("explain"):                  # the explain graph instead of the rank graph
+            query = predict_query(request, self.max_skills)
+            got = await self.explainer.explain(query.model, query.version, query.learners[0], request.explain.top_k,
+                                               deadline)
+            return pb.PredictResponse(probabilities=got.probabilities.tolist(), model=query.model, version=got.version,
+                                      history_used=got.history_used,
+                                      explanations=[explanation_pb(e) for e in got.explanations])
         return predict_response(await self.service.predict(predict_query(request, self.max_skills), deadline))
 
     async def PredictBatch(self, request: pb.PredictBatchRequest, deadline: Deadline) -> pb.PredictBatchResponse:
@@ -209,8 +226,10 @@ class KnowledgeTracingServicer:
     async def Recommend(self, request: pb.RecommendRequest, deadline: Deadline) -> pb.RecommendResponse:
         result = await self.recommender.recommend(recommend_query(request, self.max_skills), deadline)
         return pb.RecommendResponse(
-            recommendations=[pb.Recommendation(question_id=q, probability=p)
-                             for q, p in zip(result.question_ids, result.probabilities)],
+            recommendations=[pb.Recommendation(question_id=q, probability=p,
+                                               explanation=explanation_pb(e) if e is not None else None)
+                             for q, p, e in zip(result.question_ids, result.probabilities,
+                                                result.explanations or [None] * len(result.question_ids))],
             model=result.model, version=result.version, history_used=result.history_used, excluded=result.excluded,
             prediction_id=result.prediction_id)
 

@@ -42,6 +42,7 @@ from pydantic import AfterValidator, BaseModel, Field, StrictInt
 
 from serving.errors import ServingError, failed_precondition, invalid_argument
 from serving.transport.endpoints import Endpoints
+from serving.explain import ExplainService
 from serving.mastery import MasteryQuery, MasteryService
 from serving.recommend import RecommendQuery
 from serving.requests import DEFAULT_MAX_SKILLS, Deadline, LearnerQuery, PredictQuery, column_arrays, skill_sets
@@ -97,6 +98,10 @@ class CandidateIn(BaseModel):
     skill_ids: list[Int64] = Field(default_factory=list, description=SKILL_IDS)
 
 
+class ExplainIn(BaseModel):
+    top_k: Int32 = Field(0, description="past interactions per candidate, 1..window-1; 0: 5")
+
+
 class PredictIn(BaseModel):
     model: Text
     version: Int64 = Field(0, description="0 = the latest served version")
@@ -104,6 +109,21 @@ class PredictIn(BaseModel):
     candidates: list[CandidateIn]
     learner_id: Text = Field("", description="set: the history comes from the session store (history empty)")
     history_columns: HistoryColumnsIn | None = Field(None, description="the history as columns instead of history")
+    explain: ExplainIn | None = Field(None, description="set: explain each prediction (docs/api.md, Explanations)")
+
+
+class AttendedOut(BaseModel):
+    position: int
+    question_id: int
+    skill_ids: list[int]
+    correct: bool
+    weight: float
+    head_attention: list[float]
+
+
+class ExplanationOut(BaseModel):
+    attended: list[AttendedOut]
+    head_weights: list[float]
 
 
 class PredictOut(BaseModel):
@@ -112,6 +132,7 @@ class PredictOut(BaseModel):
     version: int
     history_used: int
     prediction_id: str = ""
+    explanations: list[ExplanationOut] = Field(default_factory=list)
 
 
 class LearnerIn(BaseModel):
@@ -150,11 +171,13 @@ class RecommendIn(BaseModel):
     top_k: Int32 | None = Field(None, description=">= 1; default: every candidate")
     exclude_seen: bool = False
     history_columns: HistoryColumnsIn | None = Field(None, description="the history as columns instead of history")
+    explain: ExplainIn | None = Field(None, description="set: explain each recommendation")
 
 
 class RecommendationOut(BaseModel):
     question_id: int
     probability: float
+    explanation: ExplanationOut | None = None
 
 
 class RecommendOut(BaseModel):
@@ -265,6 +288,7 @@ def create_app(endpoints: Endpoints) -> FastAPI:
     raised anywhere (the deadline header, the service) becomes the JSON error with its HTTP status."""
     service, sessions, recommender = endpoints.service, endpoints.sessions, endpoints.recommender
     masteries = MasteryService(service)
+    explainer = ExplainService(service)
     settings, metrics = service.settings, service.metrics
     max_skills = settings.max_skills_per_interaction
     guard = endpoints.guard
@@ -353,6 +377,11 @@ def create_app(endpoints: Endpoints) -> FastAPI:
               summary="P(correct) for each candidate question of one learner")
     async def predict(body: PredictIn, deadline: Deadline = Depends(call_deadline)) -> PredictOut:
         query = PredictQuery(model=body.model, version=body.version, learners=[_learner(body, "", max_skills)])
+        if body.explain is not None:              # the explain graph instead of the rank graph
+            got = await explainer.explain(body.model, body.version, query.learners[0], body.explain.top_k, deadline)
+            return PredictOut(probabilities=got.probabilities.tolist(), model=body.model, version=got.version,
+                              history_used=got.history_used,
+                              explanations=[_explanation(e) for e in got.explanations])
         learner = (result := await service.predict(query, deadline)).learners[0]
         return PredictOut(probabilities=learner.probabilities.tolist(), model=result.model,
                           version=learner.version, history_used=learner.history_used,
@@ -373,10 +402,13 @@ def create_app(endpoints: Endpoints) -> FastAPI:
               summary="candidates ordered by |P(correct) - target_probability| (default 0.7), closest first")
     async def recommend(body: RecommendIn, deadline: Deadline = Depends(call_deadline)) -> RecommendOut:
         query = RecommendQuery(body.model, body.version, _learner(body, "", max_skills),
-                               body.target_probability, body.top_k, body.exclude_seen)
+                               body.target_probability, body.top_k, body.exclude_seen,
+                               body.explain.top_k if body.explain is not None else None)
         result = await recommender.recommend(query, deadline)
-        return RecommendOut(recommendations=[RecommendationOut(question_id=q, probability=p) for q, p in
-                                             zip(result.question_ids, result.probabilities)],
+        explained = result.explanations or [None] * len(result.question_ids)
+        return RecommendOut(recommendations=[RecommendationOut(question_id=q, probability=p,
+                                                               explanation=_explanation(e) if e else None)
+                                             for q, p, e in zip(result.question_ids, result.probabilities, explained)],
                             model=result.model, version=result.version, history_used=result.history_used,
                             excluded=result.excluded, prediction_id=result.prediction_id)
 
@@ -437,6 +469,10 @@ def _learner(body: PredictIn | LearnerIn | RecommendIn | MasteryIn, prefix: str 
     cs, c_sets = _skills(candidates, f"{prefix}candidates", max_skills)
     return LearnerQuery(hq, hs, hc, np.array([c.question_id for c in candidates], dtype=np.int64), cs,
                         body.learner_id, h_sets, c_sets)
+
+
+def _explanation(e) -> ExplanationOut:
+    return ExplanationOut(attended=[AttendedOut(**vars(a)) for a in e.attended], head_weights=e.head_weights)
 
 
 def _skills(items: list[InteractionIn] | list[CandidateIn], field: str, max_skills: int):

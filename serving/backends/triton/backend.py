@@ -72,3 +72,12 @@ class TritonInferenceBackend:
         except BackendError as exc:
             self.supervisor.on_failure(model.name, model.version, exc)
             raise
+
+    async def infer_outputs(self, model: ModelVersion, feeds: dict[str, np.ndarray], outputs: tuple[str, ...],
+                            timeout_s: float) -> dict[str, np.ndarray]:
+        """Several outputs of the model's config (the explain call: serving/explain.py)."""
+        try:
+            return await self.client.infer_outputs(model.name, model.version, model.graph, feeds, outputs, timeout_s)
+        except BackendError as exc:
+            self.supervisor.on_failure(model.name, model.version, exc)
+            raise

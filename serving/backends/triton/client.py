@@ -113,15 +113,18 @@ class TritonClient:
             raise RuntimeError("TritonClient.connect() was not awaited")
         return self._client
 
-    def request(self, model: str, version: int, graph: Graph, feeds: dict[str, np.ndarray]) -> service_pb2.ModelInferRequest:
+    def request(self, model: str, version: int, graph: Graph, feeds: dict[str, np.ndarray],
+                outputs: tuple[str, ...] = ()) -> service_pb2.ModelInferRequest:
         """The ModelInferRequest for `feeds`: a copy of the one prepared for (model, version, graph)
-        (names, dtypes, output; built once) plus the inputs' shapes and raw bytes."""
-        key = (model, version, graph.name)
+        (names, dtypes, output; built once) plus the inputs' shapes and raw bytes. `outputs`: the
+        outputs to ask for (default: the graph's first)."""
+        key = (model, version, graph.name, outputs)
         if key not in self._prepared:
             prepared = service_pb2.ModelInferRequest(model_name=model, model_version=str(version))
             for spec in graph.inputs:
                 prepared.inputs.add(name=spec.name, datatype=spec.onnx_dtype)
-            prepared.outputs.add(name=graph.outputs[0].name)
+            for name in outputs or (graph.outputs[0].name,):
+                prepared.outputs.add(name=name)
             self._prepared[key] = prepared
         request = service_pb2.ModelInferRequest()
         request.CopyFrom(self._prepared[key])
@@ -135,19 +138,7 @@ class TritonClient:
                     observe: bool = True) -> np.ndarray:
         """`graph`'s output, float32 [rows, ...], for its int64 inputs `feeds`; BackendError on failure.
         `observe`: record the round trip in routerkt_triton_request_seconds (not for probes)."""
-        if self._infer_stub is None:
-            raise RuntimeError("TritonClient.connect() was not awaited")
-        request = self.request(model, version, graph, feeds)
-        started = time.perf_counter()
-        try:
-            response = await self._infer_stub.ModelInfer(request, timeout=timeout_s)
-        except grpc.aio.AioRpcError as exc:
-            code, detail = exc.code().name, exc.details() or ""
-            raise BackendError(classify_status(code, detail), f"{code}: {detail}") from None
-        finally:
-            if observe:
-                self.metrics.triton_seconds.labels(model=model, version=str(version)).observe(
-                    time.perf_counter() - started)
+        response = await self._call(self.request(model, version, graph, feeds), timeout_s, observe)
         rows = feeds[graph.inputs[0].name].shape[0]
         probs = _output(response)                                    # float32 [rows, ...]
         if probs is None or probs.ndim != 2 or probs.shape[0] != rows:
@@ -155,6 +146,38 @@ class TritonClient:
             raise BackendError(FailureKind.FAILED, f"output {graph.outputs[0].name} has shape {shape}, "
                                                    f"expected {rows} rows")
         return probs
+
+    async def infer_outputs(self, model: str, version: int, graph: Graph, feeds: dict[str, np.ndarray],
+                            outputs: tuple[str, ...], timeout_s: float) -> dict[str, np.ndarray]:
+        """The FP32 `outputs` (name -> array of its shape) for `feeds`: the explain call (the rank
+        model's explain outputs, serving/explain.py); BackendError on failure."""
+        response = await self._call(self.request(model, version, graph, feeds, outputs), timeout_s, True)
+        got = {}
+        for tensor, data in zip(response.outputs, response.raw_output_contents):
+            shape = tuple(tensor.shape)
+            if tensor.datatype != "FP32" or len(data) != 4 * int(np.prod(shape)):
+                raise BackendError(FailureKind.FAILED, f"output {tensor.name} is not FP32 {list(shape)}")
+            got[tensor.name] = np.frombuffer(data, dtype=np.float32).reshape(shape)
+        rows = feeds[graph.inputs[0].name].shape[0]
+        if set(got) != set(outputs) or any(a.shape[0] != rows for a in got.values()):
+            raise BackendError(FailureKind.FAILED, f"outputs {sorted(got)}, expected {list(outputs)} of {rows} rows")
+        return got
+
+    async def _call(self, request: service_pb2.ModelInferRequest, timeout_s: float,
+                    observe: bool) -> service_pb2.ModelInferResponse:
+        """One ModelInfer round trip (BackendError on failure), timed in routerkt_triton_request_seconds."""
+        if self._infer_stub is None:
+            raise RuntimeError("TritonClient.connect() was not awaited")
+        started = time.perf_counter()
+        try:
+            return await self._infer_stub.ModelInfer(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            code, detail = exc.code().name, exc.details() or ""
+            raise BackendError(classify_status(code, detail), f"{code}: {detail}") from None
+        finally:
+            if observe:
+                self.metrics.triton_seconds.labels(model=request.model_name, version=request.model_version).observe(
+                    time.perf_counter() - started)
 
     async def model_states(self, timeout_s: float) -> dict[str, dict[int, str]] | None:
         """model -> version -> Triton's state ("READY", ...), or None when Triton is not live.

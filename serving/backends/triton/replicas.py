@@ -227,3 +227,13 @@ class TritonReplicaBackend:
                     timeout_s: float) -> np.ndarray:
         self.metrics.triton_replica_inferences.labels(replica=str(replica.index)).inc()
         return await replica.backend.infer(model, feeds, timeout_s)
+
+    async def infer_outputs(self, model: ModelVersion, feeds: dict[str, np.ndarray], outputs: tuple[str, ...],
+                            timeout_s: float) -> dict[str, np.ndarray]:
+        """The explain call (serving/explain.py) on one replica, without a retry (an inspection)."""
+        replica = self.pick(model)
+        if replica is None:
+            raise BackendError(FailureKind.UNAVAILABLE,
+                               f"no Triton replica serves model {model.name} version {model.version} now")
+        self.metrics.triton_replica_inferences.labels(replica=str(replica.index)).inc()
+        return await replica.backend.infer_outputs(model, feeds, outputs, timeout_s)
