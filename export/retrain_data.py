@@ -82,9 +82,10 @@ def split_events(events_csv: Path, train_csv: Path, cutoff_ms: int | None) -> Sp
     """Read the export, split each learner at the cutoff, write the training rows as a canonical CSV."""
     import pandas as pd
     from training.data.csv_reader import read_interactions
+    with open(events_csv, "rb") as handle:
+        if len(handle.read(4096).splitlines()) < 2:
+            raise UserError("the store holds no events: nothing to retrain on")
     inter = read_interactions(events_csv)
-    if len(inter) == 0:
-        raise UserError("the store holds no events: nothing to retrain on")
     frame = pd.read_csv(events_csv, dtype={"skill_id": str})
     ts = filled_timestamps(inter.user_id, frame["timestamp_ms"].to_numpy(np.int64))
     if cutoff_ms is None and not (ts >= 0).any():        # no timestamps at all (a backlog imported without them)
