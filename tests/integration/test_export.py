@@ -120,7 +120,7 @@ def test_export_publishes_new_versions(kt_repository, tmp_path):
     config = (repo / "kt" / "config.pbtxt").read_text()
     assert 'key: "valid_auc"' in config and "KIND_CPU" in config
     vocab = json.loads((repo / "kt" / "2" / "vocab.json").read_text())
-    assert vocab["format"] == "routerkt-vocab/1" and np.all(np.array(list(vocab["questions"].values())) >= 2)
+    assert vocab["format"] == "routerkt-vocab/2" and np.all(np.array(list(vocab["questions"].values())) >= 2)
     # plain graphs by default; --fuse-attention runs the pass on the served graph (routerkt-akt: every core)
     def fused_nodes(version: int) -> list:
         graph = onnx.load(str(repo / "kt" / str(version) / "rank.onnx")).graph
