@@ -62,6 +62,7 @@ class Report:
     cutoff_ms: int | None = None
     seconds: dict = field(default_factory=dict)
     policy: str = ""
+    config: str = ""
     training: dict = field(default_factory=dict)
 
     @contextmanager
@@ -189,8 +190,8 @@ def _publish_and_canary(opts: RetrainOptions, entry: dict, served: int, candidat
             commands.set_policy(opts.model, opts.policy_file, "pinned", "--version", str(served))
         files = {p.name: p for p in candidate_dir.iterdir() if p.is_file()}
         keep = max(3, len([v for v in list_versions(repo, opts.model) if v >= served]) + 1)   # never the served one
-        new_version = publish_version(repo, opts.model, files, (candidate_repo / opts.model / CONFIG_FILE).read_text(),
-                                      keep_versions=keep)
+        config_text, report.config = _config(repo / opts.model / CONFIG_FILE, candidate_repo / opts.model / CONFIG_FILE)
+        new_version = publish_version(repo, opts.model, files, config_text, keep_versions=keep)
         if opts.gateway:
             waited = commands.wait_loaded(opts.gateway, opts.model, new_version, opts.load_timeout_s,
                                           opts.gateway_ca_file)
@@ -203,6 +204,25 @@ def _publish_and_canary(opts: RetrainOptions, entry: dict, served: int, candidat
             _unpublish(repo, opts.model, new_version)
         _restore(opts.policy_file, policy_before)
         raise
+
+
+def _config(served: Path, candidate: Path) -> tuple[str, str]:
+    """The config.pbtxt to publish with: the served one, unchanged, when the new version's vocabulary sizes fit
+    its limits (Triton then loads the new version beside the others), else the new one. A changed config makes
+    Triton reload every version, and Triton 2.51's python backend can crash when that happens under load
+    (docs/learning-loop.md, "Publishing")."""
+    from export.triton_config import PARAM_N_QUESTIONS, PARAM_N_SKILLS
+    from routerkt.contract.repository import parse_triton_config
+    try:
+        old, new = parse_triton_config(served.read_text()), parse_triton_config(candidate.read_text())
+        fits = all(int(new.parameters[k].string_value) <= int(old.parameters[k].string_value)
+                   for k in (PARAM_N_QUESTIONS, PARAM_N_SKILLS))
+        same_inputs = [tuple(i.dims) for i in old.input] == [tuple(i.dims) for i in new.input]
+    except (OSError, KeyError, ValueError, UserError):
+        fits = same_inputs = False
+    if fits and same_inputs and old.backend == new.backend:
+        return served.read_text(), "kept (the served config; Triton loads only the new version)"
+    return candidate.read_text(), "replaced (the vocabulary grew: Triton reloads every version of the model)"
 
 
 def _unpublish(repository: Path, model: str, version: int) -> None:
@@ -244,6 +264,8 @@ def render(report: Report) -> str:
         if m:
             lines.append(f"{name:<24}{m['auc']:>8.4f}{m['log_loss']:>10.4f}{m['brier']:>8.4f}")
     lines += ["", "seconds: " + ", ".join(f"{k} {v}" for k, v in report.seconds.items()), report.decision]
+    if report.config:
+        lines.append(f"config.pbtxt: {report.config}")
     if report.policy:
         lines.append(f"policy: {report.policy}")
     return "\n".join(lines) + "\n"
