@@ -106,14 +106,13 @@ def build_request(args: argparse.Namespace):
         raise UserError(f"--target must be HOST:PORT, got {args.target!r}")
     try:
         history = [pb.Interaction(question_id=q, correct=c, **skill_fields(s)) for q, s, c in parse_history(args.history)]
-        mastery, skill_list = getattr(args, "mastery", False), getattr(args, "skills", "")   # callers' namespaces
-        if mastery:
+        if args.mastery:
             if args.candidates.strip() or args.recommend:
                 raise UserError("--mastery takes no --candidates and no --recommend")
-            skills = [parse_int(s, "--skills item") for s in skill_list.split(",") if s.strip()]
+            skills = [parse_int(s, "--skills item") for s in args.skills.split(",") if s.strip()]
             return pb.MasteryRequest(model=args.model, version=args.version, history=history,
                                      learner_id=args.learner_id, skill_ids=skills)
-        if skill_list.strip():
+        if args.skills.strip():
             raise UserError("--skills needs --mastery")
         candidates = [pb.Candidate(question_id=q, **skill_fields(s)) for q, s in parse_candidates(args.candidates)]
         if args.recommend:

@@ -31,11 +31,13 @@ def test_parse_history_and_candidates() -> None:
 def test_skill_sets_on_the_command_line() -> None:
     import argparse
 
-    from serving.cli_predict import build_request
+    from serving.cli_predict import add_arguments, build_request
     assert parse_history("1:3;17:1,2:4:0") == [(1, [3, 17], 1), (2, 4, 0)]
     assert parse_candidates("5:6;7,8") == [(5, [6, 7]), (8, None)]
-    args = argparse.Namespace(target="h:1", model="kt", version=0, history="1:3;17:1", candidates="5:6;7,8:9",
-                              learner_id="", recommend=False, timeout=1.0)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)                                    # the real `routerkt predict` flags
+    args = parser.parse_args(["--target", "h:1", "--model", "kt", "--history", "1:3;17:1",
+                              "--candidates", "5:6;7,8:9", "--timeout", "1"])
     request = build_request(args)
     assert list(request.history[0].skill_ids) == [3, 17] and not request.history[0].HasField("skill_id")
     assert list(request.candidates[0].skill_ids) == [6, 7] and request.candidates[1].skill_id == 9
