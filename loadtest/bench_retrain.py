@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import subprocess
+import tempfile
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -54,13 +55,19 @@ async def fill_store(url: str, frame, secret: bytes, t0_ms: int = 1_000_000, kee
 
 
 def _measured(command: list[str], log: Path) -> tuple[int, float, float]:
-    """(exit code, wall seconds, peak RSS in MB) of one child process."""
-    started = time.perf_counter()
+    """(exit code, wall seconds, peak RSS in MB) of one child process. The peak is VmHWM of /proc/PID/status,
+    read every 20 ms (ru_maxrss would count the parent's pages the child shared before its exec)."""
+    started, peak_kb = time.perf_counter(), 0
     with open(log, "w") as handle:
         child = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT)
-        _, status, usage = os.wait4(child.pid, 0)
-    child.returncode = os.waitstatus_to_exitcode(status)
-    return child.returncode, time.perf_counter() - started, usage.ru_maxrss / 1024
+        while child.poll() is None:
+            try:
+                status = Path(f"/proc/{child.pid}/status").read_text()
+                peak_kb = max(peak_kb, int(status.split("VmHWM:")[1].split()[0]))
+            except (OSError, IndexError, ValueError):
+                pass
+            time.sleep(0.02)
+    return child.returncode, time.perf_counter() - started, peak_kb / 1024
 
 
 def _served_version(out: Path, preset: str) -> Path:
@@ -89,11 +96,11 @@ def run(args: argparse.Namespace) -> int:
     kinds = [k.strip() for k in args.stores.split(",") if k.strip()]
     if not sizes or any(n < 1000 for n in sizes) or not set(kinds) <= {"sqlite", "redis"}:
         raise UserError("--events: sizes >= 1000; --stores: sqlite and/or redis")
-    out = args.out
-    out.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
     results = []
     with ExitStack() as stack:
         stop_children_on_sigterm(stack)
+        out = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="routerkt-bench-retrain-")))   # stores, runs
         repo = _served_version(out, args.preset) if any(n <= args.retrain_up_to for n in sizes) else None
         redis = stack.enter_context(RedisServer(out / "redis")) if "redis" in kinds else None
         for size in sizes:
@@ -108,9 +115,9 @@ def run(args: argparse.Namespace) -> int:
                 events = asyncio.run(fill_store(url, frame, SECRET))
                 row = {"events": events, "store": kind, "fill_s": round(time.perf_counter() - started, 1)}
                 code, wall, peak = _measured([*ROUTERKT, "sessions", "export", "--store", url, "--out",
-                                              str(out / "events.csv")], out / f"export-{size}-{kind}.log")
+                                              str(out / "events.csv")], args.out / f"export-{size}-{kind}.log")
                 if code != 0:
-                    raise UserError(f"sessions export failed (log {out / f'export-{size}-{kind}.log'})")
+                    raise UserError(f"sessions export failed (log {args.out / f'export-{size}-{kind}.log'})")
                 row.update(export_s=round(wall, 1), export_peak_mb=round(peak), export_events_per_s=round(events / wall))
                 if repo is not None and size <= args.retrain_up_to:
                     folder = out / f"retrain-{size}-{kind}"
@@ -118,15 +125,16 @@ def run(args: argparse.Namespace) -> int:
                                "--runs", str(out / "runs"), "--out", str(folder), "--policy-file",
                                str(out / "rollout.json"), "--margin", "1000"]
                     command += ["--epochs", str(args.epochs)] if args.epochs else []
-                    code, wall, peak = _measured(command, out / f"retrain-{size}-{kind}.log")
+                    code, wall, peak = _measured(command, args.out / f"retrain-{size}-{kind}.log")
                     if code not in (0, 3):
-                        raise UserError(f"retrain failed (log {out / f'retrain-{size}-{kind}.log'})")
+                        raise UserError(f"retrain failed (log {args.out / f'retrain-{size}-{kind}.log'})")
                     report = json.loads((folder / "report.json").read_text())
                     row.update(retrain_s=round(wall, 1), retrain_peak_mb=round(peak),
                                stages_s=report["seconds"], epochs_run=report["training"]["epochs_run"],
                                served_auc=round(report["served"]["auc"], 4), new_auc=round(report["candidate"]["auc"], 4))
                 results.append(row)
                 print(json.dumps(row), flush=True)
+                atomic_write_json(args.out / "retrain.json", {"preset": args.preset, "cpus": os.cpu_count(),
+                                                              "results": results})
                 (out / "events.csv").unlink(missing_ok=True)
-    atomic_write_json(out / "retrain.json", {"preset": args.preset, "cpus": os.cpu_count(), "results": results})
     return 0
