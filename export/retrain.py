@@ -217,7 +217,8 @@ def _config(served: Path, candidate: Path) -> tuple[str, str]:
         old, new = parse_triton_config(served.read_text()), parse_triton_config(candidate.read_text())
         fits = all(int(new.parameters[k].string_value) <= int(old.parameters[k].string_value)
                    for k in (PARAM_N_QUESTIONS, PARAM_N_SKILLS))
-        same_inputs = [tuple(i.dims) for i in old.input] == [tuple(i.dims) for i in new.input]
+        same_inputs = all([(t.name, tuple(t.dims)) for t in getattr(old, side)] ==
+                          [(t.name, tuple(t.dims)) for t in getattr(new, side)] for side in ("input", "output"))
     except (OSError, KeyError, ValueError, UserError):
         fits = same_inputs = False
     if fits and same_inputs and old.backend == new.backend:
