@@ -6,6 +6,8 @@
 """
 from __future__ import annotations
 
+import contextlib
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,3 +94,51 @@ def triton(kt_repository, tmp_path_factory):
         yield server
     finally:
         server.stop()
+
+
+@contextlib.contextmanager
+def gateway_over(repository: Path, triton_url: str, store: Path | None = None, secret: bytes = b"e2e-secret-" * 3,
+                 versions: tuple[int, ...] = (0,)):
+    """An in-process gateway over a running Triton (with a SQLite session store at `store` if given),
+    yielded as (gateway, stub) once each of `versions` of model "kt" answers a Predict (0: the latest)."""
+    import grpc
+
+    from serving.api import knowledge_tracing_pb2 as pb
+    from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
+    from serving.catalog import ModelCatalog
+    from serving.metrics import Metrics
+    from serving.server import ThreadedGateway
+    from serving.sessions.factory import open_store
+    from serving.sessions.keys import LearnerKeys
+    from serving.sessions.session_service import SessionService
+    from serving.settings import Settings
+
+    settings = Settings(repository=repository, triton_url=triton_url, grpc_port=0, http_port=0,
+                        probe_interval_s=0.5, probe_timeout_s=10.0, grace_period_s=1.0)
+    metrics, catalog = Metrics(), ModelCatalog(repository)
+    parts = {} if store is None else {"sessions": SessionService(
+        settings, open_store(f"sqlite:///{store}"), LearnerKeys(secret), catalog, metrics)}
+    gw = ThreadedGateway(settings, metrics, catalog=catalog, **parts).start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{gw.grpc_port}")
+    stub = pb_grpc.KnowledgeTracingServiceStub(channel)
+    try:
+        for version in versions:
+            for _ in range(240):
+                try:
+                    stub.Predict(pb.PredictRequest(model="kt", version=version,
+                                                   candidates=[pb.Candidate(question_id=1)]), timeout=5)
+                    break
+                except grpc.RpcError:
+                    time.sleep(0.25)
+        yield gw, stub
+    finally:
+        channel.close()
+        gw.stop(grace=1.0)
+
+
+@pytest.fixture(scope="module")
+def kt_checkpoint(kt_repository):
+    """The PyTorch checkpoint behind the tiny exported routerkt-akt (the reference of e2e tests)."""
+    from training.checkpoint import load_checkpoint
+    from training.run import best_fold_dir
+    return load_checkpoint(best_fold_dir(kt_repository.run))

@@ -8,7 +8,6 @@ FAILED_PRECONDITION naming model and version, and a bad top_k is INVALID_ARGUMEN
 from __future__ import annotations
 
 import shutil
-import time
 
 import grpc
 import httpx
@@ -17,11 +16,7 @@ import pytest
 
 from routerkt.contract import signature
 from serving.api import knowledge_tracing_pb2 as pb
-from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
-from serving.catalog import ModelCatalog
-from serving.metrics import Metrics
-from serving.server import ThreadedGateway
-from serving.settings import Settings
+from tests.e2e.conftest import gateway_over
 
 torch = pytest.importorskip("torch")
 
@@ -45,32 +40,16 @@ def gateway(repository, tmp_path_factory):
     from serving.tritonserver.launcher import TritonServer
     server = TritonServer(repository, log_path=tmp_path_factory.mktemp("triton") / "triton.log", exit_timeout_s=3)
     server.start(timeout=120)
-    settings = Settings(repository=repository, triton_url=server.grpc_url, grpc_port=0, http_port=0,
-                        probe_interval_s=0.5, probe_timeout_s=10.0, grace_period_s=1.0)
-    gw = ThreadedGateway(settings, Metrics(), catalog=ModelCatalog(repository)).start()
-    channel = grpc.insecure_channel(f"127.0.0.1:{gw.grpc_port}")
-    stub = pb_grpc.KnowledgeTracingServiceStub(channel)
     try:
-        for version in (1, 2):
-            for _ in range(240):
-                try:
-                    stub.Predict(pb.PredictRequest(model="kt", version=version,
-                                                   candidates=[pb.Candidate(question_id=1)]), timeout=5)
-                    break
-                except grpc.RpcError:
-                    time.sleep(0.25)
-        yield gw, stub
+        with gateway_over(repository, server.grpc_url, versions=(1, 2)) as served:
+            yield served
     finally:
-        channel.close()
-        gw.stop(grace=1.0)
         server.stop()
 
 
 @pytest.fixture(scope="module")
-def checkpoint(kt_repository):
-    from training.checkpoint import load_checkpoint
-    from training.run import best_fold_dir
-    return load_checkpoint(best_fold_dir(kt_repository.run))
+def checkpoint(kt_checkpoint):
+    return kt_checkpoint
 
 
 @pytest.fixture(scope="module")

@@ -5,22 +5,13 @@ model fed the same sets (built here independently of serving/features.py), the s
 two-skill events followed by a Predict by learner_id equals the explicit history."""
 from __future__ import annotations
 
-import time
-
 import grpc
 import httpx
 import numpy as np
 import pytest
 
 from serving.api import knowledge_tracing_pb2 as pb
-from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
-from serving.catalog import ModelCatalog
-from serving.metrics import Metrics
-from serving.server import ThreadedGateway
-from serving.sessions.factory import open_store
-from serving.sessions.keys import LearnerKeys
-from serving.sessions.session_service import SessionService
-from serving.settings import Settings
+from tests.e2e.conftest import gateway_over
 
 torch = pytest.importorskip("torch")
 
@@ -31,33 +22,14 @@ WINDOW = 20                     # TINY_OVERRIDES in tests/conftest.py
 
 @pytest.fixture(scope="module")
 def gateway(kt_repository, triton, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("skill-sets")
-    settings = Settings(repository=kt_repository.path, triton_url=triton.grpc_url, grpc_port=0, http_port=0,
-                        probe_interval_s=0.5, probe_timeout_s=10.0, grace_period_s=1.0)
-    metrics, catalog = Metrics(), ModelCatalog(kt_repository.path)
-    sessions = SessionService(settings, open_store(f"sqlite:///{folder / 'sessions.sqlite3'}"),
-                              LearnerKeys(b"e2e-skill-sets-secret-32-bytes!!"), catalog, metrics)
-    gw = ThreadedGateway(settings, metrics, catalog=catalog, sessions=sessions).start()
-    channel = grpc.insecure_channel(f"127.0.0.1:{gw.grpc_port}")
-    stub = pb_grpc.KnowledgeTracingServiceStub(channel)
-    try:
-        for _ in range(240):
-            try:
-                stub.Predict(pb.PredictRequest(model="kt", candidates=[pb.Candidate(question_id=1)]), timeout=5)
-                break
-            except grpc.RpcError:
-                time.sleep(0.25)
-        yield gw, stub
-    finally:
-        channel.close()
-        gw.stop(grace=1.0)
+    store = tmp_path_factory.mktemp("skill-sets") / "sessions.sqlite3"
+    with gateway_over(kt_repository.path, triton.grpc_url, store, b"e2e-skill-sets-secret-32-bytes!!") as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
-def checkpoint(kt_repository):
-    from training.checkpoint import load_checkpoint
-    from training.run import best_fold_dir
-    return load_checkpoint(best_fold_dir(kt_repository.run))
+def checkpoint(kt_checkpoint):
+    return kt_checkpoint
 
 
 def model_set(vocab, question: int, skills) -> list[int]:
