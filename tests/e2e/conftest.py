@@ -137,8 +137,9 @@ def gateway_over(repository: Path, triton_url: str, store: Path | None = None, s
 
 
 @pytest.fixture(scope="module")
-def kt_checkpoint(kt_repository):
-    """The PyTorch checkpoint behind the tiny exported routerkt-akt (the reference of e2e tests)."""
+def checkpoint(kt_repository):
+    """The PyTorch checkpoint behind the tiny exported routerkt-akt (the reference of e2e tests; a
+    module may define its own)."""
     from training.checkpoint import load_checkpoint
     from training.run import best_fold_dir
     return load_checkpoint(best_fold_dir(kt_repository.run))

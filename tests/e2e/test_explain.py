@@ -48,11 +48,6 @@ def gateway(repository, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def checkpoint(kt_checkpoint):
-    return kt_checkpoint
-
-
-@pytest.fixture(scope="module")
 def history(checkpoint) -> list[tuple[int, int, int]]:
     """30 interactions (longer than the window) with their recorded skills."""
     vocab = checkpoint.vocab

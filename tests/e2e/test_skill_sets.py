@@ -27,11 +27,6 @@ def gateway(kt_repository, triton, tmp_path_factory):
         yield served
 
 
-@pytest.fixture(scope="module")
-def checkpoint(kt_checkpoint):
-    return kt_checkpoint
-
-
 def model_set(vocab, question: int, skills) -> list[int]:
     """The model ids of an interaction's skill set: given (an id or a list), else the question's."""
     raw = list(vocab.question_skills.get(question, (-1,))) if skills is None else \
