@@ -3,6 +3,7 @@
     routerkt predict --target localhost:50051 --model NAME [--version N]
                      --history "q:s:c,q:s:c,..." | --learner-id ID  --candidates "q[:s],q[:s]"
                      [--recommend [--target-probability 0.7] [--top-k K] [--exclude-seen]]
+                     [--explain K]   (Predict / Recommend: the K past interactions each candidate attended to)
                      [--mastery [--skills "s,s"]]   (no --candidates: P(correct) per skill)
                      [--timeout 2.0] [--json]
 
@@ -13,8 +14,10 @@ command); an empty --history is a cold start. Candidates are question ids, optio
 or :skill;skill. Prints one line per candidate (or one JSON
 object with --json); with --recommend, the candidates in the Recommend policy's order (closest to
 the target probability first); with --mastery, one line per skill (every skill of the version,
-or those of --skills). Bad flags: one-line error, exit 2. gRPC errors: one line with the status code
-and message, exit 1.
+or those of --skills). With --explain K (docs/api.md, "Explanations"), under each candidate: the
+head weights and the K attended interactions (position in the history, question, skills, correct,
+weight); with --json, each candidate's explanation as the HTTP mirror writes it. Bad flags: one-line
+error, exit 2. gRPC errors: one line with the status code and message, exit 1.
 """
 from __future__ import annotations
 
@@ -37,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target-probability", type=float, default=None, help="Recommend: target P(correct), default 0.7")
     parser.add_argument("--top-k", type=int, default=None, help="Recommend: how many to return (default: all)")
     parser.add_argument("--exclude-seen", action="store_true", help="Recommend: drop questions already in the history")
+    parser.add_argument("--explain", type=int, default=None, metavar="K",
+                        help="Predict / Recommend: explain each candidate by the K past interactions it attended "
+                             "to most (1 .. window - 1)")
     parser.add_argument("--mastery", action="store_true", help="call Mastery: P(correct) per skill")
     parser.add_argument("--skills", default="", help='Mastery: skill ids "s,s" (default: every skill of the version)')
     parser.add_argument("--timeout", type=float, default=2.0, help="deadline of the call in seconds")
@@ -104,11 +110,14 @@ def build_request(args: argparse.Namespace):
         raise UserError(f"--timeout must be > 0 seconds, got {args.timeout}")
     if ":" not in args.target:
         raise UserError(f"--target must be HOST:PORT, got {args.target!r}")
+    if args.explain is not None and args.explain < 1:
+        raise UserError(f"--explain must be >= 1 (interactions per candidate), got {args.explain}")
+    explain = {} if args.explain is None else {"explain": pb.ExplainOptions(top_k=args.explain)}
     try:
         history = [pb.Interaction(question_id=q, correct=c, **skill_fields(s)) for q, s, c in parse_history(args.history)]
         if args.mastery:
-            if args.candidates.strip() or args.recommend:
-                raise UserError("--mastery takes no --candidates and no --recommend")
+            if args.candidates.strip() or args.recommend or explain:
+                raise UserError("--mastery takes no --candidates, no --recommend and no --explain")
             skills = [parse_int(s, "--skills item") for s in args.skills.split(",") if s.strip()]
             return pb.MasteryRequest(model=args.model, version=args.version, history=history,
                                      learner_id=args.learner_id, skill_ids=skills)
@@ -120,11 +129,28 @@ def build_request(args: argparse.Namespace):
                      if v is not None}
             return pb.RecommendRequest(model=args.model, version=args.version, history=history,
                                        learner_id=args.learner_id, candidates=candidates,
-                                       exclude_seen=args.exclude_seen, **extra)
+                                       exclude_seen=args.exclude_seen, **extra, **explain)
         return pb.PredictRequest(model=args.model, version=args.version, history=history, candidates=candidates,
-                                 learner_id=args.learner_id)
+                                 learner_id=args.learner_id, **explain)
     except ValueError as exc:                     # an id beyond int64
         raise UserError(f"bad id: {exc}") from None
+
+
+def explanation_json(explanation) -> dict:
+    """One CandidateExplanation as the HTTP mirror writes it."""
+    return {"head_weights": list(explanation.head_weights), "attended": [
+        {"position": a.position, "question_id": a.question_id, "skill_ids": list(a.skill_ids), "correct": a.correct,
+         "weight": a.weight, "head_attention": list(a.head_attention)} for a in explanation.attended]}
+
+
+def explanation_lines(explanation) -> list[str]:
+    """One CandidateExplanation as indented text lines: the head weights, then one line per attended interaction."""
+    lines = ["  head weights: " + " ".join(f"{w:.3f}" for w in explanation.head_weights)]
+    for a in explanation.attended:
+        skills = ";".join(str(s) for s in a.skill_ids) or "-"
+        lines.append(f"  attended position {a.position}\tquestion {a.question_id}\tskills {skills}\t"
+                     f"correct {int(a.correct)}\tweight {a.weight:.4f}")
+    return lines
 
 
 def run(args: argparse.Namespace) -> int:
@@ -144,6 +170,12 @@ def run(args: argparse.Namespace) -> int:
             details = (exc.details() or "").splitlines()[0] if exc.details() else ""
             print(f"routerkt predict: {exc.code().name}: {details}", file=sys.stderr)
             return 1
+    print_response(args, request, response)
+    return 0
+
+
+def print_response(args: argparse.Namespace, request, response) -> None:
+    """The answer to `request` on stdout: text lines, or one JSON object with --json."""
     if args.mastery:
         if args.json:
             print(json.dumps({"model": response.model, "version": response.version,
@@ -154,25 +186,33 @@ def run(args: argparse.Namespace) -> int:
             print(f"model {response.model} version {response.version} (history used: {response.history_used})")
             for s in response.skills:
                 print(f"skill {s.skill_id}\tP(correct) = {s.probability:.6f}")
-        return 0
+        return
+    explained = request.HasField("explain")
     if args.recommend:
-        pairs = [(r.question_id, r.probability) for r in response.recommendations]
+        recs = response.recommendations
         if args.json:
             print(json.dumps({"model": response.model, "version": response.version, "excluded": response.excluded,
-                              "recommendations": [{"question_id": q, "probability": p} for q, p in pairs]}))
+                              "recommendations": [{"question_id": r.question_id, "probability": r.probability,
+                                                   **({"explanation": explanation_json(r.explanation)} if explained
+                                                      else {})} for r in recs]}))
         else:
             print(f"model {response.model} version {response.version} (history used: {response.history_used}, "
                   f"excluded as seen: {response.excluded})")
-            for rank, (q, p) in enumerate(pairs, 1):
-                print(f"{rank}. question {q}\tP(correct) = {p:.6f}")
-        return 0
+            for rank, r in enumerate(recs, 1):
+                print(f"{rank}. question {r.question_id}\tP(correct) = {r.probability:.6f}")
+                for line in explanation_lines(r.explanation) if r.HasField("explanation") else ():
+                    print(line)
+        return
     if args.json:
         print(json.dumps({"model": response.model, "version": response.version,
                           "history_used": response.history_used,
                           "candidates": [c.question_id for c in request.candidates],
-                          "probabilities": list(response.probabilities)}))
+                          "probabilities": list(response.probabilities),
+                          **({"explanations": [explanation_json(e) for e in response.explanations]} if explained
+                             else {})}))
     else:
         print(f"model {response.model} version {response.version} (history used: {response.history_used})")
-        for candidate, p in zip(request.candidates, response.probabilities):
+        for j, (candidate, p) in enumerate(zip(request.candidates, response.probabilities)):
             print(f"question {candidate.question_id}\tP(correct) = {p:.6f}")
-    return 0
+            for line in explanation_lines(response.explanations[j]) if j < len(response.explanations) else ():
+                print(line)

@@ -4,9 +4,11 @@ gateway's CPU, with the session settings of the Triton python-backend model
 code around the backend; the production path and the e2e tests use a real Triton.
 
 Each version's served graph (model.onnx: score, rank.onnx: rank) is run; a version without that
-file is not served here. Sessions are built
-in a worker thread when a version first appears in the catalog and run in worker threads, so the
-event loop never blocks on a forward pass.
+file is not served here. A version the catalog marks `explain` (explain.onnx beside rank.onnx) also
+gets a session of the explain graph, run for the explain call (`infer_outputs`, serving/explain.py)
+with the python-backend model's output names (signature.EXPLAIN); as there, a version whose graphs
+do not all load is not served. Sessions are built in a worker thread when a version first appears
+in the catalog and run in worker threads, so the event loop never blocks on a forward pass.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import numpy as np
 
 from routerkt.contract.onnx_session import cpu_session
 from routerkt.contract.repository import version_dir
-from routerkt.contract.signature import ONNX_FILE, RANK, RANK_ONNX_FILE
+from routerkt.contract.signature import EXPLAIN_ONNX_FILE, ONNX_FILE, RANK, RANK_ONNX_FILE
 from serving.catalog import ModelCatalog, ModelVersion
 from serving.parts import BackendError, FailureKind
 from serving.settings import Settings
@@ -32,6 +34,7 @@ class OnnxRuntimeBackend:
         self.settings = settings
         self.threads = threads
         self._sessions: dict[tuple[str, int], object] = {}
+        self._explain: dict[tuple[str, int], object] = {}        # versions with the explain graph
         self._broken: set[tuple[str, int]] = set()
         self._wake = asyncio.Event()
 
@@ -52,20 +55,28 @@ class OnnxRuntimeBackend:
 
     async def close(self) -> None:
         self._sessions.clear()
+        self._explain.clear()
 
     async def _load_new(self, catalog: ModelCatalog) -> None:
         table = catalog.snapshot()
         wanted = {(name, v) for name, versions in table.items() for v in versions}
         for key in set(self._sessions) - wanted:            # removed from the repository
             del self._sessions[key]
+            self._explain.pop(key, None)
         for name, version in sorted(wanted - set(self._sessions) - self._broken):
-            graph = table[name][version].graph
-            path = version_dir(catalog.repository, name, version) / (RANK_ONNX_FILE if graph is RANK else ONNX_FILE)
+            entry = table[name][version]
+            folder = version_dir(catalog.repository, name, version)
             try:
-                self._sessions[(name, version)] = await asyncio.to_thread(cpu_session, path, self.threads)
-                log.info("onnxruntime: loaded model %s version %d", name, version)
+                if entry.explain:                           # before the served graph: ready means both load
+                    self._explain[(name, version)] = await asyncio.to_thread(
+                        cpu_session, folder / EXPLAIN_ONNX_FILE, self.threads)
+                self._sessions[(name, version)] = await asyncio.to_thread(
+                    cpu_session, folder / (RANK_ONNX_FILE if entry.graph is RANK else ONNX_FILE), self.threads)
+                log.info("onnxruntime: loaded model %s version %d%s", name, version,
+                         " with its explain graph" if entry.explain else "")
             except Exception as exc:                         # no ONNX file, or one onnxruntime refuses
                 self._broken.add((name, version))
+                self._explain.pop((name, version), None)
                 log.error("onnxruntime: cannot load model %s version %d: %s", name, version,
                           str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
 
@@ -89,15 +100,33 @@ class OnnxRuntimeBackend:
         return {"backend": "onnxruntime"}
 
     async def infer(self, model: ModelVersion, feeds: dict[str, np.ndarray], timeout_s: float) -> np.ndarray:
-        session = self._sessions.get((model.name, model.version))
+        session = self._session(self._sessions, model)
+        return (await self._run(session, model, feeds, model.graph.output_names[:1], timeout_s))[0]
+
+    async def infer_outputs(self, model: ModelVersion, feeds: dict[str, np.ndarray], outputs: tuple[str, ...],
+                            timeout_s: float) -> dict[str, np.ndarray]:
+        """The explain call (serving/explain.py): `outputs` of the version's explain graph."""
+        if (model.name, model.version) in self._sessions and (model.name, model.version) not in self._explain:
+            raise BackendError(FailureKind.REJECTED, f"{model.name} version {model.version} has no explain graph")
+        session = self._session(self._explain, model)
+        return dict(zip(outputs, await self._run(session, model, feeds, outputs, timeout_s)))
+
+    @staticmethod
+    def _session(sessions: dict[tuple[str, int], object], model: ModelVersion):
+        session = sessions.get((model.name, model.version))
         if session is None:
             raise BackendError(FailureKind.NOT_LOADED, f"{model.name} version {model.version} is not loaded")
+        return session
+
+    @staticmethod
+    async def _run(session, model: ModelVersion, feeds: dict[str, np.ndarray], outputs: tuple[str, ...],
+                   timeout_s: float) -> list[np.ndarray]:
+        """`outputs` of one run of `session` on the graph's int64 inputs, as float32, in a worker thread."""
         feeds = {name: np.ascontiguousarray(feeds[name], dtype=np.int64) for name in model.graph.input_names}
-        output = model.graph.output_names[0]
         try:
-            outputs = await asyncio.wait_for(asyncio.to_thread(session.run, [output], feeds), timeout_s)
+            got = await asyncio.wait_for(asyncio.to_thread(session.run, list(outputs), feeds), timeout_s)
         except asyncio.TimeoutError:
             raise BackendError(FailureKind.DEADLINE, "onnxruntime did not finish in time") from None
         except Exception as exc:
             raise BackendError(FailureKind.FAILED, str(exc)) from None
-        return np.asarray(outputs[0], dtype=np.float32)
+        return [np.asarray(a, dtype=np.float32) for a in got]

@@ -3,10 +3,11 @@ routerkt-akt (version 1, with explain.onnx) beside a copy of it without the expl
 as exported before explanations): the served per-head attention equals the PyTorch knowledge
 retriever's last layer within 1e-5 and each head's weights sum to at most 1, the head weights equal
 the model's routing weights, a call without `explain` answers as before, version 2 answers
-FAILED_PRECONDITION naming model and version, and a bad top_k is INVALID_ARGUMENT naming
-`explain.top_k`."""
+FAILED_PRECONDITION naming model and version, a bad top_k is INVALID_ARGUMENT naming
+`explain.top_k`, and `routerkt predict --explain` prints the call's explanations."""
 from __future__ import annotations
 
+import json
 import shutil
 
 import grpc
@@ -78,14 +79,19 @@ def torch_reference(checkpoint, history, candidates) -> tuple[np.ndarray, np.nda
     return attention, weights[0].numpy()
 
 
-def test_explanations_equal_the_pytorch_attention(gateway, checkpoint, history) -> None:
-    _, stub = gateway
-    candidates = sorted(checkpoint.vocab.questions)[:4]
+def plain_and_explained(stub, history, candidates: list[int], top_k: int = WINDOW - 1):
+    """(Predict, Predict with explain top_k; default: every interaction the model saw) of kt version 1."""
     request = pb.PredictRequest(model="kt", version=1, history=interactions(history),
                                 candidates=[pb.Candidate(question_id=q) for q in candidates])
     plain = stub.Predict(request, timeout=20)
-    request.explain.top_k = WINDOW - 1                          # every interaction the model saw
-    answer = stub.Predict(request, timeout=20)
+    request.explain.top_k = top_k
+    return plain, stub.Predict(request, timeout=20)
+
+
+def test_explanations_equal_the_pytorch_attention(gateway, checkpoint, history) -> None:
+    _, stub = gateway
+    candidates = sorted(checkpoint.vocab.questions)[:4]
+    plain, answer = plain_and_explained(stub, history, candidates)
     assert not plain.explanations and len(answer.explanations) == len(candidates)
     assert answer.version == 1 and answer.history_used == WINDOW - 1
     np.testing.assert_allclose(answer.probabilities, plain.probabilities, atol=1e-5, rtol=0)
@@ -144,3 +150,28 @@ def test_top_k_out_of_range_names_the_field(gateway, history, top_k) -> None:
     with pytest.raises(grpc.RpcError) as info:
         stub.Predict(request, timeout=20)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "explain.top_k" in info.value.details()
+
+
+def test_routerkt_predict_explain_prints_the_gateways_explanations(gateway, checkpoint, history, capsys) -> None:
+    """`routerkt predict --explain 3` through the gateway and Triton: the JSON form carries the call's
+    explanations, the text form one head-weights line and 3 attended lines per candidate."""
+    from routerkt.cli import main
+    gw, stub = gateway
+    candidates = sorted(checkpoint.vocab.questions)[:2]
+    argv = ["predict", "--target", f"127.0.0.1:{gw.grpc_port}", "--model", "kt", "--version", "1",
+            "--history", ",".join(f"{q}:{s}:{c}" for q, s, c in history),
+            "--candidates", ",".join(str(q) for q in candidates), "--explain", "3", "--timeout", "20"]
+    assert main(argv + ["--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)["explanations"]
+    _, answer = plain_and_explained(stub, history, candidates, top_k=3)
+    assert [[(a["position"], a["question_id"], a["skill_ids"], a["correct"]) for a in e["attended"]] for e in printed] \
+        == [[(a.position, a.question_id, list(a.skill_ids), a.correct) for a in e.attended]
+            for e in answer.explanations]
+    for got, expected in zip(printed, answer.explanations):
+        np.testing.assert_allclose(got["head_weights"], expected.head_weights, atol=1e-6, rtol=0)
+        np.testing.assert_allclose([a["weight"] for a in got["attended"]], [a.weight for a in expected.attended],
+                                   atol=1e-6, rtol=0)
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert sum(line.startswith("  head weights: ") for line in lines) == 2
+    assert sum(line.startswith("  attended position ") for line in lines) == 6
