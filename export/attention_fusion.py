@@ -20,6 +20,9 @@ scale = c1 * c2, num_heads = H. What each attention kind gives:
   3-D layout: fused;
 - monotonic (AKT decay): its scores are multiplied by a decay before the softmax, no pattern to
   fuse: the plain operators stay, and `FusionReport.plain` says so (the export log prints it).
+- the rank graph's cores over history keys plus each query's own slot (SequenceContext's rank
+  layout, [L, H + 1] scores, cheaper than the [L, L] a fused kernel would take): plain, reported;
+  its value encoders run in the window layout over the history and fuse as above.
 Outputs are unchanged up to float rounding; the export's parity checks run on the fused graph.
 onnxruntime only: TensorRT plans are built from the plain graph.
 """
@@ -33,6 +36,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 MS_DOMAIN = "com.microsoft"
+RANK_LAYOUT = "rank layout: history keys plus each query's own slot"
 
 
 @dataclass
@@ -116,11 +120,30 @@ def _untransposed(g: _Graph, name: str) -> str | None:
     return None
 
 
+def _rank_layout(g: _Graph, probs: str, steps: int = 4) -> bool:
+    """Whether `probs` reaches, through a few elementwise ops (row zeroing, the relative mixture), a
+    Slice whose result multiplies 4-D values: the rank layout's P[.., :H] @ V_history + P[.., H:] * V."""
+    frontier = [probs]
+    for _ in range(steps):
+        following = []
+        for name in frontier:
+            for node in g.consumers.get(name, []):
+                if node.op_type == "Slice" and any(m.op_type == "MatMul" and g.rank4(m.input[1]) is not None
+                                                   for m in g.consumers.get(node.output[0], [])):
+                    return True
+                if node.op_type in ("Mul", "Add", "Div"):
+                    following.append(node.output[0])
+        frontier = following
+    return False
+
+
 def _match(g: _Graph, softmax: onnx.NodeProto) -> tuple[_Core | None, str | None]:
     """The attention core around `softmax`, or (None, why not) when it is attention that cannot be
     fused, or (None, None) when it is no attention core (a router's softmax, AKT's detached one)."""
     axis = [a.i for a in softmax.attribute if a.name == "axis"]
     readers = g.consumers.get(softmax.output[0], [])
+    if _rank_layout(g, softmax.output[0]):
+        return None, RANK_LAYOUT
     if len(readers) != 1 or readers[0].op_type != "MatMul" or readers[0].input[0] != softmax.output[0]:
         return None, None
     product = readers[0]

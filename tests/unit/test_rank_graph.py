@@ -166,3 +166,32 @@ def test_rank_with_skill_sets_equals_per_candidate_windows(name):
     got = _rank(model, [torch.from_numpy(a) for a in arrays[:3]], *(torch.from_numpy(a) for a in arrays[3:]))
     valid = (arrays[4] != PAD_ID).any(-1)
     assert (got.numpy() - rank_reference(model, *arrays))[valid].__abs__().max() < 1e-5
+
+
+@pytest.mark.parametrize("name", [n for n in PRESETS if preset_config(n).backbone.value != "dkt"])
+def test_rank_attention_reads_history_and_own_slot_only(name):
+    """The rank layout's cost: every attention layer scores H + 1 key columns (the history and the
+    query's own slot), not H + N; value encoders read by the PAST retriever only (AKT's knowledge
+    encoder, CL4KT's interaction encoder) run on the H history positions alone."""
+    from training.models.attention import MultiHeadAttention
+    from training.models.outputs import Collector
+
+    model = _model(name, fused=False)
+    history = _history_tensors(_histories())
+    B, H, N = len(HISTORY_LENGTHS), WINDOW - 1, 7
+    cq, cs = _candidates(B, N)
+    shapes: dict[str, list[tuple[int, ...]]] = {}
+    hooks = [m.register_forward_hook(lambda mod, inputs, out, name=n: shapes.setdefault(name, []).append(
+        tuple(inputs[0].shape))) for n, m in model.named_modules() if isinstance(m, MultiHeadAttention)]
+    collect = Collector(want_attention=True)
+    with torch.no_grad():
+        model.compute(*model.rank_layout(*history, cq, cs), collect, read_from=H)
+    for h in hooks:
+        h.remove()
+    value_encoders = ("knowledge_encoder", "interaction_encoder")
+    for layer_name, seen in shapes.items():
+        positions = H if layer_name.startswith(value_encoders) else H + N
+        assert seen == [(B, positions, model.config.d_model)], layer_name
+    for layer_name, probs in zip(collect.names, collect.attention):
+        keys = H if layer_name.startswith(value_encoders) else H + 1
+        assert probs.shape[-1] == keys, layer_name

@@ -4,6 +4,8 @@ Embeddings (Rasch): x_t = c_{s_t} + mu_{q_t} d_{s_t};  y_t = c_{s_t} + g_{r_t} +
 Knowledge encoder: n_blocks layers, CURRENT mask, q=k=v=y, with FFN.
 Then 2*n_blocks layers alternating: question self-attention (CURRENT, q=k=v=h, no FFN) and the
 knowledge retriever (PAST, q=k=h, v=encoded y, with FFN). Prediction: MLP(concat[h_t, x_t]).
+In the rank layout the knowledge encoder runs on the history alone (the retriever's PAST mask never
+shows a candidate its own encoded y; `SequenceContext.history_only`).
 With heads=router and standard attention this is RouterKT's RouterAKT (every layer routed).
 `encoder_attention=monotonic` gives the encoders (knowledge and question) AKT's monotonic attention
 while the retriever keeps `attention` (FoLiBi: ALiBi in the retriever only).
@@ -44,14 +46,18 @@ class AKT(KTModel):
         self.head = PredictionHead(cfg)
         self.reset_parameters()
 
+    def _encode_knowledge(self, y: Tensor, ctx: SequenceContext, collect: Collector) -> Tensor:
+        for layer in self.knowledge_encoder:
+            y = layer(y, y, y, ctx, collect)
+        return y                                                             # [B, L, d]
+
     def compute(self, questions: Tensor, skills: Tensor, responses: Tensor, ctx: SequenceContext,
                 collect: Collector, read_from: int = 0) -> tuple[Tensor, dict]:
         mu = self.difficulty(questions)                                      # [B, L, 1]
         c, dvar = embed_set(self.skill, skills), embed_set(self.skill_var, skills)   # [B, L, d]; skills [B, L, K]
         x = c + mu * dvar
         y = c + self.response(responses) + mu * (self.response_var(responses) + dvar)
-        for layer in self.knowledge_encoder:
-            y = layer(y, y, y, ctx, collect)
+        y = ctx.history_only(lambda y_, hctx: self._encode_knowledge(y_, hctx, collect), y)   # [B, L, d]
         h = x
         for question_layer, retriever_layer in zip(self.question_encoder, self.retriever):
             h = question_layer(h, h, h, ctx, collect)

@@ -24,8 +24,9 @@ Inference cost: biases that do not depend on the learner add no [B, H, L, L] wor
   in `__init__`; the relative kernel depends on the learned tau_h, so training computes it in each
   forward pass and `freeze_biases()` (before export) turns it into [H, Lmax, Lmax] constants, one
   per mask kind.
-The explicit path (attention maps requested, or fused_attention off) materialises the
-probabilities; a unit test checks that both paths agree.
+The explicit path (attention maps requested, fused_attention off, or the rank layout, whose
+[L, H + 1] key columns no fused kernel takes) materialises the probabilities; a unit test checks
+that both paths agree.
 """
 from __future__ import annotations
 
@@ -123,31 +124,31 @@ class MultiHeadAttention(nn.Module):
         return lam * content + (1.0 - lam) * recency
 
     def _monotonic_probs(self, q: Tensor, k: Tensor, mask: MaskKind, ctx: SequenceContext) -> Tensor:
-        scores = (q * (1.0 / math.sqrt(self.d_k))) @ k.transpose(-1, -2)    # [B, H, L, L]
-        bias = ctx.additive_mask(mask, scores.dtype)                         # [B, 1, L, L]
+        scores = ctx.scores(q * (1.0 / math.sqrt(self.d_k)), k)              # [B, H, L, K]
+        bias = ctx.additive_mask(mask, scores.dtype)                         # [B, 1, L, K]
         p = torch.softmax(scores.detach() + bias, dim=-1)
         # attention mass beyond key j: p @ U with U[j', j] = [j' > j]. A matmul rather than a cumsum
         # (onnxruntime's CumSum took 37% of this model's time); exactly 0 at the last visible key
         # (only masked zeros beyond it) and >= 0, so the sqrt below never sees rounding noise
-        remaining = p @ (ctx.distance > 0).to(p.dtype)                      # [B, H, L, L]
+        remaining = p @ ctx.later_keys(p.dtype)                              # [B, H, L, K]
         # exp(-theta_h sqrt(remaining |i-j|)) = exp(sqrt(remaining) * rate) with the [H, L, L] rate
         # -theta_h sqrt(|i-j|): one pass over [B, H, L, L] fewer
-        rate = -F.softplus(self.gamma.to(scores.dtype)) * ctx.distance.abs().sqrt()     # [H, L, L]
+        rate = -F.softplus(self.gamma.to(scores.dtype)) * ctx.distance.abs().sqrt()     # [H, L, K]
         effect = torch.exp(remaining.sqrt() * rate).clamp(min=1e-5)         # <= 1; remaining detached
         return torch.softmax(scores * effect + bias, dim=-1)
 
     def _explicit_probs(self, q: Tensor, k: Tensor, mask: MaskKind, ctx: SequenceContext) -> Tensor:
-        """[B, H, L, L] attention probabilities (rows without keys zeroed) for the kinds that have
-        one distribution; RELATIVE returns the mixture."""
+        """[B, H, L, K] attention probabilities over the context's key columns (rows without keys
+        zeroed) for the kinds that have one distribution; RELATIVE returns the mixture."""
         has_key = ctx.has_key(mask)
         if self.kind is AttentionKind.MONOTONIC:
             return self._monotonic_probs(q, k, mask, ctx) * has_key
-        scores = q @ k.transpose(-1, -2) / math.sqrt(self.d_k) + ctx.additive_mask(mask, q.dtype)
+        scores = ctx.scores(q, k) / math.sqrt(self.d_k) + ctx.additive_mask(mask, q.dtype)
         if self.kind is AttentionKind.ALIBI:
             scores = scores + ctx.table(self.alibi).to(q.dtype)
         probs = torch.softmax(scores, dim=-1) * has_key
         if self.kind is AttentionKind.RELATIVE:
-            weights = self._recency(mask, ctx)[None] * ctx.valid[:, None, None, :].to(q.dtype)   # [B, H, L, L]
+            weights = self._recency(mask, ctx)[None] * ctx.key_valid()[:, None].to(q.dtype)   # [B, H, L, K]
             recency = weights / weights.sum(-1, keepdim=True).clamp(min=1.0)
             lam = torch.sigmoid(self.mix_logit).to(q.dtype)[None, :, None, None]
             probs = lam * probs + (1.0 - lam) * recency
@@ -193,12 +194,12 @@ class MultiHeadAttention(nn.Module):
         drop = self.dropout if self.training else 0.0
 
         with _float32():
-            if collect.want_attention or not self.fused:
-                probs = self._explicit_probs(q.float(), k.float(), mask, ctx)    # [B, H, L, L]
+            if collect.want_attention or not self.fused or ctx.rank:
+                probs = self._explicit_probs(q.float(), k.float(), mask, ctx)    # [B, H, L, K]
                 if collect.want_attention:
                     collect.attention.append(probs.detach())
                     collect.names.append(self.name)
-                out = F.dropout(probs, drop, self.training) @ v.float()          # [B, H, L, dk]
+                out = ctx.apply(F.dropout(probs, drop, self.training), v.float())   # [B, H, L, dk]
             else:
                 out = self._fused(q, k, v, mask, ctx, drop) * ctx.has_key(mask)   # [B, H, L, dk]
 

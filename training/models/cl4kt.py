@@ -61,7 +61,7 @@ class CL4KT(KTModel):
         x = embed_set(self.skill, skills)                                    # [B, L, d]; skills [B, L, K]
         y = self._interactions(skills, responses)
         h = self._encode(self.question_encoder, x, ctx, collect)
-        values = self._encode(self.interaction_encoder, y, ctx, collect)
+        values = ctx.history_only(lambda y_, hctx: self._encode(self.interaction_encoder, y_, hctx, collect), y)
         for layer in self.retriever:
             h = layer(h, h, values, ctx, collect)
         logits = self.head(h[:, read_from:], x[:, read_from:])               # [B, L - read_from]
