@@ -45,13 +45,24 @@ async def sample_prediction(server, model: str) -> None:
             return
         body = json_format.MessageToDict(request, preserving_proto_field_name=True,
                                          always_print_fields_with_no_presence=True)
-        print("sample request: " + json.dumps(body), flush=True)
+        print("sample request: " + json.dumps(without_empty(body)), flush=True)
         pairs = ", ".join(f"question {c.question_id}: {p:.4f}"
                           for c, p in zip(request.candidates, response.probabilities))
         print(f"sample response: model {response.model} version {response.version}, "
               f"history_used {response.history_used}, P(correct) {pairs}", flush=True)
         if server.sessions is not None:
             await sample_session(stub, request, response)
+
+
+def without_empty(value):
+    """A JSON value without its empty lists and objects (unset repeated fields: `"skill_ids": []`);
+    zeros stay (`"correct": 0` is an answer)."""
+    if isinstance(value, dict):
+        kept = {k: without_empty(v) for k, v in value.items()}
+        return {k: v for k, v in kept.items() if v not in ([], {})}
+    if isinstance(value, list):
+        return [without_empty(v) for v in value]
+    return value
 
 
 def skill_fields(skills: tuple[int, ...]) -> dict:

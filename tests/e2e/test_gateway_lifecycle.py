@@ -223,6 +223,7 @@ def test_routerkt_serve_starts_triton_prints_a_sample_and_stops_both(kt_reposito
         assert proc.poll() is None, err.read_text()[-3000:]
         stdout = out.read_text()
         assert "sample request:" in stdout and re.search(r"P\(correct\) question \d+: 0\.\d{4}", stdout)
+        assert "[]" not in stdout.split("sample request:")[1].splitlines()[0]    # no unset repeated fields
         entries = [json.loads(line) for line in err.read_text().splitlines() if line.strip()]   # JSON: not a TTY
         messages = [e["message"] for e in entries]
         for prefix in ("Triton: gRPC", "gateway gRPC:", "gateway HTTP:", "gateway metrics:"):
