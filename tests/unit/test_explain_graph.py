@@ -11,24 +11,15 @@ from export.explain_export import check_explain_parity, explainable, export_expl
 from export.onnx_export import PARITY_TOL, rank_inputs
 from routerkt.contract import signature
 from training.models.explain import explain_rank
-from training.models.registry import build_model, preset_config, with_vocab
+from tests.unit.test_rank_graph import NQ, NS, WINDOW
+from tests.unit.test_rank_graph import _model as tiny_model
 
 pytestmark = pytest.mark.unit
-NQ, NS, WINDOW = 40, 12, 12
 
 
 def _model(name: str, seed: int = 0):
-    torch.manual_seed(seed)
-    cfg = with_vocab(preset_config(name), NQ, NS)
-    for key, value in {"d_model": 16, "n_blocks": 2, "n_heads": 4, "d_ff": 32, "final_fc": 32, "final_fc2": 16,
-                       "max_len": WINDOW}.items():
-        setattr(cfg, key, value)
-    model = build_model(cfg).eval()
-    with torch.no_grad():
-        for pname, p in model.named_parameters():
-            if any(pname.startswith(z) for z in model.zero_init):
-                p.normal_(0.0, 0.7)
-    return model
+    """test_rank_graph's tiny model with two blocks (a retriever layer before the explained one)."""
+    return tiny_model(name, seed=seed, n_blocks=2)
 
 
 @pytest.mark.parametrize("name", ["routerkt-akt", "akt"])
