@@ -28,7 +28,8 @@ from serving.backends.triton.client import TRITON_KEY_HEADER  # noqa: E402
 from serving.security.guard import Guard  # noqa: E402
 from serving.sessions.redis_store import acl_rules  # noqa: E402
 from serving.settings import Settings  # noqa: E402
-from serving.tritonserver.launcher import TritonInstall, TritonPorts, TritonServer  # noqa: E402
+from serving.tritonserver.install import TritonInstall  # noqa: E402
+from serving.tritonserver.launcher import TritonPorts, TritonServer  # noqa: E402
 
 pytestmark = pytest.mark.unit
 
