@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("training.cli_train", "train a preset with K-fold cross-validation"),
     "evaluate": ("training.cli_evaluate", "evaluate a run on a dataset and write plots"),
     "audit": ("training.cli_audit", "leak audit of a trained run: perturbation probe, visible answers, shuffled-label control"),
+    "validity": ("training.cli_validity", "validity of mastery and explanations against the truth of synthetic learners"),
     "reproduce": ("training.cli_reproduce", "run the paper's comparison grid, resumable"),
     "export": ("export.cli_export", "export a run to ONNX and the Triton model repository"),
     "serve": ("serving.cli_serve", "start tritonserver and the gRPC/HTTP gateway"),

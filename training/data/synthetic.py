@@ -34,6 +34,9 @@ after the simulation, each question is tagged with a second skill with probabili
 (drawn from its own generator, seeded by (seed, 1); never the question's own skill). The tag does
 not change any answer. `expanded` writes such an interaction the way expanded files do, one row per
 skill (same learner, question and answer; `order` renumbered), else as one row with `a;b`.
+
+The hidden truth behind a file (true per-skill mastery, the answers that unlocked the pivotal skill)
+comes from the same simulation (`simulate_traces`): training/data/synthetic_truth.py.
 """
 from __future__ import annotations
 
@@ -89,15 +92,82 @@ class SyntheticConfig:
             raise UserError(f"multi-skill must be a share in [0, 1], got {self.multi_skill}")
 
 
+def sigmoid(logit: float) -> float:
+    return 1.0 / (1.0 + math.exp(-logit))
+
+
 def dependent_skills(n_skills: int) -> range:
     """Skills whose success depends on having mastered the pivotal skill 0."""
     return range(1, max(1, n_skills // 4) + 1)
 
 
-def _learner(rng: np.random.Generator, cfg: SyntheticConfig, difficulty: list[float],
-             questions_of: list[list[int]], choice_cdf: list[float],
-             dependent: set[int]) -> tuple[dict, list[tuple[int, int, int]]]:
-    """One learner's profile and (question, skill, correct) rows."""
+@dataclass
+class World:
+    """What is drawn once (module docstring, "World"): each question's skill and difficulty."""
+
+    question_skill: np.ndarray      # int64 [n_questions]
+    difficulty: list[float]         # [n_questions]
+    questions_of: list[list[int]]   # skill -> its questions
+    choice_cdf: list[float]         # cumulative skill-choice weights
+    dependent: frozenset[int]       # skills that depend on the pivotal skill 0
+
+
+def draw_world(rng: np.random.Generator, cfg: SyntheticConfig) -> World:
+    question_skill = np.concatenate([np.arange(cfg.n_skills),
+                                     rng.integers(0, cfg.n_skills, cfg.n_questions - cfg.n_skills)])
+    difficulty = rng.normal(0.0, 0.8, cfg.n_questions).tolist()
+    weights = [PIVOT_WEIGHT if s == PIVOT_SKILL else 1.0 for s in range(cfg.n_skills)]
+    return World(question_skill=question_skill, difficulty=difficulty,
+                 questions_of=[np.flatnonzero(question_skill == s).tolist() for s in range(cfg.n_skills)],
+                 choice_cdf=np.cumsum(weights).tolist(), dependent=frozenset(dependent_skills(cfg.n_skills)))
+
+
+@dataclass
+class LearnerState:
+    """A learner's hidden state between two steps: what every answer's probability is computed from."""
+
+    theta: float
+    tau: float
+    knowledge: list[float]          # k_s after the skill's last practice
+    last_seen: list[int]            # step of the skill's last practice, -1 = never
+    pivot_correct: int = 0          # correct answers on the pivotal skill so far
+
+    def effective(self, skill: int, t: int) -> float:
+        """k_eff of `skill` at step t (FORGETTING)."""
+        if self.last_seen[skill] < 0:
+            return 0.0
+        gap = t - self.last_seen[skill]
+        return self.knowledge[skill] * (RETAINED + (1 - RETAINED) * math.exp(-gap / self.tau))
+
+    def logit(self, skill: int, difficulty: float, t: int, dependent: frozenset[int]) -> float:
+        """The logit of P(correct) at step t on a question of `skill` with `difficulty`."""
+        pivot = 0.0
+        if skill in dependent:
+            pivot = PIVOT_BONUS if self.pivot_correct >= PIVOT_CORRECT_NEEDED else PIVOT_PENALTY
+        return self.theta - difficulty + KNOWLEDGE_SCALE * self.effective(skill, t) + pivot + BASE_LOGIT
+
+    def learn(self, skill: int, t: int, correct: int) -> None:
+        """Step t's practice of `skill` (LEARNING; the pivotal count)."""
+        gain = GAIN_CORRECT if correct else GAIN_WRONG
+        self.knowledge[skill] = min(KNOWLEDGE_MAX, self.effective(skill, t) + gain)
+        self.last_seen[skill] = t
+        if skill == PIVOT_SKILL and correct:
+            self.pivot_correct += 1
+
+
+@dataclass
+class LearnerTrace:
+    """One simulated learner: profile, (question, skill, correct) rows, the P(correct) each answer was
+    drawn with, and the hidden state after the last step."""
+
+    profile: dict
+    rows: list[tuple[int, int, int]]
+    p_correct: list[float]
+    state: LearnerState
+
+
+def _learner(rng: np.random.Generator, cfg: SyntheticConfig, world: World) -> LearnerTrace:
+    """Simulate one learner (module docstring, "Learner" and "Each step t")."""
     theta = float(rng.normal(0.0, 0.8))
     tau = float(20.0 * rng.lognormal(0.0, 0.4))
     reviewer = bool(rng.random() < REVIEWER_SHARE)
@@ -107,11 +177,10 @@ def _learner(rng: np.random.Generator, cfg: SyntheticConfig, difficulty: list[fl
     length = int(rng.integers(cfg.min_len, cfg.max_len + 1))
     u = rng.random((length, 4))  # stay?, which skill, which question, correct?
 
-    knowledge = [0.0] * cfg.n_skills
-    last_seen = [-1] * cfg.n_skills  # -1 = never practised
-    pivot_correct = 0
-    current = bisect.bisect_right(choice_cdf, u[0, 1] * choice_cdf[-1])
-    rows = []
+    state = LearnerState(theta=theta, tau=tau, knowledge=[0.0] * cfg.n_skills, last_seen=[-1] * cfg.n_skills)
+    last_seen, cdf = state.last_seen, world.choice_cdf
+    current = bisect.bisect_right(cdf, u[0, 1] * cdf[-1])
+    rows, probs = [], []
     for t in range(length):
         review = reviewer and t % period == period - 1
         practised = [s for s in range(cfg.n_skills) if last_seen[s] >= 0 and s != current] if review else []
@@ -119,56 +188,50 @@ def _learner(rng: np.random.Generator, cfg: SyntheticConfig, difficulty: list[fl
             skill = min(practised, key=lambda s: last_seen[s])
         else:
             if t > 0 and u[t, 0] >= STAY_PROB:
-                current = bisect.bisect_right(choice_cdf, u[t, 1] * choice_cdf[-1])
+                current = bisect.bisect_right(cdf, u[t, 1] * cdf[-1])
             skill = current
-        pool = questions_of[skill]
+        pool = world.questions_of[skill]
         q = pool[min(int(u[t, 2] * len(pool)), len(pool) - 1)]
-        if last_seen[skill] < 0:
-            k_eff = 0.0
-        else:
-            gap = t - last_seen[skill]
-            k_eff = knowledge[skill] * (RETAINED + (1 - RETAINED) * math.exp(-gap / tau))
-        pivot = 0.0
-        if skill in dependent:
-            pivot = PIVOT_BONUS if pivot_correct >= PIVOT_CORRECT_NEEDED else PIVOT_PENALTY
-        logit = theta - difficulty[q] + KNOWLEDGE_SCALE * k_eff + pivot + BASE_LOGIT
-        correct = int(u[t, 3] < 1.0 / (1.0 + math.exp(-logit)))
-        knowledge[skill] = min(KNOWLEDGE_MAX, k_eff + (GAIN_CORRECT if correct else GAIN_WRONG))
-        last_seen[skill] = t
-        if skill == PIVOT_SKILL and correct:
-            pivot_correct += 1
+        p = sigmoid(state.logit(skill, world.difficulty[q], t, world.dependent))
+        correct = int(u[t, 3] < p)
+        state.learn(skill, t, correct)
         rows.append((q, skill, correct))
+        probs.append(p)
     profile = {"ability": theta, "tau": tau, "reviewer": reviewer, "period": period, "length": length}
-    return profile, rows
+    return LearnerTrace(profile=profile, rows=rows, p_correct=probs, state=state)
 
 
-def simulate(cfg: SyntheticConfig) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(interactions in the canonical columns, one profile row per learner with the hidden truth)."""
+def simulate_traces(cfg: SyntheticConfig) -> tuple[World, list[LearnerTrace]]:
+    """The world and every learner's trace: the one simulation behind `simulate` and the truth
+    (training/data/synthetic_truth.py)."""
     cfg.validate()
     rng = np.random.default_rng(cfg.seed)
-    question_skill = np.concatenate([np.arange(cfg.n_skills),
-                                     rng.integers(0, cfg.n_skills, cfg.n_questions - cfg.n_skills)])
-    difficulty = rng.normal(0.0, 0.8, cfg.n_questions).tolist()
-    questions_of = [np.flatnonzero(question_skill == s).tolist() for s in range(cfg.n_skills)]
-    weights = [PIVOT_WEIGHT if s == PIVOT_SKILL else 1.0 for s in range(cfg.n_skills)]
-    choice_cdf = np.cumsum(weights).tolist()
-    dependent = set(dependent_skills(cfg.n_skills))
+    world = draw_world(rng, cfg)
+    return world, [_learner(rng, cfg, world) for _ in range(cfg.n_learners)]
 
-    users, orders, qs, ss, cs, profiles = [], [], [], [], [], []
-    for user in range(cfg.n_learners):
-        profile, rows = _learner(rng, cfg, difficulty, questions_of, choice_cdf, dependent)
-        profiles.append({"user_id": user, **profile})
-        users.extend([user] * len(rows))
-        orders.extend(range(len(rows)))
-        for q, s, c in rows:
+
+def interactions(world: World, traces: list[LearnerTrace], cfg: SyntheticConfig) -> pd.DataFrame:
+    """The traces' interactions in the canonical columns, sorted by user then order (user i = traces[i])."""
+    users, orders, qs, ss, cs = [], [], [], [], []
+    for user, trace in enumerate(traces):
+        users.extend([user] * len(trace.rows))
+        orders.extend(range(len(trace.rows)))
+        for q, s, c in trace.rows:
             qs.append(q)
             ss.append(s)
             cs.append(c)
     df = pd.DataFrame({"user_id": users, "order": orders, "question_id": qs, "skill_id": ss, "correct": cs},
                       columns=list(COLUMNS)).astype(np.int64)
     if cfg.multi_skill > 0:
-        df = _second_skills(df, question_skill, cfg)
-    return df, pd.DataFrame(profiles)
+        df = _second_skills(df, world.question_skill, cfg)
+    return df
+
+
+def simulate(cfg: SyntheticConfig) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(interactions in the canonical columns, one profile row per learner with the hidden truth)."""
+    world, traces = simulate_traces(cfg)
+    profiles = [{"user_id": user, **trace.profile} for user, trace in enumerate(traces)]
+    return interactions(world, traces, cfg), pd.DataFrame(profiles)
 
 
 def _second_skills(df: pd.DataFrame, question_skill: np.ndarray, cfg: SyntheticConfig) -> pd.DataFrame:
