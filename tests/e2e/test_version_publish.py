@@ -1,5 +1,7 @@
 """A version published under load: the gateway moves `version: 0` calls to it by itself, and no
-call fails meanwhile (Triton keeps serving the previous version until the new one answers)."""
+call fails meanwhile (Triton keeps serving the previous version until the new one answers), also
+when the new version changes config.pbtxt (Triton reloads every version of the model: the
+gateway drains the model first)."""
 from __future__ import annotations
 
 import shutil
@@ -22,7 +24,9 @@ from serving.tritonserver.launcher import TritonServer
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
-def test_a_version_published_under_load_takes_over_without_a_failed_call(kt_repository, tmp_path) -> None:
+@pytest.mark.parametrize("config_change", [False, True], ids=["same-config", "changed-config"])
+def test_a_version_published_under_load_takes_over_without_a_failed_call(kt_repository, tmp_path,
+                                                                          config_change) -> None:
     repo = tmp_path / "repo"
     shutil.copytree(kt_repository.path, repo)
     assert read_served_shape(repo, "kt").max_batch_size >= 1
@@ -30,7 +34,8 @@ def test_a_version_published_under_load_takes_over_without_a_failed_call(kt_repo
     triton.start(timeout=120)
     settings = Settings(repository=repo, triton_url=triton.grpc_url, grpc_port=0, http_port=None,
                         probe_timeout_s=10.0, grace_period_s=1.0)
-    gw = ThreadedGateway(settings, Metrics()).start()
+    metrics = Metrics()
+    gw = ThreadedGateway(settings, metrics).start()
     channel = grpc.insecure_channel(f"127.0.0.1:{gw.grpc_port}")
     stub = pb_grpc.KnowledgeTracingServiceStub(channel)
     request = pb.PredictRequest(model="kt", candidates=[pb.Candidate(question_id=1)],
@@ -57,10 +62,14 @@ def test_a_version_published_under_load_takes_over_without_a_failed_call(kt_repo
         source = version_dir(repo, "kt", 1)
         files = {p.name: p for p in source.iterdir() if p.is_file()}
         published = time.monotonic()
-        publish_version(repo, "kt", files, (repo / "kt" / CONFIG_FILE).read_text(), version=2)
+        config = (repo / "kt" / CONFIG_FILE).read_text()
+        if config_change:               # as an export with other provenance or a grown vocabulary does
+            config += 'parameters {\n  key: "published_by"\n  value { string_value: "test" }\n}\n'
+        publish_version(repo, "kt", files, config, version=2)
         while time.monotonic() - published < 30 and not any(v == 2 for _, v in versions):
             time.sleep(0.1)
         time.sleep(1.0)
+        alive = triton.is_running()
     finally:
         stop.set()
         for t in callers:
@@ -68,8 +77,11 @@ def test_a_version_published_under_load_takes_over_without_a_failed_call(kt_repo
         channel.close()
         gw.stop(grace=1.0)
         triton.stop()
+    assert alive, triton.log_tail()
     first_new = next((t for t, v in versions if v == 2), None)
     assert failures == []
+    held = metrics.registry.get_sample_value("routerkt_model_reloads_total", {"model": "kt", "reason": "config_changed"})
+    assert (held or 0.0) == (1.0 if config_change else 0.0)      # calls held (and unload first) only then
     assert first_new is not None, "version 2 was never used"
     print(f"version 2 first used {first_new - published:.2f} s after it was published")
     assert all(v == 2 for t, v in versions if t > first_new + 0.5)     # and it stays the one used

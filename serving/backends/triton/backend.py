@@ -68,7 +68,8 @@ class TritonInferenceBackend:
 
     async def infer(self, model: ModelVersion, feeds: dict[str, np.ndarray], timeout_s: float) -> np.ndarray:
         try:
-            return await self.client.infer(model.name, model.version, model.graph, feeds, timeout_s)
+            async with self.supervisor.gates.admitted(model.name, timeout_s) as left:
+                return await self.client.infer(model.name, model.version, model.graph, feeds, left)
         except BackendError as exc:
             self.supervisor.on_failure(model.name, model.version, exc)
             raise
@@ -77,7 +78,8 @@ class TritonInferenceBackend:
                             timeout_s: float) -> dict[str, np.ndarray]:
         """Several outputs of the model's config (the explain call: serving/explain.py)."""
         try:
-            return await self.client.infer_outputs(model.name, model.version, model.graph, feeds, outputs, timeout_s)
+            async with self.supervisor.gates.admitted(model.name, timeout_s) as left:
+                return await self.client.infer_outputs(model.name, model.version, model.graph, feeds, outputs, left)
         except BackendError as exc:
             self.supervisor.on_failure(model.name, model.version, exc)
             raise

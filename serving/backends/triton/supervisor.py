@@ -12,12 +12,18 @@ Facts it is written around (docs/operations.md, "Triton 2.51 facts"):
   every loaded version; a stub crash, or `probe_failures_before_reload` consecutive failures of a
   model that still reports READY, triggers a reload.
 
+- a load whose config.pbtxt changed makes Triton reload every version of the model; with calls in
+  flight Triton 2.51 died (serving/backends/triton/gates.py). Such a load holds the model's calls
+  (ModelGates), waits for those in flight, unloads, waits until Triton lists no instance, then
+  loads (reason `config_changed`); a load with the served config runs beside the calls.
+
 A version is "ready" when Triton lists it READY and its last probe succeeded. A failure on the
 request path updates the state at once (Triton unreachable -> nothing is ready) and wakes the probe.
 """
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import math
 import time
@@ -25,15 +31,19 @@ from typing import Mapping
 
 from tritonclient.utils import InferenceServerException
 
+from routerkt.contract.signature import CONFIG_FILE
 from serving.catalog import ModelVersion
 from serving.metrics import Metrics
 from serving.parts import BackendError, FailureKind
 from serving.settings import Settings
 from serving.backends.triton.client import TritonClient
+from serving.backends.triton.gates import ModelGates
 
 log = logging.getLogger("routerkt.gateway.triton")
 
 LOAD_RETRY_S = 60.0        # how often a failed (or refused) load of one version is retried
+UNLOAD_POLL_S = 0.1        # how often an unload before a config-changing load is checked
+BUSY_STATES = ("READY", "LOADING", "UNLOADING")     # Triton states of a version whose instance still exists
 
 
 class TritonSupervisor:
@@ -52,6 +62,8 @@ class TritonSupervisor:
         self._load_attempts: dict[tuple[str, int], float] = {}
         self._tasks: set[asyncio.Task] = set()
         self._wake = asyncio.Event()
+        self.gates = ModelGates()                        # in-flight calls per model; closed while a load drains
+        self._configs: dict[str, str | None] = {}        # model -> digest of the config.pbtxt Triton serves
 
     async def close(self) -> None:
         for task in list(self._tasks):
@@ -129,6 +141,8 @@ class TritonSupervisor:
             self._set_ready(name, frozenset())
 
     async def _probe_model(self, name: str, versions: Mapping[int, ModelVersion], states: dict[int, str]) -> None:
+        if self.gates.is_closed(name):
+            return                                               # draining for a load: calls wait, state stays
         if name in self._reloading or not versions:
             self._set_ready(name, frozenset())
             return
@@ -141,8 +155,8 @@ class TritonSupervisor:
         for version in loaded:
             served = versions[version]
             try:                                                 # one padding row, like the warm-up
-                await self.client.infer(name, version, served.graph, served.probe_inputs(),
-                                        self.settings.probe_timeout_s, observe=False)
+                async with self.gates.admitted(name, self.settings.probe_timeout_s) as left:
+                    await self.client.infer(name, version, served.graph, served.probe_inputs(), left, observe=False)
             except BackendError as exc:
                 self.on_failure(name, version, exc)
                 if exc.kind is FailureKind.DEADLINE and version in previous:
@@ -160,6 +174,8 @@ class TritonSupervisor:
             self._failures[name] = 0
         if name not in self._reloading:
             self._set_ready(name, frozenset(good))
+            if good and name not in self._configs:
+                self._configs[name] = self._config_digest(name)   # the config of the versions that answer
 
     # -- model control ---------------------------------------------------------------------------
     def request_reload(self, model: str, reason: str) -> None:
@@ -219,13 +235,57 @@ class TritonSupervisor:
             if lock.locked():
                 return
             async with lock:
-                log.info("asking Triton to load model %s (version %d is in the repository)", model, version)
-                try:
-                    await self.client.load(model, self.settings.reload_timeout_s)
-                except InferenceServerException as exc:
-                    log.error("Triton did not load model %s: %s", model, first_line(exc.message()))
+                digest = self._config_digest(model)
+                if self._ready.get(model) and digest != self._configs.get(model):
+                    # Triton reloads every version of the model: none of its calls may be in flight
+                    log.warning("model %s: config.pbtxt changed with version %d; holding its calls while "
+                                "Triton reloads every version", model, version)
+                    started = time.perf_counter()
+                    self.metrics.reloads.labels(model=model, reason="config_changed").inc()
+                    async with self.gates.closed(model, self.settings.reload_timeout_s) as left:
+                        if left:
+                            log.error("model %s: %d calls still in flight after %.0fs; loading anyway",
+                                      model, left, self.settings.reload_timeout_s)
+                        loaded = await self._unload_and_load(model, version)
+                    log.info("model %s: calls held for %.1fs", model, time.perf_counter() - started)
+                else:
+                    loaded = await self._load(model, version)
+                if loaded:
+                    self._configs[model] = digest
                 self._wake.set()
         self._spawn(load())
+
+    async def _load(self, model: str, version: int) -> bool:
+        log.info("asking Triton to load model %s (version %d is in the repository)", model, version)
+        try:
+            await self.client.load(model, self.settings.reload_timeout_s)
+            return True
+        except InferenceServerException as exc:
+            log.error("Triton did not load model %s: %s", model, first_line(exc.message()))
+            return False
+
+    async def _unload_and_load(self, model: str, version: int) -> bool:
+        """Unload every version, wait until Triton lists none loaded or unloading, then load. A plain
+        load would tear the old instances down about a second after it returns, while calls run again
+        (the crash in gates.py)."""
+        deadline = time.monotonic() + self.settings.reload_timeout_s
+        try:
+            await self.client.unload(model, self.settings.reload_timeout_s)
+            while time.monotonic() < deadline:
+                states = await self.client.model_states(self.settings.probe_timeout_s) or {}
+                if not any(state in BUSY_STATES for state in states.get(model, {}).values()):
+                    break
+                await asyncio.sleep(UNLOAD_POLL_S)
+        except (InferenceServerException, BackendError) as exc:
+            log.error("Triton did not unload model %s: %s", model, first_line(getattr(exc, "detail", str(exc))))
+        return await self._load(model, version)
+
+    def _config_digest(self, model: str) -> str | None:
+        """sha256 of the model's config.pbtxt in the repository (None: unreadable)."""
+        try:
+            return hashlib.sha256((self.settings.repository / model / CONFIG_FILE).read_bytes()).hexdigest()
+        except OSError:
+            return None
 
     # -- internals -------------------------------------------------------------------------------
     def _spawn(self, coro) -> None:
