@@ -7,7 +7,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from export.onnx_export import (ParityReport, _prepare, _trace, candidate_windows, rank_dynamic_axes, rank_inputs,
+from export.onnx_export import (ParityReport, candidate_windows, export_rank_inputs_graph, rank_inputs,
                                 rank_reference)
 from routerkt.contract import signature
 from routerkt.contract.onnx_session import cpu_session
@@ -38,11 +38,7 @@ def explainable(model: KTModel) -> bool:
 
 def export_explain_onnx(model: KTModel, path: Path, quiet: bool = True) -> None:
     """Freeze biases and write the explain graph to `path` (axes as the rank graph's, heads fixed)."""
-    _prepare(model)
-    cfg = model.config
-    arrays = rank_inputs(cfg.n_questions, cfg.n_skills, 2, min(cfg.max_len - 1, 15), 3)
-    _trace(ExplainInferenceModel(model).eval(), tuple(torch.from_numpy(a) for a in arrays), signature.EXPLAIN,
-           rank_dynamic_axes(cfg.max_len, signature.EXPLAIN), path, quiet)
+    export_rank_inputs_graph(ExplainInferenceModel(model), signature.EXPLAIN, path, quiet)
 
 
 def window_attention(model: KTModel, hq, hs, hr, cq, cs) -> np.ndarray:

@@ -209,11 +209,18 @@ def export_onnx(model: KTModel, path: Path, quiet: bool = True) -> None:
 
 def export_rank_onnx(model: KTModel, path: Path, quiet: bool = True) -> None:
     """Freeze biases and write the rank graph to `path` (single file, weights embedded)."""
+    export_rank_inputs_graph(RankInferenceModel(model), signature.RANK, path, quiet)
+
+
+def export_rank_inputs_graph(served: nn.Module, graph: signature.Graph, path: Path, quiet: bool = True) -> None:
+    """Freeze the biases of `served.model` and trace `served`, a module over the rank graph's inputs
+    (the rank and explain graphs), with the rank graph's dynamic axes."""
+    model = served.model
     _prepare(model)
     cfg = model.config
     arrays = rank_inputs(cfg.n_questions, cfg.n_skills, 2, min(cfg.max_len - 1, 15), 3)
-    _trace(RankInferenceModel(model).eval(), tuple(torch.from_numpy(a) for a in arrays), signature.RANK,
-           rank_dynamic_axes(cfg.max_len, signature.RANK), path, quiet)
+    _trace(served.eval(), tuple(torch.from_numpy(a) for a in arrays), graph,
+           rank_dynamic_axes(cfg.max_len, graph), path, quiet)
 
 
 def rank_dynamic_axes(max_len: int, graph: signature.Graph) -> dict:

@@ -55,13 +55,17 @@ class ExplainIn(BaseModel):
     top_k: Int32 = Field(0, description="past interactions per candidate, 1..window-1; 0: 5")
 
 
-class PredictIn(BaseModel):
+class LearnerQueryIn(BaseModel):
+    """The fields every call about one learner shares: the model version and the learner's history."""
     model: Text
     version: Int64 = Field(0, description="0 = the latest served version")
     history: list[InteractionIn] = Field(default_factory=list, description="oldest first; may be empty")
-    candidates: list[CandidateIn]
     learner_id: Text = Field("", description="set: the history comes from the session store (history empty)")
     history_columns: HistoryColumnsIn | None = Field(None, description="the history as columns instead of history")
+
+
+class PredictIn(LearnerQueryIn):
+    candidates: list[CandidateIn]
     explain: ExplainIn | None = Field(None, description="set: explain each prediction (docs/api.md, Explanations)")
 
 
@@ -114,16 +118,11 @@ class PredictBatchOut(BaseModel):
     version: int
 
 
-class RecommendIn(BaseModel):
-    model: Text
-    version: Int64 = 0
-    history: list[InteractionIn] = Field(default_factory=list)
-    learner_id: Text = ""
+class RecommendIn(LearnerQueryIn):
     candidates: list[CandidateIn]
     target_probability: float | None = Field(None, description="in (0, 1); default 0.7")
     top_k: Int32 | None = Field(None, description=">= 1; default: every candidate")
     exclude_seen: bool = False
-    history_columns: HistoryColumnsIn | None = Field(None, description="the history as columns instead of history")
     explain: ExplainIn | None = Field(None, description="set: explain each recommendation")
 
 
@@ -142,12 +141,7 @@ class RecommendOut(BaseModel):
     prediction_id: str = ""
 
 
-class MasteryIn(BaseModel):
-    model: Text
-    version: Int64 = 0
-    history: list[InteractionIn] = Field(default_factory=list)
-    learner_id: Text = ""
-    history_columns: HistoryColumnsIn | None = Field(None, description="the history as columns instead of history")
+class MasteryIn(LearnerQueryIn):
     skill_ids: list[Int64] = Field(default_factory=list, description="empty: every skill of the version")
 
 

@@ -83,17 +83,23 @@ def tiny_kt_onnx(tiny_kt_model: TinyModel, tmp_path_factory: pytest.TempPathFact
     return tiny_kt_model
 
 
-@pytest.fixture(scope="module")
-def triton(kt_repository, tmp_path_factory):
-    """A tritonserver over the tiny exported routerkt-akt (tests/conftest.py), one per test module."""
+@contextlib.contextmanager
+def triton_over(repository: Path, log_dir: Path):
+    """A started tritonserver over `repository` (its log in log_dir/triton.log), stopped on exit."""
     from serving.tritonserver.launcher import TritonServer
-    server = TritonServer(kt_repository.path, log_path=tmp_path_factory.mktemp("triton") / "triton.log",
-                          exit_timeout_s=3)
+    server = TritonServer(repository, log_path=log_dir / "triton.log", exit_timeout_s=3)
     server.start(timeout=120)
     try:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def triton(kt_repository, tmp_path_factory):
+    """A tritonserver over the tiny exported routerkt-akt (tests/conftest.py), one per test module."""
+    with triton_over(kt_repository.path, tmp_path_factory.mktemp("triton")) as server:
+        yield server
 
 
 @contextlib.contextmanager

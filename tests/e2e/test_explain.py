@@ -17,7 +17,7 @@ import pytest
 
 from routerkt.contract import signature
 from serving.api import knowledge_tracing_pb2 as pb
-from tests.e2e.conftest import gateway_over
+from tests.e2e.conftest import gateway_over, triton_over
 
 torch = pytest.importorskip("torch")
 
@@ -38,14 +38,9 @@ def repository(kt_repository, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def gateway(repository, tmp_path_factory):
-    from serving.tritonserver.launcher import TritonServer
-    server = TritonServer(repository, log_path=tmp_path_factory.mktemp("triton") / "triton.log", exit_timeout_s=3)
-    server.start(timeout=120)
-    try:
-        with gateway_over(repository, server.grpc_url, versions=(1, 2)) as served:
-            yield served
-    finally:
-        server.stop()
+    with triton_over(repository, tmp_path_factory.mktemp("triton")) as server, \
+            gateway_over(repository, server.grpc_url, versions=(1, 2)) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")

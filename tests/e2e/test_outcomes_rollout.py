@@ -32,6 +32,7 @@ from serving.sessions.keys import LearnerKeys
 from serving.sessions.session_service import SessionService
 from serving.sessions.factory import open_store
 from serving.settings import Settings
+from tests.e2e.conftest import triton_over
 from tests.conftest import train_tiny
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -57,13 +58,8 @@ def two_versions(kt_repository, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def triton2(two_versions, tmp_path_factory):
-    from serving.tritonserver.launcher import TritonServer
-    server = TritonServer(two_versions, log_path=tmp_path_factory.mktemp("triton2") / "triton.log", exit_timeout_s=3)
-    server.start(timeout=120)
-    try:
+    with triton_over(two_versions, tmp_path_factory.mktemp("triton2")) as server:
         yield server
-    finally:
-        server.stop()
 
 
 class Gateway:
