@@ -8,14 +8,16 @@ with NO_SKILL (serving/requests.py), and leave as model ids padded with PAD_ID:
   routerkt_unknown_ids_total{kind="question"}.
 - skills absent -> the skill set the vocabulary recorded for the question (question_skills); a
   question without one (an unknown question, or one only seen without a skill) gets {UNK_ID};
-- skill id -1 -> UNK_ID ("unknown skill", as -1 in the training CSV);
-  both of these count as routerkt_unknown_ids_total{kind="skill"} (per skill slot);
-- any other skill id not in the vocabulary -> INVALID_ARGUMENT naming the slot
-  (`history[3].skill_ids[1]`, or `history[3].skill_id` for the single form: a typo or a model
-  trained on another skill taxonomy must not silently degrade predictions); counted as well.
-Unknown ids are counted for the interactions that reach the model and the candidates; rejected skill
-ids are checked (and counted) over the whole history. Single-skill traffic (every set of one, a
-vocabulary of one skill per question) keeps the one-column path: [N, 1] throughout.
+- skill id -1 ("unknown skill", as -1 in the training CSV) and any other skill id not in the
+  vocabulary (a skill the platform added after this version was trained: Observe stores it,
+  `routerkt retrain` gives it an id) -> UNK_ID, exactly like an unknown question id, in the
+  history and in the candidates; so a Predict by learner_id and one sending the same history
+  explicitly get the same input. Every skill slot mapped to UNK_ID (these, and a looked-up
+  {UNK_ID} above) counts as routerkt_unknown_ids_total{kind="skill"}.
+Unknown ids are counted for the interactions that reach the model and the candidates. Single-skill
+traffic (every set of one, a vocabulary of one skill per question) keeps the one-column path:
+[N, 1] throughout. (Mastery's requested skills are the exception: serving/mastery.py rejects an
+unknown one, whose knowledge state is undefined.)
 
 Skill axis: every skill tensor gets a last axis K = the widest set among the learners of one
 inference (at least 1); narrower sets are padded with PAD_ID, which the model's set mean ignores.
@@ -42,9 +44,8 @@ import numpy as np
 
 from routerkt.contract.signature import (CANDIDATE_RESPONSE, NO_SKILL, PAD_ID, PAD_RESPONSE, RANK, SCORE, UNK_ID,
                                          skill_axis)
-from serving.errors import invalid_argument
 from routerkt.contract.vocab import Vocab
-from serving.requests import ABSENT_SKILL, skill_field
+from serving.requests import ABSENT_SKILL
 from serving.validation import LearnerInput
 
 if TYPE_CHECKING:
@@ -87,13 +88,8 @@ class EncodedLearner:
 
 def encode_learner(learner: LearnerInput, vocab: Vocab, window: int,
                    count_unknown: CountUnknown = lambda kind, n: None) -> EncodedLearner:
-    """Map `learner` with `vocab` and keep the most recent window-1 interactions.
-    Raises INVALID_ARGUMENT for a skill id the vocabulary does not know."""
-    _reject_unknown_skills(learner.history_skills, learner.history_sets, vocab, f"{learner.prefix}history",
-                           count_unknown)
-    _reject_unknown_skills(learner.candidate_skills, learner.candidate_sets, vocab, f"{learner.prefix}candidates",
-                           count_unknown)
-
+    """Map `learner` with `vocab` (ids it does not know -> UNK_ID, counted) and keep the most
+    recent window-1 interactions."""
     keep = max(window - 1, 0)
     start = max(learner.history_length - keep, 0)
     hq_raw = learner.history_questions[start:]
@@ -264,23 +260,7 @@ def _map(raw_questions: np.ndarray, raw_skills: np.ndarray, vocab: Vocab) -> tup
             resolved = np.full((raw_skills.shape[0], used), NO_SKILL, dtype=np.int64)
             resolved[:, :width] = raw_skills
         resolved[absent, :used] = looked[:, :used]
-    skills = vocab.encode_skills(resolved)         # -1 (unknown) -> UNK_ID; unknown ids were rejected
+    skills = vocab.encode_skills(resolved)         # -1 and ids the vocabulary lacks -> UNK_ID
     if resolved.shape[1] > 1:                      # unused slots (one column holds none once resolved)
         skills[resolved == NO_SKILL] = PAD_ID
     return questions, skills, int((questions == UNK_ID).sum()), int((skills == UNK_ID).sum())
-
-
-def _reject_unknown_skills(raw_skills: np.ndarray, as_sets: np.ndarray | None, vocab: Vocab, list_field: str,
-                           count_unknown: CountUnknown) -> None:
-    explicit = raw_skills >= 0
-    if not explicit.any():
-        return
-    unknown = explicit & (vocab.encode_skills(raw_skills) == UNK_ID)
-    if unknown.any():
-        count_unknown("skill", int(unknown.sum()))
-        i, j = (int(x[0]) for x in np.nonzero(unknown))
-        field = skill_field(as_sets, i, j)
-        raise invalid_argument(f"{list_field}[{i}].{field}",
-                               f"unknown skill id {int(raw_skills[i, j])} for this model version "
-                               f"(use -1 for an unknown skill, or omit {field.split('[')[0]})")
-

@@ -78,7 +78,7 @@ def test_valid_request_is_unavailable_not_internal(gateway) -> None:
     (valid_request(history=[pb.Interaction(question_id=100, correct=5)]), grpc.StatusCode.INVALID_ARGUMENT,
      "history[0].correct"),
     (valid_request(history=[pb.Interaction(question_id=100, skill_id=999, correct=1)]),
-     grpc.StatusCode.UNAVAILABLE, None),                    # the model is known; vocab checks need it ready
+     grpc.StatusCode.UNAVAILABLE, None),                    # a skill the model lacks is no error; it is not ready
     (valid_request(model="unknown-model"), grpc.StatusCode.NOT_FOUND, "model"),
     (valid_request(version=5), grpc.StatusCode.NOT_FOUND, "version"),
 ])

@@ -1,5 +1,6 @@
-"""serving/validation.py and the vocabulary checks of serving/features.py: every bad input gets
-INVALID_ARGUMENT naming its field; good inputs become numpy arrays of raw ids."""
+"""serving/validation.py, and serving/features.py's vocabulary mapping of what it lets through: every
+bad input gets INVALID_ARGUMENT naming its field; good inputs become numpy arrays of raw ids; ids a
+version does not know (questions and skills alike) map to the unknown id, counted, never an error."""
 from __future__ import annotations
 
 import grpc
@@ -13,6 +14,7 @@ from serving.settings import Settings
 from serving.transport.grpc_api import batch_query, predict_query
 from serving.requests import ABSENT_SKILL, UNKNOWN_SKILL
 from serving.validation import validate_query
+from routerkt.contract.signature import UNK_ID
 from routerkt.contract.vocab import Vocab
 
 pytestmark = pytest.mark.unit
@@ -108,27 +110,29 @@ def test_skill_id_zero_is_a_real_id_not_absent() -> None:
     assert learner.history_skills.tolist() == [[0]]
 
 
-@pytest.mark.parametrize("history, candidates, field", [
-    ([interaction(10, 5), interaction(11, 99)], [candidate()], "history[1].skill_id"),
-    ([interaction()], [candidate(11, 6), candidate(11, 7)], "candidates[1].skill_id"),
+@pytest.mark.parametrize("history, candidates", [
+    ([interaction(10, 5), interaction(11, 99)], [candidate()]),
+    ([interaction()], [candidate(11, 6), candidate(11, 7)]),
 ])
-def test_unknown_skill_ids_are_rejected_with_the_field(history, candidates, field) -> None:
+def test_unknown_skill_ids_map_to_the_unknown_id_and_are_counted(history, candidates) -> None:
     counted: list[tuple[str, int]] = []
     learner = validate_predict(request(history=history, candidates=candidates), SETTINGS)
-    error = rejected(lambda: encode_learner(learner, VOCAB, window=5, count_unknown=lambda k, n: counted.append((k, n))))
-    assert error.field == field
+    encoded = encode_learner(learner, VOCAB, window=5, count_unknown=lambda k, n: counted.append((k, n)))
     assert counted == [("skill", 1)]
+    assert int((encoded.skills == UNK_ID).sum() + (encoded.candidate_skills == UNK_ID).sum()) == 1
 
 
-def test_unknown_skill_outside_the_window_is_still_rejected() -> None:
+def test_unknown_skill_outside_the_window_is_neither_an_error_nor_counted() -> None:
     history = [interaction(10, 42)] + [interaction()] * 5         # window 3 uses only the last 2
     learner = validate_predict(request(history=history), SETTINGS)
-    assert rejected(lambda: encode_learner(learner, VOCAB, window=3)).field == "history[0].skill_id"
+    counted: list[tuple[str, int]] = []
+    encoded = encode_learner(learner, VOCAB, window=3, count_unknown=lambda k, n: counted.append((k, n)))
+    assert encoded.history_used == 2 and counted == []
 
 
-def test_batch_field_prefix_reaches_the_vocabulary_check() -> None:
+def test_an_unknown_skill_of_a_batch_learner_is_the_unknown_id() -> None:
     ok = pb.LearnerRequest(history=[interaction()], candidates=[candidate()])
-    bad = pb.LearnerRequest(history=[interaction()], candidates=[candidate(10, 77)])
-    learners = validate_batch(pb.PredictBatchRequest(model="kt", learners=[ok, bad]), SETTINGS)
-    encode_learner(learners[0], VOCAB, window=4)
-    assert rejected(lambda: encode_learner(learners[1], VOCAB, window=4)).field == "learners[1].candidates[0].skill_id"
+    new_skill = pb.LearnerRequest(history=[interaction()], candidates=[candidate(10, 77)])
+    learners = validate_batch(pb.PredictBatchRequest(model="kt", learners=[ok, new_skill]), SETTINGS)
+    assert encode_learner(learners[0], VOCAB, window=4).candidate_skills.tolist() == [[3]]
+    assert encode_learner(learners[1], VOCAB, window=4).candidate_skills.tolist() == [[UNK_ID]]

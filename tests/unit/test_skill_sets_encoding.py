@@ -10,7 +10,6 @@ import pytest
 from routerkt.contract.signature import PAD_ID, RANK, SCORE, UNK_ID, zero_inputs
 from routerkt.contract.vocab import Vocab
 from serving.catalog import ModelVersion, _skill_sets
-from serving.errors import ServingError
 from serving.features import WindowEncoder, encode_learner
 from serving.requests import LearnerQuery, PredictQuery
 from serving.sessions.store import History, StoredEvent, parse_skills
@@ -55,16 +54,31 @@ def test_single_skill_traffic_stays_one_column():
     assert only_absent.skills.shape == (1, 1) and only_absent.candidate_skills.shape == (1, 1)
 
 
-@pytest.mark.parametrize("history, candidates, field", [
-    ([(100, [7, 42], 1)], [(100, None)], "history[0].skill_ids[1]"),
-    ([(100, 7, 1), (100, 42, 1)], [(100, None)], "history[1].skill_id"),
-    ([], [(100, None), (100, [9, 8, 77])], "learners[2].candidates[1].skill_ids[2]"),
+def _minus_one_for(unknown: set[int], skills):
+    """`skills` (None, one id or a list) with every id of `unknown` written as -1."""
+    if isinstance(skills, list):
+        return [-1 if s in unknown else s for s in skills]
+    return -1 if skills in unknown else skills
+
+
+@pytest.mark.parametrize("history, candidates, history_skills, candidate_skills", [
+    ([(100, [7, 42], 1)], [(100, None)], [[2, UNK_ID]], [[2]]),
+    ([(100, 7, 1), (100, 42, 1)], [(100, None)], [[2], [UNK_ID]], [[2]]),
+    ([], [(100, None), (100, [9, 8, 77])], [], [[2, PAD_ID, PAD_ID], [4, 3, UNK_ID]]),
 ])
-def test_unknown_skills_name_their_slot(history, candidates, field):
-    prefix = "learners[2]." if field.startswith("learners") else ""
-    with pytest.raises(ServingError) as caught:
-        encode_learner(learner(history, candidates, prefix), VOCAB, 5)
-    assert caught.value.field == field
+def test_unknown_skills_map_to_the_unknown_id_like_unknown_questions(history, candidates, history_skills,
+                                                                     candidate_skills):
+    """A skill the version does not know (one the platform added later) is UNK_ID in its slot, counted,
+    exactly as -1 there would be."""
+    counts: dict[str, int] = {}
+    enc = encode_learner(learner(history, candidates, "learners[2]."), VOCAB, 5,
+                         lambda kind, n: counts.__setitem__(kind, counts.get(kind, 0) + n))
+    assert enc.skills.tolist() == history_skills and enc.candidate_skills.tolist() == candidate_skills
+    assert counts == {"skill": 1}
+    unknown = {42, 77}
+    same = encode_learner(learner([(q, _minus_one_for(unknown, s), c) for q, s, c in history],
+                                  [(q, _minus_one_for(unknown, s)) for q, s in candidates]), VOCAB, 5)
+    assert same.skills.tolist() == history_skills and same.candidate_skills.tolist() == candidate_skills
 
 
 def test_score_rows_have_the_widest_set_of_the_inference():
