@@ -4,15 +4,18 @@ Rules (numbers from Settings): `learner_id` 1..max_learner_id_chars characters, 
 characters; 1..max_observe_events events per call; each event: an `event_id` of
 1..max_event_id_chars characters, unique within the call; question_id >= 0; skill_id (one) or
 skill_ids (a set of at most max_skills_per_interaction, none twice; not both forms: checked while
-converting, serving/requests.py), each >= 0 or -1 (unknown), or absent, and an explicit id must be
-known to at least one model version the gateway serves; correct 0 or 1; timestamp_ms >= 0 when set.
-The first problem raises INVALID_ARGUMENT naming the field (`events[3].correct`,
-`events[2].skill_ids[1]`) and nothing is stored.
+converting, serving/requests.py), each >= 0 or -1 (unknown), or absent; correct 0 or 1;
+timestamp_ms >= 0 when set. The first problem raises INVALID_ARGUMENT naming the field
+(`events[3].correct`, `events[2].skill_ids[1]`) and nothing is stored.
+
+Ids are the platform's own and are stored as given, whether or not a served model version knows
+them: a question or skill added to the platform after the served version was trained is stored
+(a prediction maps it to the unknown id, serving/features.py), exported by `routerkt sessions
+export`, and given an id of its own by `routerkt retrain`'s grown vocabulary.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -50,9 +53,8 @@ def check_learner_id(learner_id: str, settings: Settings, field: str = "learner_
     check_optional_learner_id(learner_id, settings, field)
 
 
-def validate_observe(query: ObserveQuery, settings: Settings, skill_known: Callable[[np.ndarray], np.ndarray]) -> None:
-    """Raise INVALID_ARGUMENT for the first bad field. `skill_known`: raw skill ids -> bool mask of
-    the ids some served model version knows."""
+def validate_observe(query: ObserveQuery, settings: Settings) -> None:
+    """Raise INVALID_ARGUMENT for the first bad field."""
     check_learner_id(query.learner_id, settings)
     n = len(query.event_ids)
     if n == 0:
@@ -74,10 +76,6 @@ def validate_observe(query: ObserveQuery, settings: Settings, skill_known: Calla
     _first_slot(query.skills == INVALID_SKILL, query.skill_sets, "", "must be >= 0, or -1 for an unknown skill")
     _first_bad((query.correct != 0) & (query.correct != 1), "correct", "must be 0 or 1")
     _first_bad(query.timestamps == INVALID_TIMESTAMP, "timestamp_ms", "must be >= 0")
-    explicit = query.skills >= 0
-    if explicit.any():
-        _first_slot(explicit & ~skill_known(query.skills), query.skill_sets, "",
-                    "unknown skill id for every served model (use -1 for an unknown skill, or omit it)")
 
 
 def timestamp_array(values: np.ndarray, present: np.ndarray) -> np.ndarray:

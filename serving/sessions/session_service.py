@@ -22,18 +22,16 @@ from typing import Protocol
 
 import numpy as np
 
-from routerkt.contract.signature import UNK_ID
 from serving import errors
-from serving.catalog import ModelCatalog, ModelVersion
+from serving.catalog import ModelCatalog
 from serving.errors import ServingError
 from serving.metrics import Metrics
-from serving.requests import UNKNOWN_SKILL, Deadline
+from serving.requests import Deadline
 from serving.security.audit import LEARNER_PREFIX, audit
 from serving.sessions.events import ObserveQuery, check_learner_id, validate_observe
 from serving.sessions.keys import LearnerKeys
 from serving.sessions.store import AppendResult, History, SessionStore, StoredEvent, StoreUnavailable
 from serving.settings import Settings
-from serving.validation import LearnerInput
 
 
 
@@ -63,7 +61,6 @@ class SessionService:
         self.metrics = metrics
         self.tracker: OutcomeJoin | None = None        # set by create_server when outcomes are tracked
         self.up = False
-        self._known_skills: tuple[object, np.ndarray | None] = (None, None)   # (catalog table, its skill ids)
 
     async def start(self) -> None:
         try:
@@ -106,7 +103,7 @@ class SessionService:
     # -- calls -----------------------------------------------------------------------------------
     async def observe(self, query: ObserveQuery, deadline: Deadline) -> AppendResult:
         try:
-            validate_observe(query, self.settings, self._skill_known)
+            validate_observe(query, self.settings)
             key = self.keys.learner(query.learner_id)
             events = [StoredEvent(self.keys.event(key, event_id), int(q), s, int(c), int(t))
                       for event_id, q, s, c, t in zip(query.event_ids, query.questions.tolist(), query.stored_skills(),
@@ -168,15 +165,3 @@ class SessionService:
             self.metrics.store_seconds.labels(operation=operation).observe(time.perf_counter() - started)
         self._set_up(True)
         return result
-
-    def _skill_known(self, raw_skills: np.ndarray) -> np.ndarray:
-        """Whether each raw skill id is known to some version of the catalog (all True while it is
-        empty). The union of the versions' skill ids is rebuilt only when the catalog's table changes."""
-        table = self.catalog.snapshot()
-        if self._known_skills[0] is not table:
-            ids = [np.fromiter(v.vocab.skills, dtype=np.int64) for versions in table.values() for v in versions.values()]
-            self._known_skills = (table, np.unique(np.concatenate(ids)) if ids else None)
-        known = self._known_skills[1]
-        if known is None:
-            return np.ones(raw_skills.shape, dtype=bool)       # nothing to check against yet
-        return np.isin(raw_skills, known)

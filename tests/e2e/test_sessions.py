@@ -139,8 +139,6 @@ def test_retried_observe_stores_nothing_twice_and_rejected_observe_stores_nothin
      "events[0].correct"),
     (lambda: pb.ObserveRequest(learner_id="x", events=[pb.Event(event_id="a", question_id=-1, correct=1)]),
      "events[0].question_id"),
-    (lambda: pb.ObserveRequest(learner_id="x", events=[pb.Event(event_id="a", question_id=1, skill_id=987654,
-                                                                correct=1)]), "events[0].skill_id"),
     (lambda: pb.ObserveRequest(learner_id="x", events=[pb.Event(event_id="a", question_id=1, skill_id=-5,
                                                                 correct=1)]), "events[0].skill_id"),
     (lambda: pb.ObserveRequest(learner_id="x", events=[pb.Event(event_id="a", question_id=1, correct=1,

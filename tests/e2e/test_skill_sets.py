@@ -2,10 +2,10 @@
 store (SQLite): a Predict with two-skill interactions and a two-skill candidate equals the PyTorch
 model fed the same sets (built here independently of serving/features.py), the set reaches the model
 (the answer differs from the first skill alone), the HTTP mirror answers alike, and an Observe of
-two-skill events followed by a Predict by learner_id equals the explicit history."""
+two-skill events (one with a skill no served version knows) followed by a Predict by learner_id
+equals the explicit history."""
 from __future__ import annotations
 
-import grpc
 import httpx
 import numpy as np
 import pytest
@@ -120,8 +120,12 @@ def test_observed_skill_sets_predict_as_the_explicit_history(gateway, sample) ->
     explicit = stub.Predict(request(history, candidates), timeout=10.0)
     assert by_id.history_used == explicit.history_used == len(history)
     np.testing.assert_allclose(np.asarray(by_id.probabilities), np.asarray(explicit.probabilities), atol=1e-6, rtol=0)
-    with pytest.raises(grpc.RpcError) as caught:
-        stub.Observe(pb.ObserveRequest(learner_id=learner, events=[
-            pb.Event(event_id="bad", question_id=1, correct=1, skill_ids=[history[0][1][0], 10**9])]), timeout=10.0)
-    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert dict(caught.value.trailing_metadata() or ()).get("routerkt-field") == "events[0].skill_ids[1]"
+    # a set with a skill no served version knows (added to the platform since): stored, then the unknown id
+    added = (history[0][0], [history[0][1][0], 10**9], 1)
+    assert stub.Observe(pb.ObserveRequest(learner_id=learner, events=[
+        pb.Event(event_id="new-skill", question_id=added[0], correct=added[2], **fields(added[1]))]),
+        timeout=10.0).stored == 1
+    by_id = stub.Predict(request([], candidates, learner_id=learner), timeout=10.0)
+    explicit = stub.Predict(request(history + [added], candidates), timeout=10.0)
+    assert by_id.history_used == explicit.history_used == len(history) + 1
+    np.testing.assert_allclose(np.asarray(by_id.probabilities), np.asarray(explicit.probabilities), atol=1e-6, rtol=0)
