@@ -67,6 +67,29 @@ def test_the_grown_vocabulary_keeps_every_served_id_and_adds_the_new_ones() -> N
     assert vocab.question_skills[10] == (1,) and vocab.question_skills[20] == (5,)
 
 
+def test_a_skill_no_served_version_knows_gets_an_id_from_the_exported_events(tmp_path, monkeypatch) -> None:
+    """Observe stores skills the served version does not know and `routerkt sessions export` writes them
+    (`1;9`): the retrain's grown vocabulary (built from the training rows as retrain_train does) gives them
+    ids and counts them. A question the served version knows keeps its served skill set; a new question
+    takes the set it was answered with, new skill included."""
+    for name in ("MIN_TRAIN_EVENTS", "MIN_TRAIN_LEARNERS", "MIN_HELDOUT_EVENTS"):
+        monkeypatch.setattr(f"export.retrain_data.{name}", 1)
+    from training.config import DataConfig
+    from training.data.pipeline import load_interactions
+    served = Vocab({10: 2, 11: 3}, {1: 2, 2: 3}, question_skills={10: (1,), 11: (2,)})
+    rows = [(7, 0, 10, "1;9", 1, 100), (7, 1, 20, 9, 0, 110), (7, 2, 11, 2, 1, 120), (7, 3, 21, -1, 0, 130),
+            (7, 4, 20, 9, 1, 300), (8, 0, 11, 2, 0, 105), (8, 1, 10, 1, 0, 310)]
+    _csv(tmp_path / "events.csv", rows)
+    split = split_events(tmp_path / "events.csv", tmp_path / "train.csv", cutoff_ms=200)
+    assert split.heldout.tolist() == [False] * 4 + [True, False, True]
+    vocab, counts = grown_vocab(served, Vocab.build(load_interactions(DataConfig(path=str(tmp_path / "train.csv")))))
+    assert vocab.skills == {1: 2, 2: 3, 9: 4} and vocab.questions == {10: 2, 11: 3, 20: 4, 21: 5}
+    assert counts == {"new_questions": 2, "new_skills": 1, "questions": 4, "skills": 3}
+    assert vocab.question_skills[10] == (1,) and vocab.question_skills[11] == (2,)     # the served sets stay
+    assert vocab.question_skills[20] == (9,) and vocab.question_skills[21] == (-1,)   # new: as answered
+    assert vocab.encode_skills(np.array([[1, 9]])).tolist() == [[2, 4]]                # no longer the unknown id
+
+
 def test_warm_state_copies_known_rows_to_their_new_ids_and_leaves_new_rows_fresh() -> None:
     old_vocab = Vocab({10: 2, 30: 3}, {1: 2}, question_skills={10: (1,), 30: (1,)})
     new_vocab, _ = grown_vocab(old_vocab, Vocab({20: 2}, {1: 2}, question_skills={20: (1,)}))   # 20 lands between
