@@ -1,11 +1,14 @@
 """TLS for the gateway's two ports from PEM files, reloaded when the files change (no restart).
 
 gRPC: grpc.dynamic_ssl_server_credentials, whose fetcher grpc calls for new handshakes; it returns
-a new configuration only when the files' stamps changed and the new pair loads. HTTP: one
-ssl.SSLContext given to uvicorn; `maintain()` checks the files every RELOAD_CHECK_S and calls
-load_cert_chain on it again, which serves the new certificate to every new connection. With a
-client CA (`--tls-client-ca`) both ports require a client certificate signed by it (mTLS). A pair
-caught half-written (a key that does not match its certificate) is skipped until it loads.
+a new configuration only when the files' stamps changed and the new pair loads. HTTP: uvicorn gets
+one ssl.SSLContext whose server-name callback (called for every handshake, with or without SNI)
+hands the connection to the context built from the files last loaded; `maintain()` checks the
+files every RELOAD_CHECK_S and builds a NEW context when they changed. Both transports thus start
+from an empty trust store at every reload: a client CA removed from the file is no longer trusted
+(loading the file again into the same context would only add to its store). With a client CA
+(`--tls-client-ca`) both ports require a client certificate signed by it (mTLS). A pair caught
+half-written (a key that does not match its certificate) is skipped until it loads.
 """
 from __future__ import annotations
 
@@ -33,9 +36,11 @@ class TlsFiles:
             if not path.is_file():
                 raise UserError(f"{flag} {path}: no such file")
         try:
-            self.context = self._new_context()
+            self._current = self._new_context()        # what HTTP connections are handed to
+            self.context = self._new_context()         # what uvicorn holds: hands each handshake over
         except (ssl.SSLError, OSError) as exc:
             raise UserError(f"--tls-cert/--tls-key: cannot load the pair ({exc.__class__.__name__})") from None
+        self.context.sni_callback = self._hand_over
         self._http_stamp = self._grpc_stamp = self.stamp()
 
     def stamp(self) -> tuple:
@@ -82,15 +87,18 @@ class TlsFiles:
         return config
 
     # -- HTTP ----------------------------------------------------------------------------------
+    def _hand_over(self, connection, server_name, context) -> None:
+        """The server-name callback: the handshake goes on with the context of the files last loaded
+        (its certificate, its trust store for client certificates)."""
+        connection.context = self._current
+
     def reload_http(self) -> bool:
-        """Load changed files into the HTTP context; True when it did."""
+        """A new HTTP context from changed files (a fresh trust store); True when it did."""
         stamp = self.stamp()
         if stamp == self._http_stamp:
             return False
         try:
-            self.context.load_cert_chain(self.cert, self.key)
-            if self.client_ca is not None:
-                self.context.load_verify_locations(self.client_ca)
+            self._current = self._new_context()
         except (ssl.SSLError, OSError):
             return False                            # half-written: next time
         self._http_stamp = stamp

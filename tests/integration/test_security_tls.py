@@ -108,3 +108,37 @@ def test_a_renewed_certificate_is_served_without_restart(handmade_repository, pk
         assert predict(gw.grpc_port, pki["ca"]).model == "kt"
     finally:
         gw.stop(0.5)
+
+
+def test_a_client_ca_removed_from_the_file_is_refused_after_reload_on_both_ports(handmade_repository, pki,
+                                                                                 tmp_path) -> None:
+    """A CA rotation replaces the trust store (a fresh one per reload), it does not add to it."""
+    bundle = tmp_path / "client-ca.pem"
+    bundle.write_text(pki["ca"].cert.read_text() + pki["other_ca"].cert.read_text())
+    gw = start(handmade_repository, tls_cert=pki["server"].cert, tls_key=pki["server"].key, tls_client_ca=bundle)
+    url = f"https://localhost:{gw.http_port}/v1/predict"
+
+    def http_ok(client) -> bool:
+        try:
+            with httpx.Client(verify=client_context(pki["ca"], client), trust_env=False) as http:
+                return http.post(url, json=BODY, timeout=3).status_code == 200
+        except (httpx.TransportError, ssl.SSLError):
+            return False
+
+    def grpc_ok(client) -> bool:
+        try:
+            return predict(gw.grpc_port, pki["ca"], client).model == "kt"
+        except grpc.RpcError:
+            return False
+
+    try:
+        for client in (pki["client"], pki["stranger"]):           # both CAs trusted at first
+            assert grpc_ok(client) and http_ok(client)
+        shutil.copy(pki["ca"].cert, bundle.with_suffix(".new"))   # the other CA leaves the file
+        os.replace(bundle.with_suffix(".new"), bundle)
+        wait_for(lambda: not grpc_ok(pki["stranger"]), 10, "gRPC to refuse the removed CA's client")
+        wait_for(lambda: not http_ok(pki["stranger"]), 10, "HTTP to refuse the removed CA's client")
+        assert grpc_ok(pki["client"]) and http_ok(pki["client"])  # the remaining CA's clients still pass
+        assert served_certificate(gw.http_port) == der(pki["server"].cert)
+    finally:
+        gw.stop(0.5)
