@@ -13,7 +13,7 @@ its first version) and appears in one rename. For an existing model, config.pbtx
 (temp file + os.replace) after the new version folder is in place, only when its text changed.
 Python files of a version are byte-compiled in staging: Triton's Python stub would otherwise write
 `__pycache__` into the served folder when it first imports model.py. Old versions beyond
-`keep_versions` are then moved out of the repository (one rename) and deleted there.
+`keep_versions`, unless protected (named by the rollout policy), are then moved out of the repository (one rename) and deleted there.
 Triton only considers version folders whose names are positive integers without leading zeros.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from routerkt.atomic import atomic_write_bytes
 from routerkt.contract.repository import list_versions
@@ -38,10 +38,12 @@ _NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 def publish_version(repository: Path, name: str, files: dict[str, Path | bytes], config_text: str,
-                    version: int | None = None, keep_versions: int = 3) -> int:
+                    version: int | None = None, keep_versions: int = 3, protected: Iterable[int] = ()) -> int:
     """Add version `version` (None: latest + 1, or 1 for a new model) of model `name`, holding
     `files` (file name -> source path or content), with `config_text` as its config.pbtxt.
-    Returns the version number. Raises UserError for bad input, touching nothing."""
+    Older versions beyond the newest `keep_versions` are pruned, except the `protected` ones (the
+    versions the rollout policy names: routerkt/contract/rollout_versions.py). Returns the version
+    number. Raises UserError for bad input, touching nothing."""
     repository = Path(repository)
     _check_name(name)
     _check_files(files)
@@ -60,7 +62,7 @@ def publish_version(repository: Path, name: str, files: dict[str, Path | bytes],
             version = (existing[-1] + 1) if existing else 1
         elif version in existing:
             raise UserError(f"model {name!r} already has version {version} in {repository}")
-        kept = sorted(existing + [version])[-keep_versions:]
+        kept = sorted(set(sorted(existing + [version])[-keep_versions:]) | (set(protected) & set(existing)))
         if version not in kept:
             raise UserError(f"version {version} of {name!r} is older than the {keep_versions} versions "
                             f"kept ({kept}); it would be deleted at once")

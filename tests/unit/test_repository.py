@@ -216,3 +216,12 @@ def test_concurrent_publishers_get_distinct_versions(repo: Path, tmp_path: Path)
                                  range(8)))
     assert sorted(versions) == list(range(1, 9))
     assert list_versions(repo, "kt") == list(range(1, 9))
+
+
+def test_versions_the_rollout_policy_names_are_never_pruned(repo: Path, tmp_path: Path) -> None:
+    """A canary 1 -> 2 stays whole while newer versions are published (the nightly loop's second night)."""
+    for i in range(1, 6):
+        publish_version(repo, "kt", _files(tmp_path, str(i)), "cfg", keep_versions=2, protected={1, 2})
+    assert list_versions(repo, "kt") == [1, 2, 4, 5]
+    publish_version(repo, "kt", _files(tmp_path, "6"), "cfg", keep_versions=2, protected={5})
+    assert list_versions(repo, "kt") == [5, 6]                  # no longer named: pruned as usual

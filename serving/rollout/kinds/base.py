@@ -90,6 +90,17 @@ class Rollout(ABC):
         """Baseline and candidate for kinds that compare two versions (promote, rollback, outcomes)."""
         return None
 
+    def served(self) -> int | None:
+        """The version that answers most learners (a split's baseline); None: the newest that answers."""
+        split = self.split()
+        return split.baseline if split is not None else None
+
+    def versions(self) -> set[int]:
+        """The versions this entry names: they must stay loaded while it is in force (the fields
+        routerkt/contract/rollout_versions.py reads for publishers)."""
+        split = self.split()
+        return {split.baseline, split.candidate} if split is not None else set()
+
     def guardrail(self) -> Guardrail | None:
         return None
 

@@ -23,6 +23,12 @@ class Pinned(Rollout):
     def fields(self) -> dict[str, object]:
         return {"version": self.version}
 
+    def versions(self) -> set[int]:
+        return {self.version}
+
+    def served(self) -> int | None:
+        return self.version
+
     def route(self, inputs: RouteInputs) -> Route:
         if self.version not in inputs.versions:
             raise errors.unavailable(f"model {errors.shown(inputs.model)} is pinned to version {self.version}, "
