@@ -82,6 +82,9 @@ class VersionPolicy(Protocol):
     def status(self) -> dict[str, object]:
         """What is in force: {"file", "error", "models"} (GET /v1/rollout)."""
 
+    async def change(self, model: str, value: object) -> dict[str, object]:
+        """Set one model's policy entry (PUT /v1/rollout/{model}); its JSON as in force, or a ServingError."""
+
     def route(self, name: str, requested: int, versions: Mapping[int, ModelVersion], ready: frozenset[int],
               learner_id: str) -> Route:
         """A Route over `versions` (all in the catalog) given the ones the backend serves now
@@ -119,6 +122,9 @@ class InferenceBackend(Protocol):
     def ready_versions(self, model: str) -> frozenset[int]: ...
 
     def ready_models(self) -> dict[str, list[int]]: ...
+
+    async def ensure_ready(self, model: str, version: int, timeout_s: float) -> bool:
+        """Load `version` (in the repository) when it does not answer; True once it answers, within timeout_s."""
 
     def unavailable_reason(self, model: str) -> str | None:
         """Why `model` cannot be served at all now (a client-safe sentence), or None."""

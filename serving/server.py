@@ -47,6 +47,7 @@ from serving.prediction import PredictionService
 from serving.recommend import Recommender
 from serving.rollout.kinds.latest import LatestReadyVersion
 from serving.rollout.policy import RolloutPolicy
+from serving.rollout.readiness import BackendReadiness
 from serving.security.api_keys import KeyFile
 from serving.security.exposure import refuse_exposure, warn_exposure
 from serving.security.guard import Guard
@@ -260,15 +261,18 @@ def create_server(settings: Settings, *, metrics: Metrics | None = None, catalog
     if history is None:
         history = SessionHistory(sessions) if sessions is not None else RequestHistory()
     keys = sessions.keys if sessions is not None else None
+    backend = backend or triton_backend(settings, metrics)
     if policy is None:
-        policy = RolloutPolicy(settings.rollout_policy, metrics, keys, poll_s=settings.rollout_poll_s) \
+        readiness = BackendReadiness(catalog.versions, backend.ready_versions, backend.ensure_ready)
+        policy = RolloutPolicy(settings.rollout_policy, metrics, keys, poll_s=settings.rollout_poll_s,
+                               readiness=readiness, load_timeout_s=settings.rollout_load_timeout_s) \
             if settings.rollout_policy else LatestReadyVersion()
     tracker = None
     if sessions is not None and settings.track_outcomes:
         tracker = sessions.tracker = OutcomeTracker(settings, sessions.store, sessions.keys, metrics)
     sink = sink or MetricsSink(metrics)
     service = PredictionService(
-        settings, catalog, backend or triton_backend(settings, metrics),
+        settings, catalog, backend,
         metrics, history=history, policy=policy,
         encoder=encoder or WindowEncoder(lambda kind, n: metrics.unknown_ids.labels(kind=kind).inc(n)),
         sink=SinkChain(sink, tracker) if tracker is not None else sink, issue_prediction_ids=tracker is not None)

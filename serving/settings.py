@@ -66,6 +66,7 @@ class Settings:
     max_pending_served: int = 100_000             # served entries waiting for a write; beyond: dropped, counted
     rollout_policy: Path | None = None            # the rollout policy file (watched); None = latest everywhere
     rollout_poll_s: float = 1.0                   # how often the policy file is checked (and the guardrail run)
+    rollout_load_timeout_s: float = 60.0          # a rollout change waits this long for a named version to load
     max_shadow_inflight: int = 4                  # shadow scorings running at once; beyond: skipped, counted
 
     # -- backpressure and deadlines ----------------------------------------------------------------
@@ -135,7 +136,8 @@ class Settings:
                 raise UserError(f"settings.{name} must be a positive integer, got {value!r}")
         positive_floats = ("default_deadline_s", "max_deadline_s", "probe_interval_s", "probe_timeout_s", "reload_timeout_s",
                            "repository_poll_s", "store_probe_s", "store_expiry_s", "http_body_timeout_s",
-                           "outcome_ttl_s", "outcome_window_s", "outcome_flush_s", "rollout_poll_s")
+                           "outcome_ttl_s", "outcome_window_s", "outcome_flush_s", "rollout_poll_s",
+                           "rollout_load_timeout_s")
         for name in positive_floats:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:

@@ -87,6 +87,15 @@ class OnnxRuntimeBackend:
     def ready_versions(self, model: str) -> frozenset[int]:
         return frozenset(v for name, v in self._sessions if name == model)
 
+    async def ensure_ready(self, model: str, version: int, timeout_s: float) -> bool:
+        """Every catalog version loads on its own (maintain); wait for this one up to timeout_s."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        self.wake()
+        while (model, version) not in self._sessions and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        return (model, version) in self._sessions
+
     def ready_models(self) -> dict[str, list[int]]:
         out: dict[str, list[int]] = {}
         for name, version in sorted(self._sessions):

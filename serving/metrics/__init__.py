@@ -125,7 +125,7 @@ class Metrics:
             buckets=CANDIDATE_BUCKETS, registry=r)
         self.unknown_ids = Counter(
             "routerkt_unknown_ids", "Ids missing from the model's vocabulary (questions mapped to the "
-            "unknown id; skills mapped to it (-1 / no recorded skill) or rejected).", ("kind",), registry=r)
+            "unknown id; skills likewise: -1, no recorded skill, or an id the version does not know).", ("kind",), registry=r)
         self.errors = Counter(
             "routerkt_errors", "Predict/PredictBatch calls (gRPC and HTTP) that failed, by gRPC code.",
             ("code",), registry=r)
@@ -188,7 +188,8 @@ class Metrics:
         self.rollout_policy_errors = Counter(
             "routerkt_rollout_policy_errors", "Rollout policy file changes rejected as malformed.", registry=r)
         self.rollout_weight = Gauge(
-            "routerkt_rollout_weight", "Share of learners a canary sends to the candidate version (0: none).",
+            "routerkt_rollout_weight", "Share of learners a canary actually sends to its candidate version: the "
+            "policy's weight, 1 while its baseline does not answer, 0 while the candidate does not.",
             ("model",), registry=r)
         self.rollout_rollbacks = Counter(
             "routerkt_rollout_rollbacks", "Canaries rolled back by the guardrail.", ("model",), registry=r)

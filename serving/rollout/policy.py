@@ -4,7 +4,15 @@
 - The file is checked every settings.rollout_poll_s (its size, mtime and inode). A changed file
   that parses replaces the policy in force; one that does not is refused: the last good policy
   stays, the reason is logged once per change, routerkt_rollout_policy_ok drops to 0 and
-  routerkt_rollout_policy_errors_total counts it. `status()` says the same (/v1/rollout).
+  routerkt_rollout_policy_errors_total counts it. `status()` says the same (/v1/rollout). A file
+  naming a version the model repository does not hold is refused the same way, and read again
+  every poll (the version may still be on its way).
+- `change()` (PUT /v1/rollout/{model}, `routerkt rollout ... --gateway`): one model's entry, refused
+  when it names a version the repository lacks or that does not load (serving/rollout/readiness.py),
+  else written to the file and put in force at once.
+- Routing as it is: each poll, routerkt_rollout_weight{model} is the share of learners a split's
+  candidate actually gets (1 while its baseline does not answer); `status()` gives each model's
+  `routing` (the versions that answer, that share, and why it differs from the policy).
 - Canary stickiness: learner -> LearnerKeys.bucket(learner_id, model) in [0, 1); the learner goes
   to the candidate when bucket < weight. The bucket is a keyed hash, so assignments cannot be
   predicted without the store secret, and raising the weight only moves learners to the candidate.
@@ -33,16 +41,22 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Mapping
 
+from serving import errors
 from serving.catalog import ModelVersion
 from serving.metrics import Metrics
 from serving.parts import Route
 from serving.rollout.kinds.base import Guardrail, Rollout, RouteInputs, Split, requested_version
 from serving.rollout.kinds.pinned import Pinned
-from serving.rollout.policy_file import PolicyError, RolloutPolicyFile, read_policy, write_policy
+from serving.rollout.policy_file import PolicyError, RolloutPolicyFile, parse_model, read_policy, write_policy
+from serving.rollout.readiness import Readiness, missing_versions, require_servable, routing
 from serving.rollout.sequential import PROMOTE, Reading, SequentialTest
 from serving.sessions.keys import LearnerKeys
 
 log = logging.getLogger("routerkt.gateway.rollout")
+
+
+class NotHeld(PolicyError):
+    """The file names a version the model repository does not hold (yet): refused, read again each poll."""
 
 
 @dataclass
@@ -59,9 +73,12 @@ class RolloutPolicy:
     """VersionPolicy from a watched policy file (see the module docstring)."""
 
     def __init__(self, path: Path | None, metrics: Metrics, keys: LearnerKeys | None = None,
-                 rng: random.Random | None = None, poll_s: float = 1.0) -> None:
+                 rng: random.Random | None = None, poll_s: float = 1.0, readiness: Readiness | None = None,
+                 load_timeout_s: float = 60.0) -> None:
         self.path = Path(path) if path is not None else None
         self.poll_s = poll_s
+        self.readiness = readiness
+        self.load_timeout_s = load_timeout_s
         self.metrics = metrics
         self.keys = keys
         self.rng = rng or random.Random()
@@ -92,6 +109,7 @@ class RolloutPolicy:
             try:
                 self.check_file()
                 self.check_guardrails()
+                self.publish_routing()
             except Exception:                                  # never let the loop die
                 log.exception("rollout policy upkeep failed")
 
@@ -113,7 +131,12 @@ class RolloutPolicy:
         self._stamp = stamp
         try:
             policy = read_policy(self.path)
+            self._check_held(policy)
         except PolicyError as exc:
+            if isinstance(exc, NotHeld):
+                self._stamp = None                             # look again next poll
+                if self.error == str(exc):
+                    return False
             self.error = str(exc)
             self.metrics.rollout_policy_errors.inc()
             self.metrics.rollout_policy_ok.set(0)
@@ -126,6 +149,42 @@ class RolloutPolicy:
             log.info("rollout policy in force: %s", policy.to_json()["models"] or "latest for every model")
             return True
         return False
+
+    def _check_held(self, policy: RolloutPolicyFile) -> None:
+        """PolicyError (retried every poll) when an entry names a version the repository does not hold."""
+        if self.readiness is None:
+            return
+        for name, rollout in sorted(policy.models.items()):
+            missing = missing_versions(name, rollout, self.readiness)
+            if missing:
+                raise NotHeld(f"models.{name}: version {missing[0]} is not in the model repository "
+                              f"(it holds {sorted(self.readiness.versions(name))})")
+
+    async def change(self, model: str, value: object) -> dict[str, object]:
+        """Set one model's entry (PUT /v1/rollout/{model}): validated like the file, every version it names
+        held by the repository and answering (asked to load first), then written and in force at once."""
+        if self.path is None:
+            raise errors.failed_precondition("this gateway runs without a rollout policy file")
+        try:
+            rollout = parse_model(model, value)
+            current = await asyncio.to_thread(read_policy, self.path)
+        except PolicyError as exc:
+            raise errors.invalid_argument("body", str(exc)) from None
+        if self.readiness is not None:
+            await require_servable(model, rollout, self.readiness, self.load_timeout_s)
+        policy = replace(current, models={**current.models, model: rollout})
+        await asyncio.to_thread(write_policy, self.path, policy)
+        self.check_file()
+        self.publish_routing()
+        return rollout.to_json()
+
+    def publish_routing(self) -> None:
+        """routerkt_rollout_weight{model}: the candidate's share as routed now (readiness.routing)."""
+        if self.readiness is None:
+            return
+        for name, rollout in self.policy.models.items():
+            self.metrics.rollout_weight.labels(model=name).set(
+                float(routing(name, rollout, self.readiness)["candidate_share"]))
 
     def apply(self, policy: RolloutPolicyFile) -> None:
         """Put `policy` in force (canaries that did not change keep their guardrail counts)."""
@@ -142,6 +201,7 @@ class RolloutPolicy:
         for name in set(self.policy.models) | set(policy.models):
             self.metrics.rollout_weight.labels(model=name).set(policy.get(name).candidate_weight())
         self.policy, self._canaries = policy, canaries
+        self.publish_routing()
 
     def _start(self, name: str, rollout: Rollout, split: Split, guard: Guardrail | None, promotion) -> _CanaryStart:
         quality = self.metrics.quality
@@ -236,6 +296,8 @@ class RolloutPolicy:
                 entry["since_canary_began"] = {
                     str(v): dict(zip(("outcomes", "log_loss_sum"), _since(self.metrics.quality.totals(name, v), s)))
                     for v, s in ((start.split.baseline, start.baseline), (start.split.candidate, start.candidate))}
+            if self.readiness is not None:
+                entry["routing"] = routing(name, rollout, self.readiness)
             models[name] = entry
         tests = {name: self._test_json(start, start.test, start.test.read())
                  for name, start in self._canaries.items() if start.test is not None}

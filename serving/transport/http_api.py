@@ -46,7 +46,6 @@ from serving.explain import ExplainService
 from serving.mastery import MasteryQuery, MasteryService
 from serving.recommend import RecommendQuery
 from serving.requests import DEFAULT_MAX_SKILLS, Deadline, LearnerQuery, PredictQuery, column_arrays, skill_sets
-from serving.rollout.policy_file import PolicyError, parse_model, read_policy, write_policy
 from serving.security.audit import audit
 from serving.security.scopes import http_scope
 
@@ -256,17 +255,9 @@ def create_app(endpoints: Endpoints) -> FastAPI:
     @app.put("/v1/rollout/{model}", summary="set one model's rollout policy (written to the watched policy file)",
              responses=ERROR_RESPONSES)
     async def set_rollout(model: str, body: dict[str, Any]) -> dict[str, Any]:
-        path = settings.rollout_policy
-        if path is None:
-            raise failed_precondition("this gateway runs without a rollout policy file")
-        try:
-            rollout = parse_model(model, body)
-            policy = read_policy(path)
-        except PolicyError as exc:
-            raise invalid_argument("body", str(exc)) from None
-        await asyncio.to_thread(write_policy, path, type(policy)({**policy.models, model: rollout}))
-        audit("rollout_change", model=model[:128], policy=rollout.to_json())
-        return {"model": model, "policy": rollout.to_json()}
+        policy = await endpoints.policy.change(model, body)
+        audit("rollout_change", model=model[:128], policy=policy)
+        return {"model": model, "policy": policy}
 
     return app
 

@@ -198,3 +198,91 @@ def test_a_flag_of_another_kind_is_refused_naming_it(tmp_path: Path, capsys) -> 
     path = tmp_path / "rollout.json"
     assert main(["rollout", "set", "kt", "pinned", "--version", "1", "--weight", "0.5", "--file", str(path)]) == 2
     assert "--weight" in capsys.readouterr().err
+
+
+class FakeReadiness:
+    """The repository holds `held`; `ready` answer; ensure_ready loads what `loadable` lists."""
+
+    def __init__(self, held: set[int], ready: set[int], loadable: set[int] = frozenset()) -> None:
+        self.held, self._ready, self.loadable, self.asked = held, set(ready), set(loadable), []
+
+    def versions(self, model: str) -> list[int]:
+        return sorted(self.held)
+
+    def ready(self, model: str) -> frozenset[int]:
+        return frozenset(self._ready)
+
+    async def ensure_ready(self, model: str, version: int, timeout_s: float) -> bool:
+        self.asked.append(version)
+        if version in self.loadable:
+            self._ready.add(version)
+        return version in self._ready
+
+
+def test_a_change_naming_a_version_the_repository_lacks_is_refused(tmp_path: Path) -> None:
+    import asyncio
+    import grpc
+    path = tmp_path / "rollout.json"
+    write(path, canary(0.5))
+    readiness = FakeReadiness(held={1, 2, 3}, ready={2, 3}, loadable={1})
+    policy = RolloutPolicy(path, Metrics(), KEYS, readiness=readiness)
+    with pytest.raises(ServingError) as info:
+        asyncio.run(policy.change("kt", {"policy": "pinned", "version": 7}))
+    assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION and "version 7 is not in the model repository" \
+        in info.value.message
+    assert json.loads(path.read_text())["models"]["kt"]["policy"] == "canary"        # nothing changed
+    # held but not loaded: loaded first, then in force at once (no poll needed)
+    assert asyncio.run(policy.change("kt", {"policy": "pinned", "version": 1})) == {"policy": "pinned", "version": 1}
+    assert readiness.asked == [1] and policy.policy.get("kt") == Pinned(1)
+    readiness.held.add(9)
+    with pytest.raises(ServingError) as info:                                          # held, never loads
+        asyncio.run(policy.change("kt", {"policy": "pinned", "version": 9}))
+    assert info.value.code == grpc.StatusCode.UNAVAILABLE and policy.policy.get("kt") == Pinned(1)
+
+
+def test_routing_and_the_weight_gauge_say_what_is_routed(tmp_path: Path) -> None:
+    """The second-night failure: the baseline unloaded, every learner on the candidate, while the gauge said 0.5."""
+    path = tmp_path / "rollout.json"
+    write(path, canary(0.5))
+    readiness = FakeReadiness(held={1, 2}, ready={2})
+    metrics = Metrics()
+    policy = RolloutPolicy(path, metrics, KEYS, readiness=readiness)
+    gauge = lambda: metrics.registry.get_sample_value("routerkt_rollout_weight", {"model": "kt"})  # noqa: E731
+    assert gauge() == 1.0
+    routing = policy.status()["models"]["kt"]["routing"]
+    assert routing["candidate_share"] == 1.0 and "baseline 1 does not answer" in routing["note"]
+    readiness._ready.add(1)
+    policy.publish_routing()
+    assert gauge() == 0.5 and "note" not in policy.status()["models"]["kt"]["routing"]
+
+
+def test_a_file_naming_a_missing_version_keeps_the_previous_policy_until_it_appears(tmp_path: Path) -> None:
+    path = tmp_path / "rollout.json"
+    write(path, {"kt": {"policy": "pinned", "version": 1}})
+    readiness = FakeReadiness(held={1, 2}, ready={1, 2})
+    policy = RolloutPolicy(path, Metrics(), KEYS, readiness=readiness)
+    write(path, {"kt": {"policy": "pinned", "version": 3}})
+    assert not policy.check_file() and policy.policy.get("kt") == Pinned(1)
+    assert "version 3 is not in the model repository" in policy.status()["error"]
+    readiness.held.add(3)                                      # published a moment later: read again next poll
+    assert policy.check_file() and policy.policy.get("kt") == Pinned(3) and policy.status()["error"] is None
+
+
+def test_rollout_json_put_and_one_source_of_truth(tmp_path: Path, capsys) -> None:
+    path = str(tmp_path / "rollout.json")
+    assert main(["rollout", "status", "--json", "--file", path]) == 0
+    view = json.loads(capsys.readouterr().out)
+    assert (view["exists"], view["models"]) == (False, {})
+    assert main(["rollout", "set", "kt", "canary", "--baseline", "1", "--candidate", "2", "--weight", "0.2",
+                 "--note", "night 1", "--json", "--file", path]) == 0
+    changed = json.loads(capsys.readouterr().out)
+    assert (changed["versions"], changed["served"], changed["split"]) == ([1, 2], 1, {"baseline": 1, "candidate": 2})
+    assert changed["entry"]["note"] == "night 1"
+    assert main(["rollout", "put", "kt", '{"policy": "pinned", "version": 2}', "--file", path]) == 0
+    capsys.readouterr()
+    assert main(["rollout", "status", "--json", "--file", path]) == 0
+    assert json.loads(capsys.readouterr().out)["models"]["kt"]["served"] == 2
+    assert main(["rollout", "put", "kt", '{"policy": "pinned"}', "--file", path]) == 2
+    assert "entry: models.kt.version" in capsys.readouterr().err
+    assert main(["rollout", "rollback", "kt", "--file", path, "--gateway", "http://127.0.0.1:1"]) == 2
+    assert "--gateway and --file" in capsys.readouterr().err

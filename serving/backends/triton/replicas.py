@@ -159,6 +159,12 @@ class TritonReplicaBackend:
     def ready_versions(self, model: str) -> frozenset[int]:
         return frozenset().union(*(r.backend.ready_versions(model) for r in self.replicas))
 
+    async def ensure_ready(self, model: str, version: int, timeout_s: float) -> bool:
+        """Every replica asked to load it; True when at least one answers with it."""
+        done = await asyncio.gather(*(r.backend.ensure_ready(model, version, timeout_s) for r in self.replicas),
+                                    return_exceptions=True)
+        return any(ok is True for ok in done)
+
     def ready_models(self) -> dict[str, list[int]]:
         union: dict[str, set[int]] = {}
         for replica in self.replicas:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from serving import errors
 from serving.catalog import ModelVersion
 from serving.parts import Route
 from serving.rollout.kinds.base import Rollout, RouteInputs, latest_ready, requested_version
@@ -40,5 +41,8 @@ class LatestReadyVersion:
 
     def status(self) -> dict[str, object]:
         return {"file": None, "error": None, "models": {}}
+
+    async def change(self, model: str, value: object) -> dict[str, object]:
+        raise errors.failed_precondition("this gateway runs without a rollout policy file")
 
     async def close(self) -> None: ...
