@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from export.retrain import MARGIN, WEIGHT, RetrainOptions
+from export.retrain import CANARY_PATIENCE, DEFAULT_POLICY_FILE, MARGIN, WEIGHT, RetrainOptions
 from export.retrain_train import EPOCHS
 from routerkt.errors import UserError
 
@@ -29,13 +29,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="override a config field, as `routerkt train --set` (e.g. train.device=cuda)")
     p.add_argument("--runs", type=Path, default=Path("runs"), help="folder of training runs: where the served version's run is looked for")
     p.add_argument("--out", type=Path, default=None, help="this retrain's run folder and report (default RUNS/retrain-MODEL-TIME)")
-    p.add_argument("--policy-file", type=Path, default=Path(".routerkt") / "rollout.json", help="the rollout policy file the gateway watches")
-    p.add_argument("--gateway", default=None, metavar="URL", help="wait until this gateway's /readyz lists the new version before the canary")
+    p.add_argument("--gateway", default=None, metavar="URL",
+                   help="the gateway's HTTP base URL: the policy is read and changed through its audited API (an admin "
+                        "key: --api-key-file or $ROUTERKT_API_KEY), and the canary starts once it serves the new version")
+    p.add_argument("--policy-file", type=Path, default=None,
+                   help=f"without --gateway: the rollout policy file the gateway watches (default {DEFAULT_POLICY_FILE})")
     p.add_argument("--gateway-ca-file", type=Path, default=None, metavar="PEM", help="CA of the gateway's HTTPS certificate")
+    p.add_argument("--api-key-file", type=Path, default=None, metavar="FILE",
+                   help="the gateway's admin API key (default: $ROUTERKT_API_KEY when set)")
+    p.add_argument("--canary-patience", type=int, default=CANARY_PATIENCE, metavar="N",
+                   help="an undecided canary keeps running (exit 3) until its candidate has N outcomes; then the new "
+                        f"model must beat the better of its two versions (default {CANARY_PATIENCE}; needs --gateway)")
     p.add_argument("--load-timeout", type=float, default=300.0, help="seconds to wait for --gateway to load the new version")
     p.add_argument("--store-password-file", type=Path, default=None, metavar="FILE", help="password of the rediss:// store user")
     p.add_argument("--store-ca-file", type=Path, default=None, metavar="PEM", help="CA of the store's certificate (rediss://)")
-    p.add_argument("--keep-data", action="store_true", help="keep the exported events.csv and train.csv in --out (mode 0600)")
+    p.add_argument("--keep-data", action="store_true",
+                   help="keep the exported events.csv and train.csv in OUT/.data (folder 0700, files 0600)")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object (report.json) instead of the table")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,9 +56,14 @@ def run(args: argparse.Namespace) -> int:
                           policy_file=args.policy_file, preset=args.preset, cutoff_ms=parse_time(args.cutoff, "--cutoff"),
                           warm_start=args.warm_start, margin=args.margin, weight=args.weight, epochs=args.epochs,
                           overrides=args.overrides, gateway=args.gateway, gateway_ca_file=args.gateway_ca_file,
+                          api_key_file=args.api_key_file, canary_patience=args.canary_patience,
                           load_timeout_s=args.load_timeout, store_password_file=args.store_password_file,
                           store_ca_file=args.store_ca_file, keep_data=args.keep_data)
-    log = (lambda message: print(message, file=sys.stderr))  # noqa: E731
+    started = time.monotonic()
+
+    def log(message: str) -> None:                     # progress on stderr, seconds since the start
+        print(f"[{time.monotonic() - started:7.1f}s] {message}", file=sys.stderr, flush=True)
+
     try:
         code, report = retrain(opts, log)
     except UserError:
@@ -56,5 +71,11 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:              # one line, whatever broke; the repository and policy are as they were
         first = (str(exc).splitlines() or [""])[0][:300]
         raise UserError(f"retrain failed: {type(exc).__name__}: {first}") from None
-    print(write_report(report, out), end="")
+    table = write_report(report, out)
+    if args.json:
+        from dataclasses import asdict
+        import json
+        print(json.dumps(asdict(report)))
+    else:
+        print(table, end="")
     return code

@@ -1,4 +1,9 @@
-"""`retrain`: export the store, split forward in time, train, score both versions on the held-out events, publish only past the offline gate, then canary."""
+"""`retrain`: export the store, split forward in time, train, score both versions on the held-out events, publish only past the offline gate, then canary.
+
+A canary still undecided when the retrain starts (docs/learning-loop.md, "An undecided canary"): until its
+candidate has `canary_patience` outcomes the retrain leaves it running and publishes nothing (exit 3); after
+that, its test is taken as "no difference it can detect", both of its versions are scored offline, and the
+new model must beat the better of the two, which becomes the new canary's baseline."""
 from __future__ import annotations
 
 import math
@@ -13,14 +18,18 @@ from typing import Iterator
 
 from export import retrain_commands as commands
 from export.retrain_lock import retrain_lock
+from export.retrain_private import private_data, sweep
 from routerkt.atomic import atomic_write_bytes, atomic_write_json
 from routerkt.contract.repository import latest_version, list_versions, read_model_info, read_vocab, version_dir
 from routerkt.contract.signature import CONFIG_FILE
 from routerkt.errors import UserError
 
-PUBLISHED, NOT_BETTER = 0, 3
+PUBLISHED, NOT_PUBLISHED = 0, 3
+NOT_BETTER = NOT_PUBLISHED
 MARGIN = 0.002             # the new version's held-out log loss must be below the served one's minus this
 WEIGHT = 0.1               # the canary's share of learners
+CANARY_PATIENCE = 3000     # candidate outcomes an undecided canary gets before a retrain may replace it
+DEFAULT_POLICY_FILE = Path(".routerkt") / "rollout.json"
 
 
 @dataclass
@@ -30,7 +39,7 @@ class RetrainOptions:
     model: str
     out: Path
     runs: Path = Path("runs")
-    policy_file: Path = Path(".routerkt") / "rollout.json"
+    policy_file: Path | None = None      # None: the default file, unless --gateway (then its API)
     preset: str | None = None
     cutoff_ms: int | None = None
     warm_start: bool = True
@@ -40,10 +49,17 @@ class RetrainOptions:
     overrides: list[str] = field(default_factory=list)
     gateway: str | None = None
     gateway_ca_file: Path | None = None
+    api_key_file: Path | None = None
     load_timeout_s: float = 300.0
     store_password_file: Path | None = None
     store_ca_file: Path | None = None
     keep_data: bool = False
+    canary_patience: int = CANARY_PATIENCE
+
+    def rollout(self) -> list[str]:
+        """Where the policy is read and changed: the gateway's API with --gateway, else the file."""
+        return commands.rollout_args(self.gateway, self.gateway_ca_file, self.api_key_file,
+                                     self.policy_file or DEFAULT_POLICY_FILE)
 
 
 @dataclass
@@ -52,22 +68,28 @@ class Report:
     store: str = ""
     served_version: int | None = None
     new_version: int | None = None
+    outcome: str = ""              # published | not_better | canary_undecided
     decision: str = ""
     sizes: dict = field(default_factory=dict)
     vocab: dict = field(default_factory=dict)
     warm_start: dict | None = None
     served: dict = field(default_factory=dict)
     candidate: dict = field(default_factory=dict)
+    canary: dict | None = None     # the canary met at the start: versions, outcomes, interval, rule applied
+    compared: dict = field(default_factory=dict)   # version -> held-out metrics of each version compared
     margin: float = MARGIN
     cutoff_ms: int | None = None
+    cutoff: str = ""
     seconds: dict = field(default_factory=dict)
     policy: str = ""
     config: str = ""
     training: dict = field(default_factory=dict)
 
     @contextmanager
-    def stage(self, name: str) -> Iterator[None]:
+    def stage(self, name: str, log=None) -> Iterator[None]:
         started = time.perf_counter()
+        if log is not None:
+            log(f"{name}...")
         try:
             yield
         finally:
@@ -81,6 +103,11 @@ def check_options(opts: RetrainOptions) -> None:
         raise UserError(f"--weight must be in (0, 1], got {opts.weight}")
     if opts.epochs < 1:
         raise UserError(f"--epochs must be >= 1, got {opts.epochs}")
+    if opts.canary_patience < 0:
+        raise UserError(f"--canary-patience must be >= 0, got {opts.canary_patience}")
+    if opts.gateway and opts.policy_file is not None:
+        raise UserError("--gateway and --policy-file: with --gateway the policy changes through the gateway's API "
+                        "(it writes the file it watches); give one of them")
     if not Path(opts.repository).is_dir():
         raise UserError(f"--repository {opts.repository}: no such model repository")
     if not os.access(opts.repository, os.W_OK | os.X_OK) or not os.access(Path(opts.repository).resolve().parent, os.W_OK):
@@ -90,10 +117,13 @@ def check_options(opts: RetrainOptions) -> None:
 
 
 def retrain(opts: RetrainOptions, log=print) -> tuple[int, Report]:
-    """(exit code, report): 0 published and in canary, 3 not better (nothing published); UserError: exit 2."""
+    """(exit code, report): 0 published and in canary, 3 nothing published (not better, or a canary undecided);
+    UserError: exit 2."""
     check_options(opts)
     report = Report(model=opts.model, margin=opts.margin)
     with retrain_lock(opts.repository):
+        for stale in sweep(opts.runs):
+            log(f"removed {stale}: learner data a killed retrain left")
         code = _run(opts, report, log)
     return code, report
 
@@ -103,53 +133,101 @@ def _run(opts: RetrainOptions, report: Report, log) -> int:
     from export.retrain_score import score_model, score_version
     started = time.perf_counter()
     repo, out = Path(opts.repository), Path(opts.out)
-    entry = commands.current_policy(opts.model, opts.policy_file)
-    served = commands.served_version(entry, latest_version(repo, opts.model))
+    status = commands.rollout_status(opts.rollout())
+    state = status.get("models", {}).get(opts.model) or {"entry": {"policy": "latest"}, "versions": [],
+                                                           "served": None, "split": None}
+    served = state["served"] if state["served"] is not None else latest_version(repo, opts.model)
     if served is None or served not in list_versions(repo, opts.model):
-        raise UserError(f"model {opts.model} has no served version in {repo} (policy {entry.get('policy')}, "
+        raise UserError(f"model {opts.model} has no served version in {repo} (policy {state['entry'].get('policy')}, "
                         f"version {served}); export one first")
     report.served_version = served
+    log(f"retrain of {opts.model}: served version {served} ({status.get('source')}: {state['entry'].get('policy')})")
+    report.canary = _canary(state, status, opts)
+    if report.canary is not None and not report.canary["replace"]:
+        report.outcome, report.decision = "canary_undecided", report.canary["text"] + "; nothing published"
+        report.seconds["total"] = round(time.perf_counter() - started, 2)
+        log(report.decision)
+        return NOT_PUBLISHED
     info, served_vocab = read_model_info(repo, opts.model, served), read_vocab(repo, opts.model, served)
+    compare = [served] + ([report.canary["candidate"]] if report.canary is not None else [])
     out.mkdir(parents=True, exist_ok=True)
-    events_csv, train_csv = out / "events.csv", out / "train.csv"
-    try:
-        with report.stage("export"):
+    with private_data(out, opts.keep_data) as data:
+        events_csv, train_csv = data / "events.csv", data / "train.csv"
+        with report.stage("export", log):
             exported = commands.export_store(opts.store, events_csv, opts.store_password_file, opts.store_ca_file)
             report.store = exported.get("store", "")
-        with report.stage("split"):
+            log(f"export: {exported.get('events', 0):,} events of {exported.get('learners', 0):,} learners")
+        with report.stage("split", log):
             split = split_events(events_csv, train_csv, opts.cutoff_ms)
-            report.sizes, report.cutoff_ms = split.sizes, split.cutoff_ms
-        with report.stage("train"):
+            report.sizes, report.cutoff_ms, report.cutoff = split.sizes, split.cutoff_ms, split.cutoff_text
+            log(f"split at {split.cutoff_text}: {split.sizes['train_events']:,} events train, "
+                f"{split.sizes['heldout_events']:,} held out")
+        with report.stage("train", log):
             trained = _train(opts, info, served_vocab, train_csv, out, report, log)
-        with report.stage("evaluate"):
+        with report.stage("evaluate", log):
             from training.checkpoint import load_checkpoint
-            report.served = score_version(version_dir(repo, opts.model, served), served_vocab, info.window, split)
+            for version in compare:
+                report.compared[str(version)] = score_version(
+                    version_dir(repo, opts.model, version), read_vocab(repo, opts.model, version),
+                    read_model_info(repo, opts.model, version).window, split)
             report.candidate = score_model(load_checkpoint(trained.run / "fold-0").model, trained.vocab,
                                            trained.window, split)
-        better = report.candidate["log_loss"] < report.served["log_loss"] - opts.margin
-        if better:
-            with report.stage("export_candidate"):
-                from export.exporter import export_run
-                candidate_repo = out / "candidate"
-                result = export_run(trained.run, candidate_repo, name=opts.model, backend=info.backend or "python",
-                                    log=lambda *_: None)
-                candidate_dir = version_dir(candidate_repo, opts.model, result.version)
-    finally:
-        if not opts.keep_data:
-            for path in (events_csv, train_csv):
-                path.unlink(missing_ok=True)
+    reference = min(compare, key=lambda v: report.compared[str(v)]["log_loss"])
+    report.served = report.compared[str(reference)]
+    better = report.candidate["log_loss"] < report.served["log_loss"] - opts.margin
     if not better:
-        report.decision = (f"not better: held-out log loss {report.candidate['log_loss']:.4f} is not below the served "
-                           f"version's {report.served['log_loss']:.4f} - margin {opts.margin:g}; nothing published")
+        report.outcome = "not_better"
+        report.decision = (f"not better: held-out log loss {report.candidate['log_loss']:.4f} is not below version "
+                           f"{reference}'s {report.served['log_loss']:.4f} - margin {opts.margin:g}; nothing published"
+                           + ("; the canary keeps running" if report.canary is not None else ""))
         report.seconds["total"] = round(time.perf_counter() - started, 2)
-        return NOT_BETTER
-    with report.stage("publish"):
-        report.new_version = _publish_and_canary(opts, entry, served, candidate_repo, candidate_dir, report, log)
+        log(report.decision)
+        return NOT_PUBLISHED
+    with report.stage("export_candidate", log):
+        from export.exporter import export_run
+        candidate_repo = out / "candidate"
+        result = export_run(trained.run, candidate_repo, name=opts.model, backend=info.backend or "python",
+                            log=lambda *_: None)
+        candidate_dir = version_dir(candidate_repo, opts.model, result.version)
+    with report.stage("publish", log):
+        report.new_version = _publish_and_canary(opts, state, reference, candidate_repo, candidate_dir, report, log)
     shutil.rmtree(candidate_repo, ignore_errors=True)
+    report.outcome = "published"
     report.decision = (f"published version {report.new_version} as a canary at weight {opts.weight:g} over "
-                       f"version {served}")
+                       f"version {reference}")
     report.seconds["total"] = round(time.perf_counter() - started, 2)
+    log(report.decision)
     return PUBLISHED
+
+
+def _canary(state: dict, status: dict, opts: RetrainOptions) -> dict | None:
+    """The split (canary or shadow) in force, its outcomes and test, and whether this retrain may replace it
+    (None: no split). Without a gateway its outcomes cannot be read, so it is left running."""
+    split = state.get("split")
+    if not split:
+        return None
+    baseline, candidate = split["baseline"], split["candidate"]
+    since = state.get("since_canary_began") or {}
+    counts = {v: since.get(str(v), {}).get("outcomes") for v in (baseline, candidate)}
+    test = (status.get("sequential_tests") or {}).get(opts.model)
+    out = {"baseline": baseline, "candidate": candidate, "policy": state["entry"].get("policy"),
+           "outcomes": {"baseline": counts[baseline], "candidate": counts[candidate]}, "patience": opts.canary_patience,
+           "interval": None if not test else [test["difference"]["lower"], test["difference"]["upper"]]}
+    name = f"{out['policy']} {baseline}->{candidate}"
+    if counts[candidate] is None:
+        out["replace"] = False
+        out["text"] = (f"{name} is in force and its outcomes are unknown here (give --gateway to read them); "
+                       "it keeps running")
+        return out
+    interval = "" if not out["interval"] else \
+        f", interval [{out['interval'][0]:+.4f}, {out['interval'][1]:+.4f}] nats"
+    seen = f"after {counts[candidate]:,} candidate / {counts[baseline] or 0:,} baseline outcomes{interval}"
+    out["replace"] = counts[candidate] >= opts.canary_patience
+    out["text"] = (f"{name} undecided {seen}: " + (
+        f"past the patience of {opts.canary_patience:,} candidate outcomes, so the new model is compared with both "
+        "and canaried over the better one" if out["replace"] else
+        f"it keeps running until its candidate has {opts.canary_patience:,} outcomes or its test decides"))
+    return out
 
 
 def _train(opts: RetrainOptions, info, served_vocab, train_csv: Path, out: Path, report: Report, log):
@@ -176,33 +254,40 @@ def _train(opts: RetrainOptions, info, served_vocab, train_csv: Path, out: Path,
     return trained
 
 
-def _publish_and_canary(opts: RetrainOptions, entry: dict, served: int, candidate_repo: Path, candidate_dir: Path,
-                        report: Report, log) -> int:
-    """Pin the served version when the policy is `latest` (so the new version takes no traffic on appearing),
-    publish atomically, wait for the gateway to load it (--gateway), then the canary. Any failure removes
-    the published version and restores the policy file's previous content."""
+def _publish_and_canary(opts: RetrainOptions, state: dict, reference: int, candidate_repo: Path,
+                        candidate_dir: Path, report: Report, log) -> int:
+    """Pin the served version when the policy names none (so the new version takes no traffic on appearing),
+    publish atomically (never pruning a version the policy names), wait for the gateway to load it
+    (--gateway), then the canary over `reference`. Any failure removes the published version and restores
+    the model's previous policy entry."""
     from export.repository import publish_version
-    repo = Path(opts.repository)
-    policy_before = opts.policy_file.read_bytes() if opts.policy_file.is_file() else None
+    repo, where = Path(opts.repository), opts.rollout()
+    entry_before = state["entry"]
+    file_before = None if opts.gateway else _read_or_none(opts.policy_file or DEFAULT_POLICY_FILE)
     new_version = None
     try:
-        if entry.get("policy") == "latest":
-            commands.set_policy(opts.model, opts.policy_file, "pinned", "--version", str(served))
+        if state["served"] is None:
+            commands.set_policy(opts.model, where, "pinned", "--version", str(report.served_version))
         files = {p.name: p for p in candidate_dir.iterdir() if p.is_file()}
-        keep = max(3, len([v for v in list_versions(repo, opts.model) if v >= served]) + 1)   # never the served one
+        keep = max(3, len([v for v in list_versions(repo, opts.model) if v >= reference]) + 1)
+        protected = set(state.get("versions") or []) | {reference, report.served_version}
         config_text, report.config = _config(repo / opts.model / CONFIG_FILE, candidate_repo / opts.model / CONFIG_FILE)
-        new_version = publish_version(repo, opts.model, files, config_text, keep_versions=keep)
+        new_version = publish_version(repo, opts.model, files, config_text, keep_versions=keep, protected=protected)
+        log(f"published version {new_version} ({report.config.split(' ')[0]} config.pbtxt)")
         if opts.gateway:
             waited = commands.wait_loaded(opts.gateway, opts.model, new_version, opts.load_timeout_s,
                                           opts.gateway_ca_file)
             report.seconds["load"] = round(waited, 2)
-        report.policy = commands.set_policy(opts.model, opts.policy_file, "canary", "--baseline", str(served),
-                                            "--candidate", str(new_version), "--weight", str(opts.weight))
+            log(f"the gateway serves version {new_version} after {waited:.1f}s")
+        note = [] if report.canary is None else ["--note", f"replaces {report.canary['text'].split(':')[0]}"]
+        set_to = commands.set_policy(opts.model, where, "canary", "--baseline", str(reference),
+                                     "--candidate", str(new_version), "--weight", str(opts.weight), *note)
+        report.policy = f"{set_to.get('source')}: {set_to.get('entry')}"
         return new_version
     except BaseException:
         if new_version is not None:
             _unpublish(repo, opts.model, new_version)
-        _restore(opts.policy_file, policy_before)
+        _restore(opts, where, entry_before, file_before)
         raise
 
 
@@ -235,11 +320,26 @@ def _unpublish(repository: Path, model: str, version: int) -> None:
         shutil.rmtree(trash, ignore_errors=True)
 
 
-def _restore(policy_file: Path, before: bytes | None) -> None:
-    if before is None:
-        policy_file.unlink(missing_ok=True)
-    else:
-        atomic_write_bytes(policy_file, before)
+def _read_or_none(path: Path) -> bytes | None:
+    try:
+        return Path(path).read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+def _restore(opts: RetrainOptions, where: list[str], entry: dict, file_before: bytes | None) -> None:
+    """The model's previous policy: the file's previous bytes, or through the gateway its previous entry."""
+    if not opts.gateway:
+        path = opts.policy_file or DEFAULT_POLICY_FILE
+        if file_before is None:
+            path.unlink(missing_ok=True)
+        else:
+            atomic_write_bytes(path, file_before)
+        return
+    try:
+        commands.put_policy(opts.model, where, entry)
+    except UserError as exc:
+        raise UserError(f"retrain failed and could not restore the policy of {opts.model} ({entry}): {exc}") from None
 
 
 def write_report(report: Report, out: Path) -> str:
@@ -253,15 +353,20 @@ def write_report(report: Report, out: Path) -> str:
 
 def render(report: Report) -> str:
     s = report.sizes
-    lines = [f"retrain of {report.model} from the {report.store or '?'} store; served version {report.served_version}",
-             f"events {s.get('events', 0):,} of {s.get('learners', 0):,} learners; cutoff {report.cutoff_ms}: "
-             f"train {s.get('train_events', 0):,} events ({s.get('train_learners', 0):,} learners), held out "
-             f"{s.get('heldout_events', 0):,} ({s.get('heldout_learners', 0):,} learners)",
-             f"vocabulary: {report.vocab.get('questions', 0)} questions ({report.vocab.get('new_questions', 0)} new), "
-             f"{report.vocab.get('skills', 0)} skills ({report.vocab.get('new_skills', 0)} new); warm start: "
-             f"{_warm_text(report.warm_start)}",
-             "", f"{'held-out events':<24}{'AUC':>8}{'log loss':>10}{'Brier':>8}"]
-    for name, m in ((f"served v{report.served_version}", report.served), ("new", report.candidate)):
+    lines = [f"retrain of {report.model} from the {report.store or '?'} store; served version {report.served_version}"]
+    if report.canary is not None:
+        lines.append(f"canary: {report.canary['text']}")
+    if s:
+        lines += [f"events {s.get('events', 0):,} of {s.get('learners', 0):,} learners; cutoff {report.cutoff}: "
+                  f"train {s.get('train_events', 0):,} events ({s.get('train_learners', 0):,} learners), held out "
+                  f"{s.get('heldout_events', 0):,} ({s.get('heldout_learners', 0):,} learners)",
+                  f"vocabulary: {report.vocab.get('questions', 0)} questions ({report.vocab.get('new_questions', 0)} "
+                  f"new), {report.vocab.get('skills', 0)} skills ({report.vocab.get('new_skills', 0)} new); warm start: "
+                  f"{_warm_text(report.warm_start)}",
+                  "", f"{'held-out events':<24}{'AUC':>8}{'log loss':>10}{'Brier':>8}"]
+    rows = [(f"served v{v}" if int(v) == report.served_version else f"canary candidate v{v}", m)
+            for v, m in report.compared.items()] + [("new", report.candidate)]
+    for name, m in rows:
         if m:
             lines.append(f"{name:<24}{m['auc']:>8.4f}{m['log_loss']:>10.4f}{m['brier']:>8.4f}")
     lines += ["", "seconds: " + ", ".join(f"{k} {v}" for k, v in report.seconds.items()), report.decision]

@@ -1,4 +1,4 @@
-"""The retrain's calls across the layers, as commands: `routerkt sessions export`, `routerkt rollout status/set`, and the gateway's /readyz."""
+"""The retrain's calls across the layers, as commands with machine-readable output: `routerkt sessions export`, `routerkt rollout status/set/put --json` (through the gateway or on the file), and the gateway's /readyz."""
 from __future__ import annotations
 
 import json
@@ -39,33 +39,37 @@ def export_store(store: str, out: Path, password_file: Path | None, ca_file: Pat
     return json.loads(routerkt(*args).strip().splitlines()[-1])
 
 
-def current_policy(model: str, policy_file: Path) -> dict:
-    """The model's entry of the policy file as `routerkt rollout status` prints it ({"policy": "latest"} when absent)."""
-    for line in routerkt("rollout", "status", "--file", str(policy_file)).splitlines():
-        if line.startswith("gateway "):
-            break
-        name, _, rest = line.strip().partition(": ")
-        if line.startswith("  ") and name == model:
-            try:
-                return json.loads(rest)
-            except ValueError:
-                raise UserError(f"cannot read model {model}'s entry in `routerkt rollout status`: {rest[:80]}") from None
-    return {"policy": "latest"}
+def rollout_args(gateway: str | None, gateway_ca_file: Path | None, api_key_file: Path | None,
+                 policy_file: Path | None) -> list[str]:
+    """Where `routerkt rollout` reads and changes the policy: the gateway's API, or the policy file."""
+    if gateway:
+        return ["--gateway", gateway, *(["--tls-ca", str(gateway_ca_file)] if gateway_ca_file else []),
+                *(["--api-key-file", str(api_key_file)] if api_key_file else [])]
+    return ["--file", str(policy_file)]
 
 
-def served_version(entry: dict, latest: int | None) -> int | None:
-    """The version that answers most learners under a policy entry: pinned's version, a canary's or
-    shadow's baseline, else the newest in the repository."""
-    kind = entry.get("policy")
-    if kind == "pinned":
-        return int(entry["version"])
-    if kind in ("canary", "shadow"):
-        return int(entry["baseline"])
-    return latest
+def rollout_status(where: list[str]) -> dict:
+    """`routerkt rollout status --json`: {"source", "file", "models": {MODEL: {"entry", "versions", "served",
+    "split", ["since_canary_began", "routing"]}}, ["sequential_tests"]}."""
+    return _json(routerkt("rollout", "status", "--json", *where), "rollout status")
 
 
-def set_policy(model: str, policy_file: Path, *kind_and_flags: str) -> str:
-    return routerkt("rollout", "set", model, *kind_and_flags, "--file", str(policy_file)).strip()
+def set_policy(model: str, where: list[str], *kind_and_flags: str) -> dict:
+    """`routerkt rollout set MODEL KIND FLAGS --json`: the entry in force ({"source", "model", "entry", ...})."""
+    return _json(routerkt("rollout", "set", model, *kind_and_flags, "--json", *where), "rollout set")
+
+
+def put_policy(model: str, where: list[str], entry: dict) -> dict:
+    """`routerkt rollout put MODEL ENTRY --json`: one model's whole entry (a restore)."""
+    return _json(routerkt("rollout", "put", model, json.dumps(entry), "--json", *where), "rollout put")
+
+
+def _json(stdout: str, command: str) -> dict:
+    lines = stdout.strip().splitlines()
+    try:
+        return json.loads(lines[-1])
+    except (IndexError, ValueError):
+        raise UserError(f"`routerkt {command} --json` printed no JSON object") from None
 
 
 def wait_loaded(gateway: str, model: str, version: int, timeout_s: float, ca_file: Path | None = None) -> float:

@@ -9,6 +9,7 @@ import numpy as np
 from routerkt.contract.signature import FIRST_ID
 from routerkt.contract.vocab import Vocab
 from routerkt.errors import UserError
+from routerkt.timestamps import format_time
 
 TRAIN_SHARE = 0.8          # default cutoff: the time before which this share of the timed events lies
 MIN_TRAIN_EVENTS = 500     # fewer events before the cutoff: "too few events for the split"
@@ -27,6 +28,13 @@ class Split:
     heldout: np.ndarray       # bool [N]: at or after the learner's first event at/after the cutoff
     cutoff_ms: int
     train_csv: Path
+    timed: bool = True        # False: no event has a timestamp; cutoff_ms is a place in each learner's log
+
+    @property
+    def cutoff_text(self) -> str:
+        if not self.timed:
+            return f"each learner's last {1 - TRAIN_SHARE:.0%} of events (no event has a timestamp)"
+        return format_time(self.cutoff_ms)
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -88,8 +96,9 @@ def split_events(events_csv: Path, train_csv: Path, cutoff_ms: int | None) -> Sp
     inter = read_interactions(events_csv)
     frame = pd.read_csv(events_csv, dtype={"skill_id": str})
     ts = filled_timestamps(inter.user_id, frame["timestamp_ms"].to_numpy(np.int64))
+    timed = True
     if cutoff_ms is None and not (ts >= 0).any():        # no timestamps at all (a backlog imported without them)
-        ts, cutoff_ms = _positions(inter.user_id), int(TRAIN_SHARE * POSITION_SCALE)
+        ts, cutoff_ms, timed = _positions(inter.user_id), int(TRAIN_SHARE * POSITION_SCALE), False
     cutoff = default_cutoff(ts) if cutoff_ms is None else int(cutoff_ms)
     after = ts >= cutoff
     # held out: from each learner's first event at or after the cutoff on (store order, not clock order)
@@ -99,14 +108,14 @@ def split_events(events_csv: Path, train_csv: Path, cutoff_ms: int | None) -> Sp
     group_start = np.flatnonzero(starts)[group]
     heldout = seen >= group_start
     split = Split(inter.user_id, inter.question_id, inter.skill_id, inter.correct.astype(np.int64), heldout,
-                  cutoff, train_csv)
+                  cutoff, train_csv, timed)
     sizes = split.sizes
     if sizes["train_events"] < MIN_TRAIN_EVENTS or sizes["train_learners"] < MIN_TRAIN_LEARNERS:
         raise UserError(f"too few events for the split: {sizes['train_events']} events of {sizes['train_learners']} "
-                        f"learners before the cutoff {cutoff} (need {MIN_TRAIN_EVENTS} of {MIN_TRAIN_LEARNERS})")
+                        f"learners before the cutoff {split.cutoff_text} (need {MIN_TRAIN_EVENTS} of {MIN_TRAIN_LEARNERS})")
     labels = split.correct[heldout]
     if labels.size < MIN_HELDOUT_EVENTS or labels.min() == labels.max():
-        raise UserError(f"too few events for the split: {labels.size} held-out events after the cutoff {cutoff} "
+        raise UserError(f"too few events for the split: {labels.size} held-out events after the cutoff {split.cutoff_text} "
                         f"(need {MIN_HELDOUT_EVENTS}, both answers present); choose another --cutoff")
     frame[~heldout].to_csv(train_csv, index=False, columns=["user_id", "order", "question_id", "skill_id", "correct"])
     return split

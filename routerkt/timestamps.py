@@ -19,3 +19,8 @@ def parse_time(text: str | None, flag: str) -> int | None:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=timezone.utc)
     return int(moment.timestamp() * 1000)
+
+
+def format_time(ms: int) -> str:
+    """Milliseconds since the epoch as a plain UTC time: 2026-12-03 12:00:00 UTC."""
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")

@@ -99,7 +99,7 @@ def test_retrain_publishes_v2_in_canary_and_the_sequential_test_promotes_it(kt_r
         caller = threading.Thread(target=background)
         caller.start()
         done = subprocess.run([sys.executable, "-m", "routerkt.cli", "retrain", "--store", f"sqlite:///{store}",
-                               "--repository", str(repo), "--model", "kt", "--policy-file", str(policy),
+                               "--repository", str(repo), "--model", "kt",
                                "--runs", str(kt_repository.run.parent), "--out", str(tmp_path / "retrain"),
                                "--gateway", http, "--weight", "0.5", "--epochs", "3",
                                *(f"--set={o}" for o in TINY_OVERRIDES if not o.startswith("data.window"))],

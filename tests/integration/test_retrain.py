@@ -47,11 +47,19 @@ def served(kt_repository, tmp_path) -> tuple[Path, Path]:
     return repo, tmp_path / "rollout.json"
 
 
-def retrain(store: str, repo: Path, policy: Path, kt_repository, tmp_path: Path, *extra: str) -> int:
-    args = ["retrain", "--store", store, "--repository", str(repo), "--model", "kt", "--policy-file", str(policy),
+def retrain(store: str, repo: Path, policy: Path | None, kt_repository, tmp_path: Path, *extra: str) -> int:
+    where = ["--policy-file", str(policy)] if policy is not None else []
+    args = ["retrain", "--store", store, "--repository", str(repo), "--model", "kt", *where,
             "--runs", str(kt_repository.run.parent), "--out", str(tmp_path / "retrain"), "--epochs", "2",
             *(f"--set={o}" for o in TINY_OVERRIDES if not o.startswith("data.window")), *extra]
     return routerkt_main(args)
+
+
+def error_line(err: str) -> str:
+    """The one error line a failed retrain prints after its progress lines (`[   1.2s] export...`)."""
+    lines = err.strip().splitlines()
+    assert "Traceback" not in err and all(line.startswith("[") for line in lines[:-1]), err
+    return lines[-1]
 
 
 def snapshot(repo: Path) -> list[str]:
@@ -64,14 +72,28 @@ def test_gated_retrain_on_v1s_own_data_publishes_nothing(stores, served, kt_repo
     repo, policy = served
     before = snapshot(repo)
     assert retrain(stores["a"], repo, policy, kt_repository, tmp_path, "--margin", "5") == 3
-    out = capsys.readouterr().out
-    assert "not better" in out and "served v1" in out
+    out, err = capsys.readouterr()
+    assert "not better" in out and "served v1" in out and "split at " in err
     assert snapshot(repo) == before and not policy.exists()
     report = json.loads((tmp_path / "retrain" / "report.json").read_text())
     assert report["decision"].startswith("not better") and report["new_version"] is None
     assert report["warm_start"]["copied"] > 0                         # v1's run was found and copied
     assert set(report["seconds"]) >= {"export", "split", "train", "evaluate"}
-    assert not (tmp_path / "retrain" / "events.csv").exists()         # the platform's data is not left behind
+    assert report["outcome"] == "not_better" and report["cutoff"].endswith(" UTC")   # a plain date, not raw ms
+    assert not (tmp_path / "retrain" / ".data").exists()              # the platform's data is not left behind
+
+
+def test_kept_data_is_private_and_a_killed_retrains_data_is_swept(stores, served, kt_repository, tmp_path) -> None:
+    repo, policy = served
+    stale = kt_repository.run.parent / "retrain-killed" / ".data"          # what a kill -9 mid-run leaves
+    stale.mkdir(parents=True)
+    (stale / "train.csv").write_text("user_id,order,question_id,skill_id,correct\n")
+    assert retrain(stores["a"], repo, policy, kt_repository, tmp_path, "--margin", "5", "--keep-data") == 3
+    assert not stale.exists()
+    data = tmp_path / "retrain" / ".data"
+    assert (data.stat().st_mode & 0o777) == 0o700
+    kept = {p.name: p.stat().st_mode & 0o777 for p in data.iterdir()}
+    assert {"events.csv", "train.csv"} <= set(kept) and set(kept.values()) == {0o600}
 
 
 def test_population_b_is_published_as_a_canary(stores, served, kt_repository, tmp_path, capsys) -> None:
@@ -89,12 +111,50 @@ def test_population_b_is_published_as_a_canary(stores, served, kt_repository, tm
 
 
 def test_a_failure_after_publishing_takes_the_version_back(stores, served, kt_repository, tmp_path, capsys) -> None:
+    """A real gateway serving a copy of v1's repository never sees v2: the load times out, v2 is taken back and
+    the gateway's policy restored through its API (the pin retrain set before publishing is undone)."""
+    from serving.backends.onnxruntime import OnnxRuntimeBackend
+    from serving.metrics import Metrics
+    from serving.server import ThreadedGateway
+    from serving.settings import Settings
     repo, policy = served
-    before = snapshot(repo)
-    code = retrain(stores["b"], repo, policy, kt_repository, tmp_path, "--gateway", "http://127.0.0.1:1",
-                   "--load-timeout", "1", "--epochs", "1")
-    assert code == 2 and "did not report kt version 2 ready" in capsys.readouterr().err
-    assert snapshot(repo) == before and not policy.exists()            # the pin before publishing is undone too
+    elsewhere = tmp_path / "gateway-repo"
+    shutil.copytree(repo, elsewhere)
+    settings = Settings(repository=elsewhere, grpc_port=0, http_port=0, rollout_policy=policy, rollout_poll_s=0.1,
+                        probe_interval_s=0.5, grace_period_s=1.0)
+    gateway = ThreadedGateway(settings, Metrics(), backend=OnnxRuntimeBackend(settings)).start()
+    try:
+        before = snapshot(repo)
+        code = retrain(stores["b"], repo, None, kt_repository, tmp_path, "--gateway",
+                       f"http://127.0.0.1:{gateway.http_port}", "--load-timeout", "1", "--epochs", "1")
+        assert code == 2 and "did not report kt version 2 ready" in error_line(capsys.readouterr().err)
+        assert snapshot(repo) == before
+        assert json.loads(policy.read_text())["models"]["kt"] == {"policy": "latest"}    # the pin is undone
+        assert gateway.server.policy.policy.get("kt").versions() == set()
+    finally:
+        gateway.stop(grace=1.0)
+
+
+def test_gateway_and_policy_file_together_are_refused(served, kt_repository, tmp_path, capsys) -> None:
+    repo, policy = served
+    assert retrain("sqlite:///unused.sqlite3", repo, policy, kt_repository, tmp_path, "--gateway",
+                   "http://127.0.0.1:1") == 2
+    assert "--gateway and --policy-file" in capsys.readouterr().err
+
+
+def test_a_canary_in_the_file_is_left_running_without_a_gateway(stores, served, kt_repository, tmp_path,
+                                                               capsys) -> None:
+    """Without --gateway the canary's outcomes cannot be read: it keeps running, nothing is exported or published."""
+    repo, policy = served
+    policy.write_text('{"format": 1, "models": {"kt": {"policy": "canary", "baseline": 1, "candidate": 2, '
+                      '"weight": 0.1}}}\n')
+    before, policy_before = snapshot(repo), policy.read_bytes()
+    assert retrain(stores["b"], repo, policy, kt_repository, tmp_path) == 3
+    report = json.loads((tmp_path / "retrain" / "report.json").read_text())
+    assert report["outcome"] == "canary_undecided" and report["canary"]["replace"] is False
+    assert "give --gateway" in capsys.readouterr().out
+    assert "export" not in report["seconds"]
+    assert snapshot(repo) == before and policy.read_bytes() == policy_before
 
 
 def test_one_retrain_at_a_time(served, kt_repository, tmp_path, capsys) -> None:
@@ -116,8 +176,7 @@ def test_faults_are_one_line_and_leave_everything_as_it_was(case, message, store
     store = {"unreachable": "redis://127.0.0.1:1/0", "bad_flag": stores["a"]}.get(case) or stores[case]
     extra = ["--margin", "-1"] if case == "bad_flag" else []
     assert retrain(store, repo, policy, kt_repository, tmp_path, *extra) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and message in err[0], err
+    assert message in error_line(capsys.readouterr().err)
     assert snapshot(repo) == before and policy.read_bytes() == policy_before
 
 

@@ -677,7 +677,8 @@ def test_retrain_cronjob_matches_code_and_shares_the_served_volume(objects: dict
     redis = service_for(objects, only(objects, "redis"))["metadata"]["name"]
     store = urlparse(args.store)
     assert (store.scheme, store.hostname, store.port, store.username) == ("rediss", redis, REDIS_PORT, "routerkt")
-    for path in (args.store_password_file, args.store_ca_file, args.gateway_ca_file):
+    assert args.policy_file is None and args.api_key_file is not None   # the policy changes through the gateway
+    for path in (args.store_password_file, args.store_ca_file, args.gateway_ca_file, args.api_key_file):
         assert "secret" in {v["name"]: v for v in spec["volumes"]}[
             next(m["name"] for m in container["volumeMounts"] if Path(m["mountPath"]) == Path(path).parent)]
 
@@ -693,8 +694,6 @@ def test_retrain_cronjob_matches_code_and_shares_the_served_volume(objects: dict
     mounts = container["volumeMounts"]
     assert on_claim(spec, mounts, Path(args.repository)) == on_claim(gateway_pod, gateway["volumeMounts"],
                                                                       Path(served.repository))
-    assert on_claim(spec, mounts, Path(args.policy_file)) == on_claim(gateway_pod, gateway["volumeMounts"],
-                                                                       Path(served.rollout_policy))
     triton_pod = pod_spec(only(objects, "triton"))
     (triton,) = triton_pod["containers"]
     triton_repo = check_triton_argv(triton["command"] + triton["args"], "k8s triton")
