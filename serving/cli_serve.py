@@ -100,6 +100,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           help="password of the --store redis(s)://USER@HOST:PORT/DB user")
     security.add_argument("--store-ca-file", type=Path, default=None, metavar="PEM",
                           help="CA that signed the store's certificate (rediss://)")
+    security.add_argument("--store-wait", action="store_true",
+                          help="start even when the store refuses the user or password, and wait (unready "
+                               "for sessions) until it accepts them; without it serve exits at once (code 2)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -117,6 +120,8 @@ def run(args: argparse.Namespace) -> int:
                         api_keys=args.api_keys, insecure=args.insecure, triton_key_file=args.triton_key_file)
     settings.validate()
     refuse_exposure(settings)                                   # before Triton starts
+    if not args.store_wait:
+        asyncio.run(_refuse_refused_credentials(args))          # before Triton starts
     if args.triton_url:
         settings.triton_url = args.triton_url
         settings.validate()
@@ -152,12 +157,36 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def _store_url(args: argparse.Namespace) -> str:
+    return args.store or f"sqlite:///{args.state_dir / 'sessions.sqlite3'}"
+
+
+async def _refuse_refused_credentials(args: argparse.Namespace) -> None:
+    """UserError (one line, exit code 2) when the store server answers but refuses the gateway's
+    user or password: a configuration error that waiting does not fix. A store that does not answer
+    at all is waited for, unready, as before."""
+    from serving.sessions.factory import open_store
+    from serving.sessions.store import StoreUnavailable
+
+    url = _store_url(args)
+    if not url.startswith(("redis://", "rediss://")):             # only a server can refuse credentials
+        return
+    store = open_store(url, password_file=args.store_password_file, ca_file=args.store_ca_file)
+    try:
+        await store.ping()
+    except StoreUnavailable as exc:
+        if getattr(exc, "credentials_refused", False):
+            raise UserError(f"session store: {str(exc)[:300]}; --store-wait starts anyway and waits") from None
+    finally:
+        await store.close()
+
+
 def _session_parts(settings: Settings, args: argparse.Namespace):
     """(store, keys) for the --store flags, or (None, None) with --store none."""
     from serving.sessions.keys import LearnerKeys, load_secret
     from serving.sessions.factory import open_store
 
-    url = args.store or f"sqlite:///{args.state_dir / 'sessions.sqlite3'}"
+    url = _store_url(args)
     if url == "none":
         return None, None
     keys = LearnerKeys(load_secret(args.store_secret_file or args.state_dir / "store.secret"))

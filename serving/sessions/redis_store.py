@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 from redis.backoff import NoBackoff
-from redis.exceptions import AuthenticationError, RedisError
+from redis.exceptions import AuthenticationError, NoPermissionError, RedisError
 from redis.retry import Retry
 
 import json
@@ -110,6 +110,13 @@ def _served_key(owner: str) -> str:
     return f"rks:{{{owner}}}"
 
 
+class CredentialsRefused(StoreUnavailable):
+    """The server answered but refused this user or password (or the user may not PING): waiting
+    does not fix that, so `routerkt serve` exits at start unless --store-wait (cli_serve.py)."""
+
+    credentials_refused = True
+
+
 class RedisStore:
     kind = "redis"
 
@@ -134,9 +141,10 @@ class RedisStore:
     async def ping(self) -> None:
         try:
             await self._client.ping()
-        except AuthenticationError:
-            raise StoreUnavailable(f"redis: authentication failed for user {self.username!r} (check "
-                                   f"--store-password-file and the server's ACL)") from None
+        except (AuthenticationError, NoPermissionError) as exc:
+            what = "authentication failed" if isinstance(exc, AuthenticationError) else "PING is not allowed"
+            raise CredentialsRefused(f"redis: {what} for user {self.username!r} (check "
+                                     f"--store-password-file and the server's ACL)") from None
         except (RedisError, OSError) as exc:
             raise StoreUnavailable(f"redis: {exc}") from None
 

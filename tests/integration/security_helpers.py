@@ -108,3 +108,18 @@ class FakeBackend:
     async def infer(self, model, feeds, timeout_s: float) -> np.ndarray:
         self.timeouts.append(timeout_s)
         return feeds["questions"].astype(np.float32) / 100.0
+
+
+def stderr_until(process, marker: str, seconds: float = 60.0) -> list[str]:
+    """The lines `process` (stderr=PIPE, text) writes until one holds `marker`, it ends, or `seconds` pass."""
+    import time
+    seen: list[str] = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        line = process.stderr.readline()
+        if not line:
+            break
+        seen.append(line)
+        if marker in line:
+            break
+    return seen

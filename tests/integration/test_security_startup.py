@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import pytest
 
 from serving.processes import free_port, terminate
-from tests.integration.security_helpers import make_ca, make_cert
+from tests.integration.security_helpers import make_ca, make_cert, stderr_until
 
 pytestmark = pytest.mark.integration
 
@@ -38,14 +37,7 @@ def test_insecure_starts_and_says_so(handmade_repository, tmp_path) -> None:
     process = subprocess.Popen(serve_command(handmade_repository, tmp_path, "--insecure"), stderr=subprocess.PIPE,
                                stdout=subprocess.DEVNULL, text=True)
     try:
-        seen, deadline = [], time.monotonic() + 60
-        while time.monotonic() < deadline:
-            line = process.stderr.readline()
-            if not line:
-                break
-            seen.append(line)
-            if "gateway started" in line:
-                break
+        seen = stderr_until(process, "gateway started")
         assert any("INSECURE" in line and '"level": "warning"' in line for line in seen), "".join(seen)
         assert any("gateway started" in line for line in seen), "".join(seen)
     finally:

@@ -20,7 +20,7 @@ from serving.sessions.redis_server import RedisServer, find_binary
 from serving.sessions.redis_store import acl_rules
 from serving.sessions.sqlite_store import SqliteStore
 from serving.settings import Settings
-from tests.integration.security_helpers import FakeBackend, make_ca, make_cert
+from tests.integration.security_helpers import FakeBackend, make_ca, make_cert, stderr_until
 
 pytestmark = pytest.mark.integration
 
@@ -106,3 +106,40 @@ def test_sqlite_files_are_created_owner_only(tmp_path) -> None:
     asyncio.run(use())
     files = sorted(tmp_path.glob("sessions*"))
     assert files and all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in files), files
+
+
+def serve_over(valkey, repository, tmp_path, password: str, *extra: str) -> list[str]:
+    import sys
+    from serving.processes import free_port
+    server, ca, _ = valkey
+    (tmp_path / "password").write_text(password + "\n")
+    return [sys.executable, "-m", "routerkt.cli", "serve", "--repository", str(repository), "--grpc-port", "0",
+            "--http-port", "0", "--triton-url", f"127.0.0.1:{free_port()}", "--state-dir", str(tmp_path / "state"),
+            "--store", f"rediss://routerkt@127.0.0.1:{server.port}/0", "--store-password-file",
+            str(tmp_path / "password"), "--store-ca-file", str(ca.cert), "--log-format", "json", *extra]
+
+
+def test_serve_exits_with_one_line_when_the_store_refuses_its_password(valkey, handmade_repository, tmp_path) -> None:
+    import subprocess
+    wrong = "not-the-password-" + PASSWORD[::-1]
+    done = subprocess.run(serve_over(valkey, handmade_repository, tmp_path, wrong), capture_output=True, text=True,
+                          timeout=60)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert len(lines) == 1 and "authentication failed for user 'routerkt'" in lines[0] and "--store-wait" in lines[0]
+    assert wrong not in done.stderr and PASSWORD not in done.stderr
+
+
+def test_serve_with_store_wait_starts_and_waits_for_the_store(valkey, handmade_repository, tmp_path) -> None:
+    import subprocess
+    from serving.processes import terminate
+    wrong = "not-the-password-" + PASSWORD[::-1]
+    process = subprocess.Popen(serve_over(valkey, handmade_repository, tmp_path, wrong, "--store-wait"),
+                               stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    try:
+        seen = stderr_until(process, "gateway started")
+        assert any("gateway started" in line for line in seen), "".join(seen)
+        assert any("authentication failed for user 'routerkt'" in line for line in seen), "".join(seen)
+        assert process.poll() is None
+    finally:
+        terminate(process, timeout_s=15)
