@@ -353,7 +353,8 @@ def write_report(report: Report, out: Path) -> str:
 
 def render(report: Report) -> str:
     s = report.sizes
-    lines = [f"retrain of {report.model} from the {report.store or '?'} store; served version {report.served_version}"]
+    store = f" from the {report.store} store" if report.store else ""
+    lines = [f"retrain of {report.model}{store}; served version {report.served_version}"]
     if report.canary is not None:
         lines.append(f"canary: {report.canary['text']}")
     if s:
