@@ -32,6 +32,8 @@ def error(status: str, message: str = "boom") -> InferenceServerException:
     (error("UNAVAILABLE", "failed to connect to all addresses"), FailureKind.UNAVAILABLE),
     (error("CANCELLED", "Socket closed"), FailureKind.UNAVAILABLE),
     (error("NOT_FOUND", "Request for unknown model: 'kt' has no available versions"), FailureKind.NOT_LOADED),
+    # Triton 2.51's answer for a version it knows but has not READY (measured): that version, not the server
+    (error("UNAVAILABLE", "Request for unknown model: 'kt' version 1 is not at ready state"), FailureKind.NOT_LOADED),
     (error("INTERNAL", STUB_ERROR), FailureKind.STUB_CRASHED),
     (error("INVALID_ARGUMENT", "unexpected shape"), FailureKind.REJECTED),
     (error("INTERNAL", "model execution failed"), FailureKind.FAILED),

@@ -29,6 +29,10 @@ from serving.metrics import Metrics
 from serving.parts import BackendError, FailureKind
 
 STUB_UNHEALTHY = "is not healthy"          # "Stub process '<model>_0_0' is not healthy."
+# Triton answers UNAVAILABLE, not NOT_FOUND, for a version it knows but has not READY (loading,
+# unloading, unloaded, failed): "Request for unknown model: 'kt' version 1 is not at ready state".
+# Only that version is out, not the server.
+VERSION_NOT_READY = "is not at ready state"
 MAX_GRPC_MESSAGE = 2**31 - 1
 
 
@@ -42,6 +46,8 @@ def classify_status(status: str, message: str) -> FailureKind:
     status = status.rsplit(".", 1)[-1]
     if status == "DEADLINE_EXCEEDED":
         return FailureKind.DEADLINE
+    if status == "UNAVAILABLE" and VERSION_NOT_READY in message:
+        return FailureKind.NOT_LOADED
     if status in ("UNAVAILABLE", "CANCELLED"):
         return FailureKind.UNAVAILABLE
     if status == "NOT_FOUND":
