@@ -2,7 +2,10 @@
 config parameter GRAPH says which) with onnxruntime on CPU. A rank model whose version folder also
 holds explain.onnx (the explain graph: the rank graph's inputs and candidate_probs plus the attention
 outputs) runs it instead of rank.onnx for the requests that ask for an explain output; the others
-(and every request of a version without explain.onnx) run rank.onnx alone, as before.
+(and every request of a version without explain.onnx) run rank.onnx alone, as before. The id bounds
+(valid question and skill ids) come from the version folder's model_info.json, and from the config
+parameters N_QUESTIONS / N_SKILLS only when it lacks them: one config.pbtxt serves versions of
+different vocabularies, so a retrain whose vocabulary grew leaves it unchanged.
 
 Copied verbatim into every version folder of a python-backend model by `routerkt export`. It runs
 inside Triton's `triton_python_backend_stub` with the project venv's interpreter, so it imports only
@@ -56,6 +59,10 @@ PARAM_WINDOW = "WINDOW"
 PARAM_N_QUESTIONS = "N_QUESTIONS"
 PARAM_N_SKILLS = "N_SKILLS"
 PARAM_GRAPH = "GRAPH"
+# The version folder's model_info.json (mirrors routerkt/contract/signature.py INFO_FILE and the fields of
+# routerkt/contract/model_info.py): its id bounds, read first; the config parameters above are the fallback.
+INFO_FILE = "model_info.json"
+INFO_BOUNDS = (("n_questions", "N_QUESTIONS"), ("n_skills", "N_SKILLS"))   # (field, fallback parameter)
 
 EXEC_METRIC = "routerkt_triton_model_exec_seconds"
 EXEC_BUCKETS = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0]
@@ -68,8 +75,8 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
         self.model_name = args["model_name"]
-        self.n_questions = _positive_int(params, PARAM_N_QUESTIONS)
-        self.n_skills = _positive_int(params, PARAM_N_SKILLS)
+        folder = os.path.join(args["model_repository"], args["model_version"])
+        self.n_questions, self.n_skills = _id_bounds(folder, params)
         self.window = int(params[PARAM_WINDOW]) if params.get(PARAM_WINDOW, "").isdigit() else None
         self.graph = params.get(PARAM_GRAPH, "") or "score"
         if self.graph not in GRAPHS:
@@ -83,7 +90,6 @@ class TritonPythonModel:
         options.enable_cpu_mem_arena = params.get(PARAM_ORT_MEM_ARENA, "0") == "1"
         options.inter_op_num_threads = 1
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")   # routerkt/contract/onnx_session.py
-        folder = os.path.join(args["model_repository"], args["model_version"])
         self.session = _session(os.path.join(folder, onnx_file), options, self.input_names, (self.output_name,))
         explain = os.path.join(folder, EXPLAIN_ONNX_FILE)
         self.explain_session = (_session(explain, options, RANK_INPUT_NAMES, EXPLAIN_OUTPUTS)
@@ -249,12 +255,29 @@ def _error(message, code):
     return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message, code))
 
 
-def _positive_int(params, key):
-    value = params.get(key, "")
-    if not value.isdigit() or int(value) < 1:
-        raise pb_utils.TritonModelException(
-            f"config.pbtxt parameter {key} must be a positive integer, got {value!r}")
-    return int(value)
+def _id_bounds(folder, params):
+    """(n_questions, n_skills): valid ids are [0, n). From the version folder's model_info.json, so a
+    version with a grown vocabulary needs no other config.pbtxt; for a version whose model_info.json
+    lacks them (or has none), from the config parameters N_QUESTIONS / N_SKILLS."""
+    try:
+        with open(os.path.join(folder, INFO_FILE), encoding="utf-8") as f:
+            info = json.load(f)
+    except (OSError, ValueError):
+        info = None
+    info = info if isinstance(info, dict) else {}
+    bounds = []
+    for field, key in INFO_BOUNDS:
+        value = info.get(field)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            bounds.append(value)
+            continue
+        text = params.get(key, "")
+        if not text.isdigit() or int(text) < 1:
+            raise pb_utils.TritonModelException(
+                f"no id bound {field}: {INFO_FILE} of version {os.path.basename(folder)} has no positive "
+                f"'{field}' and config.pbtxt parameter {key} is {text!r}")
+        bounds.append(int(text))
+    return tuple(bounds)
 
 
 def _exec_histogram(model_name, version):

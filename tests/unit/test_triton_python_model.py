@@ -47,6 +47,11 @@ def test_tensor_and_parameter_literals_match_the_signature() -> None:
     assert lit["PARAM_WINDOW"] == triton_config.PARAM_WINDOW
     assert lit["PARAM_N_QUESTIONS"] == triton_config.PARAM_N_QUESTIONS
     assert lit["PARAM_N_SKILLS"] == triton_config.PARAM_N_SKILLS
+    assert lit["INFO_FILE"] == signature.INFO_FILE
+    from routerkt.contract.model_info import ModelInfo
+    assert dict(lit["INFO_BOUNDS"]) == {"n_questions": triton_config.PARAM_N_QUESTIONS,
+                                        "n_skills": triton_config.PARAM_N_SKILLS}
+    assert set(dict(lit["INFO_BOUNDS"])) <= set(ModelInfo.__dataclass_fields__)
 
 
 def test_model_py_imports_nothing_from_the_project() -> None:
@@ -160,25 +165,64 @@ def _expected(questions: np.ndarray, skills: np.ndarray, responses: np.ndarray) 
     return (1 / (1 + np.exp(-(0.01 * questions + 0.1 * skills.sum(-1) + responses)))).astype(np.float32)
 
 
-@pytest.fixture()
-def model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def _initialized(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parameters: dict[str, str],
+                 info: bytes | None = None):
+    """model.py's TritonPythonModel initialized on version 1 of `tmp_path` (the tiny score graph), with
+    config parameters `parameters` and, when given, `info` as the version's model_info.json."""
     pytest.importorskip("onnx")
     pytest.importorskip("onnxruntime")
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", _fake_pb_utils())
     spec = importlib.util.spec_from_file_location("routerkt_test_backend_model", MODEL_PY)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    (tmp_path / "1").mkdir()
+    (tmp_path / "1").mkdir(exist_ok=True)
     _tiny_onnx(tmp_path / "1" / signature.ONNX_FILE)
-    options = triton_config.TritonModelOptions(window=WINDOW, parameters={
-        triton_config.PARAM_N_QUESTIONS: str(N_Q), triton_config.PARAM_N_SKILLS: str(N_S)})
-    config = triton_config.build_config("tiny", options)
+    if info is not None:
+        (tmp_path / "1" / signature.INFO_FILE).write_bytes(info)
+    config = triton_config.build_config("tiny", triton_config.TritonModelOptions(window=WINDOW, parameters=parameters))
     from google.protobuf import json_format
     instance = module.TritonPythonModel()
     instance.initialize({"model_config": json.dumps(json_format.MessageToDict(config, preserving_proto_field_name=True)),
                          "model_repository": str(tmp_path), "model_version": "1", "model_name": "tiny"})
+    return instance
+
+
+@pytest.fixture()
+def model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    instance = _initialized(tmp_path, monkeypatch, {
+        triton_config.PARAM_N_QUESTIONS: str(N_Q), triton_config.PARAM_N_SKILLS: str(N_S)})
     yield instance
     instance.finalize()
+
+
+def _info(n_questions: int, n_skills: int) -> bytes:
+    from routerkt.contract.model_info import ModelInfo
+    return ModelInfo(name="tiny", window=WINDOW, n_questions=n_questions, n_skills=n_skills).save_bytes()
+
+
+def test_id_bounds_come_from_the_versions_model_info_before_the_config(tmp_path, monkeypatch) -> None:
+    """What export writes: model_info.json with the bounds, a config without them (the same config
+    for every vocabulary); config parameters, when a served config still has them, do not override."""
+    grown = _initialized(tmp_path, monkeypatch, {}, _info(N_Q + 10, N_S + 2))
+    assert (grown.n_questions, grown.n_skills) == (N_Q + 10, N_S + 2)
+    ok = _arrays(1, 1, questions=np.full((1, WINDOW), N_Q + 9), skills=np.full((1, WINDOW, 1), N_S + 1))
+    too_big = _arrays(1, 2, questions=np.full((1, WINDOW), N_Q + 10))
+    responses = grown.execute([_Request(ok), _Request(too_big)])
+    assert responses[0].error is None
+    assert responses[1].error.code() == _TritonError.INVALID_ARG and f"[0, {N_Q + 10})" in responses[1].error.message()
+    legacy_params = {triton_config.PARAM_N_QUESTIONS: str(N_Q), triton_config.PARAM_N_SKILLS: str(N_S)}
+    kept = _initialized(tmp_path, monkeypatch, legacy_params, _info(N_Q + 10, N_S + 2))
+    assert (kept.n_questions, kept.n_skills) == (N_Q + 10, N_S + 2)
+
+
+@pytest.mark.parametrize("info", [None, b'{"preset": "tiny"}', b"not json", _info(0, 0)],
+                         ids=["no-file", "no-fields", "malformed", "zeros"])
+def test_a_version_without_bounds_in_model_info_falls_back_to_the_config(tmp_path, monkeypatch, info) -> None:
+    params = {triton_config.PARAM_N_QUESTIONS: str(N_Q), triton_config.PARAM_N_SKILLS: str(N_S)}
+    instance = _initialized(tmp_path, monkeypatch, params, info)
+    assert (instance.n_questions, instance.n_skills) == (N_Q, N_S)
+    with pytest.raises(RuntimeError, match="n_questions"):              # neither source: the load fails, named
+        _initialized(tmp_path, monkeypatch, {}, info)
 
 
 def _arrays(rows: int, seed: int, k: int = 1, **overrides) -> dict[str, np.ndarray]:
