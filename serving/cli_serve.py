@@ -153,6 +153,12 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
+def http_base(settings: Settings, port: int) -> str:
+    """The gateway's HTTP address as clients write it: https:// with TLS, [host] for IPv6."""
+    host = f"[{settings.host}]" if ":" in settings.host and not settings.host.startswith("[") else settings.host
+    return f"{'https' if settings.tls_cert is not None else 'http'}://{host}:{port}"
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -212,7 +218,7 @@ async def _serve(settings: Settings, args: argparse.Namespace, triton=None) -> i
         log.info("gateway gRPC: %s:%d (routerkt.v1.KnowledgeTracingService, grpc.health.v1, reflection)",
                  settings.host, server.grpc_port)
         if server.http_port is not None:
-            base = f"http://{settings.host}:{server.http_port}"
+            base = http_base(settings, server.http_port)
             log.info("gateway HTTP: %s (/v1/predict, /v1/predict_batch, /docs)", base)
             log.info("gateway metrics: %s/metrics, health %s/livez %s/readyz", base, base, base)
         restarter = None

@@ -355,10 +355,28 @@ class ThreadedGateway:
         self.stop()
 
 
+WILDCARDS = ("0.0.0.0", "::", "[::]")
+
+
 def _bind(host: str, port: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    """The HTTP socket. A wildcard host binds as gRPC does: one dual-stack [::] socket (IPv4 and
+    IPv6 alike) where the host has IPv6, else 0.0.0.0, so both ports listen on the same families."""
+    if host in WILDCARDS and socket.has_ipv6:
+        try:
+            return _bind_family(socket.AF_INET6, "::", port, dual_stack=True)
+        except OSError:
+            pass                                   # no IPv6 here: IPv4 alone, as gRPC falls back
+    if host in WILDCARDS:
+        return _bind_family(socket.AF_INET, "0.0.0.0", port)
+    return _bind_family(socket.AF_INET6 if ":" in host else socket.AF_INET, host.strip("[]"), port)
+
+
+def _bind_family(family: int, host: str, port: int, dual_stack: bool = False) -> socket.socket:
+    sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
+        if dual_stack:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         sock.bind((host, port))
     except OSError:
         sock.close()

@@ -2,12 +2,16 @@
 with one line naming the flag (exit 2); --insecure starts and logs a warning."""
 from __future__ import annotations
 
+import re
+import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from serving.processes import free_port, terminate
+from tests.helpers import wait_for
 from tests.integration.security_helpers import make_ca, make_cert, stderr_until
 
 pytestmark = pytest.mark.integration
@@ -33,12 +37,37 @@ def test_a_public_bind_without_tls_or_keys_refuses_to_start(handmade_repository,
     assert len(lines) == 1 and named in lines[0] and "--insecure" in lines[0], done.stderr
 
 
+def reachable(address: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.settimeout(3)
+        return sock.connect_ex((address, port)) == 0
+
+
 def test_insecure_starts_and_says_so(handmade_repository, tmp_path) -> None:
+    """... and with --host 0.0.0.0 both ports listen on the same address families (gRPC binds a
+    dual-stack [::] socket for a wildcard host; the HTTP port does the same)."""
     process = subprocess.Popen(serve_command(handmade_repository, tmp_path, "--insecure"), stderr=subprocess.PIPE,
                                stdout=subprocess.DEVNULL, text=True)
     try:
         seen = stderr_until(process, "gateway started")
         assert any("INSECURE" in line and '"level": "warning"' in line for line in seen), "".join(seen)
-        assert any("gateway started" in line for line in seen), "".join(seen)
+        started = next((line for line in seen if "gateway started" in line), None)
+        assert started is not None, "".join(seen)
+        grpc_port, http_port = map(int, re.search(r"gRPC 0\.0\.0\.0:(\d+), HTTP 0\.0\.0\.0:(\d+)", started).groups())
+        families = ["127.0.0.1"] + (["::1"] if Path("/proc/net/if_inet6").exists() and reachable_v6() else [])
+        for address in families:                         # uvicorn listens a moment after the log line
+            wait_for(lambda: reachable(address, grpc_port) and reachable(address, http_port), 10,
+                     f"both ports on {address}")
     finally:
         terminate(process, timeout_s=15)
+
+
+def reachable_v6() -> bool:
+    """Whether this host has IPv6 loopback at all (else only IPv4 is checked)."""
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
+            sock.bind(("::1", 0))
+        return True
+    except OSError:
+        return False

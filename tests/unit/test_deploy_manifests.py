@@ -505,6 +505,36 @@ def test_prometheus_scrapes_gateway_and_triton(compose: dict, defaults: Settings
     assert targets == {"gateway": (routes["prometheus"], defaults.http_port), "triton": ("/metrics", TRITON_METRICS)}
 
 
+def test_compose_monitoring_is_loopback_only_authenticated_and_verifies_tls(compose: dict) -> None:
+    """Prometheus (no authentication of its own) and Grafana publish on the host's loopback only,
+    Grafana's admin password has no default, and Prometheus verifies the gateway's certificate."""
+    services = compose["services"]
+    for name in ("prometheus", "grafana"):
+        for published in services[name].get("ports", []):
+            assert str(published).startswith("127.0.0.1:"), f"compose {name} publishes {published} beyond loopback"
+    env = services["grafana"]["environment"]
+    assert re.fullmatch(r"\$\{\w+:\?[^}]+\}", env["GF_SECURITY_ADMIN_PASSWORD"]), "Grafana's password: required, no default"
+    assert str(env.get("GF_AUTH_ANONYMOUS_ENABLED", "false")).lower() == "false"
+    (config,) = load_docs(PROMETHEUS)
+    (gateway_job,) = [job for job in config["scrape_configs"]
+                      if any(t.startswith("gateway:") for s in job["static_configs"] for t in s["targets"])]
+    tls = gateway_job.get("tls_config", {})
+    assert gateway_job.get("scheme") == "https" and not tls.get("insecure_skip_verify")
+    secret = tls["ca_file"].removeprefix("/run/secrets/")
+    assert secret in services["prometheus"].get("secrets", []) and secret in compose["secrets"]
+    assert tls.get("server_name") == "routerkt-gateway"
+
+
+def test_gateway_service_ports_say_tls_not_cleartext(objects: dict) -> None:
+    """The gateway serves TLS on both ports (--tls-cert): its Service must not announce cleartext
+    HTTP/2 (kubernetes.io/h2c) nor plain http to meshes and load balancers."""
+    gateway = only(objects, "gateway")
+    (container,) = pod_spec(gateway)["containers"]
+    assert serve_args(container["args"]).tls_cert
+    for port in service_for(objects, gateway)["spec"]["ports"]:
+        assert port.get("appProtocol") == "https", f"gateway Service port {port['name']}: {port.get('appProtocol')}"
+
+
 def test_grafana_provisions_the_project_dashboard(compose: dict) -> None:
     grafana = compose["services"]["grafana"]
     mounts = {t: compose_path(s) for s, t in map(volume_source, grafana["volumes"]) if s.startswith(".")}
@@ -739,3 +769,32 @@ def test_compose_store_user_has_the_store_rules(compose: dict) -> None:
     redis, gateway = compose["services"]["redis"], compose["services"]["gateway"]
     assert acl_rules() in " ".join(redis["entrypoint"]) and "user default off" in " ".join(redis["entrypoint"])
     assert set(redis["secrets"]) <= set(gateway["secrets"]) <= set(compose["secrets"])
+
+
+def secrets_held(objects: dict) -> dict[str, set[str]]:
+    """Secret name -> the components of the workloads that mount it or read it into their environment."""
+    held: dict[str, set[str]] = {}
+    templates = [w["spec"]["template"] for w in workloads(objects).values()]
+    templates += [obj["spec"]["jobTemplate"]["spec"]["template"] for (kind, _), obj in objects.items() if kind == "CronJob"]
+    for template in templates:
+        component = template["metadata"]["labels"]["app.kubernetes.io/component"]
+        spec = template["spec"]
+        names = {v["secret"]["secretName"] for v in spec.get("volumes", []) if "secret" in v}
+        for container in spec.get("containers", []) + spec.get("initContainers", []):
+            names |= {e["valueFrom"]["secretKeyRef"]["name"] for e in container.get("env", [])
+                      if "secretKeyRef" in e.get("valueFrom", {})}
+            names |= {e["secretRef"]["name"] for e in container.get("envFrom", []) if "secretRef" in e}
+        for name in names:
+            held.setdefault(name, set()).add(component)
+    return held
+
+
+def test_docs_say_who_holds_which_secret(objects: dict) -> None:
+    """docs/security.md's table of Secrets and their holders is what the manifests mount (the
+    retrain job holds the store's password: the docs say so)."""
+    text = (ROOT / "docs" / "security.md").read_text()
+    table = text.split("### Who holds which Secret", 1)[1]
+    documented = {}
+    for name, holders in re.findall(r"^\| `([a-z0-9-]+)` \| ([^|]+) \|", table, re.M):
+        documented[name] = {h.strip().split(" ")[0] for h in holders.split(",")}
+    assert documented == secrets_held(objects)

@@ -91,3 +91,13 @@ def test_json_log_lines() -> None:
     record = logging.LogRecord("routerkt.gateway", logging.INFO, __file__, 1, "gRPC on %s", ("127.0.0.1:1",), None)
     entry = json.loads(JsonFormatter().format(record))
     assert entry["message"] == "gRPC on 127.0.0.1:1" and entry["level"] == "info" and entry["logger"] == "routerkt.gateway"
+
+
+def test_start_up_log_names_https_when_tls_is_on(tmp_path) -> None:
+    """The "gateway HTTP:" / metrics log lines of `routerkt serve` say https:// with TLS on."""
+    from serving.cli_serve import http_base
+    from serving.settings import Settings
+    assert http_base(Settings(), 8080) == "http://127.0.0.1:8080"
+    assert http_base(Settings(tls_cert=tmp_path / "c", tls_key=tmp_path / "k", host="0.0.0.0"), 8443) == \
+        "https://0.0.0.0:8443"
+    assert http_base(Settings(host="::1"), 80) == "http://[::1]:80"
