@@ -11,8 +11,10 @@ round-robin over the ready ones, a replica failing its probe gets no traffic unt
 an inference that failed as UNAVAILABLE on one is retried once on another (serving/backends/
 triton_replicas.py). Several gateways can share one --store redis://...: they are interchangeable
 behind a client balancing over them (serving/client.py connect_balanced).
-Without --triton-url, the tritonserver bundled in nvidia-pytriton is started on free 127.0.0.1
-ports (never the gateway's) with --model-control-mode=explicit, and the gateway waits until it is
+Without --triton-url, the tritonserver bundled in nvidia-pytriton is started with
+--model-control-mode=explicit, its gRPC on a Unix socket in a private folder (mode 0700), its HTTP
+off, its metrics on a free 127.0.0.1 port (never the gateway's), and its administrative APIs keyed
+by --triton-key-file or a key made for this run (docs/security.md); the gateway waits until it is
 ready. One log line per endpoint. Ctrl-C / SIGTERM: the gateway drains first, then Triton is
 stopped (by PID). --sample-model NAME makes one Predict over real gRPC loopback once the model is
 ready, with a small made-up history (ids from that model's vocabulary), prints the request and the
@@ -94,8 +96,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     security.add_argument("--insecure", action="store_true",
                           help="allow a non-loopback --host without TLS or API keys (logged at every start)")
     security.add_argument("--triton-key-file", type=Path, default=None, metavar="FILE",
-                          help="file holding HEADER=KEY sent on Triton's model-control calls "
-                               "(Triton's --grpc-restricted-protocol)")
+                          help="file holding KEY or HEADER=KEY sent on Triton's model-control calls "
+                               "(Triton's --grpc-restricted-protocol); the Triton serve starts is keyed "
+                               "with it too (default: a new key per run in <state dir>/triton.key, mode 0600)")
     security.add_argument("--store-password-file", type=Path, default=None, metavar="FILE",
                           help="password of the --store redis(s)://USER@HOST:PORT/DB user")
     security.add_argument("--store-ca-file", type=Path, default=None, metavar="PEM",
@@ -137,8 +140,11 @@ def run(args: argparse.Namespace) -> int:
             log.info("Triton: using %s", urls[0] if len(urls) == 1 else
                      f"{len(urls)} replicas: " + ", ".join(f"{i}={url}" for i, url in enumerate(urls)))
         else:
+            from serving.security.triton_access import access_for, serve_key_file
             from serving.tritonserver.launcher import start_beside_gateway
-            triton = start_beside_gateway(settings.repository, {settings.grpc_port, settings.http_port}, args.triton_log)
+            settings.triton_key_file = serve_key_file(args.triton_key_file, args.state_dir)
+            triton = start_beside_gateway(settings.repository, {settings.grpc_port, settings.http_port}, args.triton_log,
+                                          access_for(settings.triton_key_file))
             settings.triton_url = triton.grpc_url
         code = asyncio.run(_serve(settings, args, triton))
     finally:
@@ -146,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             try:
-                log.info("Triton stopped (exit code %s)", triton.stop())
+                log.info("Triton stopped (exit code %s)", triton.close())
             finally:
                 signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, previous)

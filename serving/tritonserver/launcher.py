@@ -14,6 +14,13 @@ byte-compiled before start (the stub writes __pycache__ otherwise, which reloads
 Servers listen on 127.0.0.1 only; only processes started here are signalled, by PID. Each server
 gets a guard process (serving/tritonserver/watchdog.py) that stops it, its stubs and their shared memory
 if the process that started it dies without doing so.
+
+With a `TritonAccess` (what `routerkt serve` gives its Triton, docs/security.md), Triton's gRPC
+listens on a Unix socket in a private folder (mode 0700: no other user of the host can connect),
+its HTTP port is off, and model control, the repository, configs, statistics, shared memory,
+trace and logging answer only calls carrying the key header (Triton's --grpc-restricted-protocol;
+a gRPC client sends the header as `triton-grpc-protocol-<header>`). Only the metrics port stays on
+loopback TCP (read-only numbers).
 """
 from __future__ import annotations
 
@@ -21,6 +28,7 @@ import atexit
 import compileall
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,6 +43,7 @@ from typing import Sequence
 
 from routerkt.errors import UserError
 from serving.processes import free_port
+from serving.security.triton_access import RESTRICTED_GROUPS, TritonAccess
 from serving.tritonserver.install import STUB_NAME, TritonInstall, backend_dir, find_install, server_env
 from serving.tritonserver.procfs import alive, children, cmdline, mapped_files, start_time, wait_gone
 
@@ -63,8 +72,11 @@ class TritonServer:
 
     def __init__(self, repository: Path | str, ports: TritonPorts | None = None,
                  model_control: str = "explicit", log_path: Path | None = None,
-                 extra_args: Sequence[str] = (), exit_timeout_s: int = 10) -> None:
+                 extra_args: Sequence[str] = (), exit_timeout_s: int = 10,
+                 access: TritonAccess | None = None) -> None:
         self.repository = Path(repository).resolve()
+        self.access = access                  # restricted APIs keyed by a header; gRPC on a private socket
+        self._socket_dir: Path | None = None  # made on the first start, kept across restarts (close())
         self._auto_ports = ports is None
         self.ports = ports or TritonPorts(free_port(), free_port(), free_port())
         try:
@@ -90,6 +102,8 @@ class TritonServer:
             raise UserError(f"model repository {self.repository} is not a folder")
         install = find_install()
         backends = backend_dir(install)
+        if self.access is not None and self.access.unix_socket and self._socket_dir is None:
+            self._socket_dir = Path(tempfile.mkdtemp(prefix="routerkt-triton-"))   # mode 0700, short path
         compileall.compile_dir(str(self.repository), quiet=1)
         deadline = time.monotonic() + timeout
         for attempt in range(_PORT_RETRIES):
@@ -121,6 +135,14 @@ class TritonServer:
         self._after_exit()
         return proc.returncode
 
+    def close(self, timeout: float = 20.0) -> int:
+        """stop(), then remove the private socket folder (a later start() makes a new one); the exit code."""
+        code = self.stop(timeout=timeout)
+        if self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+            self._socket_dir = None
+        return code
+
     def kill(self) -> None:
         """SIGKILL the server (crash-recovery tests); orphaned stubs are killed too."""
         proc = self._proc
@@ -140,16 +162,31 @@ class TritonServer:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self.stop()
+        self.close()
 
     # -- addresses and processes -----------------------------------------------------------------
     @property
+    def socket_path(self) -> Path | None:
+        """The Unix socket Triton's gRPC listens on (Triton appends ":<port>" to the address it is
+        given), or None on loopback TCP."""
+        if self._socket_dir is None:
+            return None
+        return self._socket_dir / f"triton.sock:{self.ports.grpc}"
+
+    @property
+    def http_enabled(self) -> bool:
+        return self.access is None or not self.access.unix_socket
+
+    @property
     def grpc_url(self) -> str:
+        """The gRPC target: HOST:PORT, or unix:PATH for a socket (grpc's syntax; the path ends in :PORT)."""
+        if self.socket_path is not None:
+            return f"unix:{self.socket_path}"
         return f"{HOST}:{self.ports.grpc}"
 
     @property
-    def http_url(self) -> str:
-        return f"{HOST}:{self.ports.http}"
+    def http_url(self) -> str | None:
+        return f"{HOST}:{self.ports.http}" if self.http_enabled else None
 
     @property
     def metrics_url(self) -> str:
@@ -180,13 +217,20 @@ class TritonServer:
     # -- internals -------------------------------------------------------------------------------
     def command(self, install: TritonInstall, backends: Path) -> list[str]:
         """The tritonserver argv (without starting anything)."""
+        access = self.access
+        if access is not None and access.unix_socket:
+            folder = self._socket_dir or Path(tempfile.gettempdir()) / "routerkt-triton-<private>"
+            listen = [f"--grpc-address=unix:{folder / 'triton.sock'}", f"--grpc-port={self.ports.grpc}",
+                      "--allow-http=false"]
+        else:
+            listen = [f"--http-address={HOST}", f"--grpc-address={HOST}", f"--http-port={self.ports.http}",
+                      f"--grpc-port={self.ports.grpc}"]
         args = [
             str(install.server),
             f"--model-repository={self.repository}",
             f"--backend-directory={backends}",
             f"--cache-directory={install.caches}",
-            f"--http-address={HOST}", f"--grpc-address={HOST}", f"--metrics-address={HOST}",
-            f"--http-port={self.ports.http}", f"--grpc-port={self.ports.grpc}",
+            *listen, f"--metrics-address={HOST}",
             f"--metrics-port={self.ports.metrics}",
             "--allow-gpu-metrics=false", "--pinned-memory-pool-byte-size=0",
             "--metrics-config", "summary_latencies=true",
@@ -200,6 +244,11 @@ class TritonServer:
             args += ["--model-control-mode=explicit", "--load-model=*"]
         elif self.model_control is ModelControl.POLL:
             args += ["--model-control-mode=poll", "--repository-poll-secs=2"]
+        if access is not None:
+            restriction = f"{RESTRICTED_GROUPS}:{access.header}={access.key}"
+            args.append(f"--grpc-restricted-protocol={restriction}")
+            if self.http_enabled:
+                args.append(f"--http-restricted-api={restriction}")
         return args + self.extra_args
 
     def _spawn(self, install: TritonInstall, backends: Path) -> None:
@@ -213,25 +262,49 @@ class TritonServer:
             self._proc = subprocess.Popen(self.command(install, backends), stdin=subprocess.DEVNULL,
                                           stdout=log, stderr=subprocess.STDOUT,
                                           env=server_env(install), start_new_session=True)
-            self._watchdog = _start_watchdog(self._proc.pid, log)
+            self._watchdog = _start_watchdog(self._proc.pid, log, self._socket_dir)
         _LIVE.add(self)
 
     def _wait_ready(self, deadline: float) -> str | None:
-        url = f"http://{self.http_url}/v2/health/ready"
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))   # never via a proxy
-        while time.monotonic() < deadline:
-            code = self._proc.poll()
-            if code is not None:
-                return f"tritonserver exited with code {code}"
-            self._snapshot_shm()               # best effort: a failing load may exit uncleanly
-            try:
-                with opener.open(url, timeout=1.0) as response:
-                    if response.status == 200:
-                        return None
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.2)
+        ready = self._http_ready if self.http_enabled else self._grpc_ready()
+        try:
+            while time.monotonic() < deadline:
+                code = self._proc.poll()
+                if code is not None:
+                    return f"tritonserver exited with code {code}"
+                self._snapshot_shm()               # best effort: a failing load may exit uncleanly
+                if ready():
+                    return None
+                time.sleep(0.2)
+        finally:
+            getattr(ready, "close", lambda: None)()
         return "timed out waiting for /v2/health/ready"
+
+    def _http_ready(self) -> bool:
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))   # never via a proxy
+        try:
+            with opener.open(f"http://{self.http_url}/v2/health/ready", timeout=1.0) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def _grpc_ready(self):
+        """A callable: True once Triton's gRPC ServerReady says so (HTTP off); .close() ends it."""
+        import grpc
+        from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+        channel = grpc.insecure_channel(self.grpc_url, options=[   # the socket appears late: retry it fast
+            ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 200)])
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+
+        def ready() -> bool:
+            try:
+                return stub.ServerReady(service_pb2.ServerReadyRequest(), timeout=1.0).ready
+            except grpc.RpcError:
+                return False
+        ready.close = channel.close
+        return ready
 
     def _snapshot_shm(self, stub_pids: Sequence[int] | None = None) -> None:
         """Remember the python-backend shared-memory files our server (and stubs) map."""
@@ -264,14 +337,15 @@ class TritonServer:
             self.log_path = None
 
 
-def _start_watchdog(triton_pid: int, log) -> subprocess.Popen | None:
-    """serving/tritonserver/watchdog.py for the server `triton_pid` (None when /proc cannot name the processes)."""
+def _start_watchdog(triton_pid: int, log, socket_dir: Path | None = None) -> subprocess.Popen | None:
+    """serving/tritonserver/watchdog.py for the server `triton_pid` (None when /proc cannot name the
+    processes); `socket_dir`: its private socket folder, removed with an orphaned server."""
     own, triton = start_time(os.getpid()), start_time(triton_pid)
     if own is None or triton is None:
         return None
     return subprocess.Popen([sys.executable, "-m", "serving.tritonserver.watchdog", str(os.getpid()), own,
-                             str(triton_pid), triton], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=log, start_new_session=True)
+                             str(triton_pid), triton, *([str(socket_dir)] if socket_dir else [])],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
 
 
 def reap_stubs(stubs: dict[int, str], shm: set[str]) -> None:
@@ -303,32 +377,36 @@ def _stop_leftovers() -> None:
     """Stop servers this process started and never stopped (e.g. a test that crashed)."""
     for server in list(_LIVE):
         try:
-            server.stop(timeout=10.0)
+            server.close()
         except Exception:
             pass
 
 
-def start_beside_gateway(repository: Path, gateway_ports: set[int | None], log_path: Path | None) -> "TritonServer":
-    """Start tritonserver for `repository` on free loopback ports (never the gateway's) and wait until
-    it is ready; a failure is one UserError line (the tail of Triton's log goes to stderr)."""
+def start_beside_gateway(repository: Path, gateway_ports: set[int | None], log_path: Path | None,
+                         access: TritonAccess | None = None) -> "TritonServer":
+    """Start tritonserver for `repository` on free loopback ports (never the gateway's), guarded by
+    `access` (gRPC on a private Unix socket, restricted APIs), and wait until it is ready; a failure
+    is one UserError line (the tail of Triton's log goes to stderr)."""
     taken = gateway_ports
     ports = []
     while len(ports) < 3:                                       # free ports, never the gateway's
         port = free_port()
         if port not in taken and port not in ports:
             ports.append(port)
-    server = TritonServer(repository, ports=TritonPorts(*ports), log_path=log_path)
+    server = TritonServer(repository, ports=TritonPorts(*ports), log_path=log_path, access=access)
     log.info("Triton: starting tritonserver for %s", repository)
     try:
         server.start(timeout=180)
     except RuntimeError as exc:                                 # one line; the tail of Triton's log follows
-        server.stop()
+        server.close()
         head, _, tail = str(exc).partition("\n")
         print(tail, file=sys.stderr)
         raise UserError(f"{head} (Triton's log: {server.log_path})") from None
     except BaseException:
-        server.stop()
+        server.close()
         raise
-    log.info("Triton: gRPC %s, HTTP http://%s, metrics http://%s/metrics (pid %s, log %s)",
-             server.grpc_url, server.http_url, server.metrics_url, server.pid, server.log_path)
+    http = f"http://{server.http_url}" if server.http_url else "off"
+    restricted = f", {RESTRICTED_GROUPS} need the key header" if access is not None else ""
+    log.info("Triton: gRPC %s, HTTP %s, metrics http://%s/metrics (pid %s, log %s%s)",
+             server.grpc_url, http, server.metrics_url, server.pid, server.log_path, restricted)
     return server

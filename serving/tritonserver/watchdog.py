@@ -2,7 +2,9 @@
 dies without stopping it (SIGKILL, the OOM killer), the guard stops Triton, its python-backend
 stubs and their shared memory, so nothing of ours outlives `routerkt serve`.
 
-    python -m serving.tritonserver.watchdog OWNER_PID OWNER_START TRITON_PID TRITON_START
+    python -m serving.tritonserver.watchdog OWNER_PID OWNER_START TRITON_PID TRITON_START [SOCKET_DIR]
+
+SOCKET_DIR: the private folder of Triton's gRPC socket (TritonAccess), removed with it.
 
 PIDs with their start times (/proc/<pid>/stat field 22) name processes exactly (a reused PID has
 another start time). The guard runs in its own session (a Ctrl-C or a signal to the owner's
@@ -14,6 +16,7 @@ exits, and the gateway restarts Triton from worker threads (serving/tritonserver
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import time
@@ -43,12 +46,15 @@ def stop_orphaned(triton: int, triton_start: str) -> None:
 
 def main(argv: list[str]) -> int:
     owner, owner_start, triton, triton_start = int(argv[0]), argv[1], int(argv[2]), argv[3]
+    socket_dir = argv[4] if len(argv) > 4 else None
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     while alive(triton, triton_start):
         if not alive(owner, owner_start):
             print(f"routerkt: the process that started tritonserver (pid {owner}) is gone; stopping "
                   f"tritonserver (pid {triton}) and its stubs", file=sys.stderr, flush=True)
             stop_orphaned(triton, triton_start)
+            if socket_dir is not None:
+                shutil.rmtree(socket_dir, ignore_errors=True)
             return 0
         time.sleep(POLL_S)
     return 0

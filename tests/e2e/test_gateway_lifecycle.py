@@ -259,10 +259,13 @@ def test_a_sigkilled_serve_leaves_no_triton_and_no_stubs(kt_repository, tmp_path
         stubs = [pid for pid in children(triton_pid) if STUB_NAME in cmdline(pid)]
         shm = shm_files([triton_pid, *stubs])
         assert stubs and shm
+        (address,) = [a for a in cmdline(triton_pid).split() if a.startswith("--grpc-address=unix:")]
+        socket_folder = Path(address.split("unix:", 1)[1]).parent              # serve's private socket folder
         proc.kill()                                                   # no handler, no atexit: only the guard is left
         proc.wait(timeout=10)
         wait_for(lambda: not alive(triton_pid) and not any(alive(pid) for pid in stubs), 30,
                  "tritonserver and its stubs to be stopped by the guard")
         wait_for(lambda: not any(Path(p).exists() for p in shm), 10, "the stubs' shared memory to be removed")
+        wait_for(lambda: not socket_folder.exists(), 10, "Triton's socket folder to be removed")
     finally:
         stop_process(proc)

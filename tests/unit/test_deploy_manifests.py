@@ -26,6 +26,7 @@ kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="needs k
 from serving import cli_serve  # noqa: E402
 from serving.backends.triton.client import TRITON_KEY_HEADER  # noqa: E402
 from serving.security.guard import Guard  # noqa: E402
+from serving.security.triton_access import RESTRICTED_GROUPS  # noqa: E402
 from serving.sessions.redis_store import acl_rules  # noqa: E402
 from serving.settings import Settings  # noqa: E402
 from serving.tritonserver.install import TritonInstall  # noqa: E402
@@ -121,7 +122,7 @@ def check_triton_argv(argv: list[str], where: str, restricted: bool = True) -> s
         (value,) = [f.split("=", 1)[1] for f in flags if f.startswith(prefix)] or [None]
         assert value is not None, f"{where}: {prefix} restricts model control"
         groups, _, header = value.partition(":")
-        assert "model-repository" in groups.split(",") and header.split("=")[0] == TRITON_KEY_HEADER, where
+        assert groups == RESTRICTED_GROUPS and header.split("=")[0] == TRITON_KEY_HEADER, where   # as serve's Triton
     return repository[0]
 
 

@@ -79,3 +79,40 @@ def test_bad_model_control_and_unstarted_server(tmp_path: Path) -> None:
     assert server.stop() == 0
     with pytest.raises(UserError, match="not a folder"):
         tl.TritonServer(tmp_path / "missing").start(timeout=1)
+
+
+def test_access_puts_grpc_on_a_private_socket_turns_http_off_and_restricts_admin_apis(
+        install: tl.TritonInstall, tmp_path: Path) -> None:
+    from serving.security.triton_access import RESTRICTED_GROUPS, TritonAccess
+    access = TritonAccess("routerkt-triton-key", "k3y")
+    server = tl.TritonServer(tmp_path, ports=tl.TritonPorts(http=1001, grpc=1002, metrics=1003), access=access)
+    argv = server.command(install, tmp_path / "backends")
+    assert "--allow-http=false" in argv and not [a for a in argv if a.startswith(("--http-port", "--http-address"))]
+    assert [a for a in argv if a.startswith("--grpc-address=")][0].startswith("--grpc-address=unix:/")
+    assert f"--grpc-restricted-protocol={RESTRICTED_GROUPS}:routerkt-triton-key=k3y" in argv
+    assert "--metrics-address=127.0.0.1" in argv and server.http_url is None
+    assert "k3y" not in repr(access)
+    tcp = tl.TritonServer(tmp_path, ports=tl.TritonPorts(http=1001, grpc=1002, metrics=1003),
+                          access=TritonAccess("h", "k", unix_socket=False)).command(install, tmp_path)
+    assert "--http-address=127.0.0.1" in tcp and "--grpc-address=127.0.0.1" in tcp
+    assert f"--http-restricted-api={RESTRICTED_GROUPS}:h=k" in tcp and f"--grpc-restricted-protocol={RESTRICTED_GROUPS}:h=k" in tcp
+
+
+def test_serve_key_is_new_per_run_private_or_the_given_file(tmp_path: Path) -> None:
+    import stat
+    from serving.security.triton_access import (GRPC_HEADER_PREFIX, TRITON_KEY_HEADER, grpc_headers,
+                                                read_triton_key, serve_key_file)
+    first = serve_key_file(None, tmp_path / "state")
+    key = first.read_text().strip()
+    assert stat.S_IMODE(first.stat().st_mode) == 0o600 and len(key) == 64
+    assert serve_key_file(None, tmp_path / "state").read_text().strip() != key      # a new key per run
+    given = tmp_path / "given.key"
+    given.write_text("x-admin=s3cret\n")
+    assert serve_key_file(given, tmp_path / "state") == given
+    assert read_triton_key(given) == ("x-admin", "s3cret")
+    # Triton's gRPC server wants the header as triton-grpc-protocol-<name> (2.51, checked in tests/e2e)
+    assert grpc_headers(first) == {GRPC_HEADER_PREFIX + TRITON_KEY_HEADER: serve_key_file(first, tmp_path).read_text().strip()}
+    for bad in ("", "a b", "h=k:x", "h=k,y"):
+        given.write_text(bad)
+        with pytest.raises(UserError, match="--triton-key-file"):
+            serve_key_file(given, tmp_path / "state")

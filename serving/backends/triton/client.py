@@ -8,14 +8,14 @@ each call copies it and adds only the shapes and raw bytes of the inputs, instea
 tritonclient's InferInput objects and request anew (about 30 us less per call); the answer is read
 straight from the response's raw output bytes. Control calls (index, load, unload) use
 tritonclient's aio client and carry `control_headers` (the key of Triton's
---grpc-restricted-protocol for model-repository, from settings.triton_key_file). Both channels back off at most 1 s between reconnects, so a restarted
+--grpc-restricted-protocol for model-repository, from settings.triton_key_file, as the metadata
+`triton-grpc-protocol-<header>` Triton's gRPC server expects). Both channels back off at most 1 s between reconnects, so a restarted
 Triton on the same address is found again quickly. Tensor names and dtypes come from the
 contract's graph the model serves.
 """
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import grpc
 import numpy as np
@@ -24,9 +24,9 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from routerkt.contract.signature import Graph
-from routerkt.errors import UserError
 from serving.metrics import Metrics
 from serving.parts import BackendError, FailureKind
+from serving.security.triton_access import TRITON_KEY_HEADER, grpc_headers  # noqa: F401
 
 STUB_UNHEALTHY = "is not healthy"          # "Stub process '<model>_0_0' is not healthy."
 # Triton answers UNAVAILABLE, not NOT_FOUND, for a version it knows but has not READY (loading,
@@ -69,23 +69,11 @@ def channel_args() -> list[tuple[str, int]]:
     ]
 
 
-TRITON_KEY_HEADER = "routerkt-triton-key"   # the header the manifests' --grpc-restricted-protocol names
-
-
 def control_headers(key_file) -> dict[str, str] | None:
-    """{header: key} from a file holding KEY (header TRITON_KEY_HEADER) or "HEADER=KEY" (what
-    Triton's --grpc-restricted-protocol names after the colon), or None without a file. The key is
-    never logged."""
-    if key_file is None:
-        return None
-    try:
-        text = Path(key_file).read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"--triton-key-file {key_file}: cannot read it ({type(exc).__name__})") from None
-    header, sep, key = text.partition("=") if "=" in text else (TRITON_KEY_HEADER, "=", text)
-    if not header.strip() or not key:
-        raise UserError(f"--triton-key-file {key_file}: expected one line KEY or HEADER=KEY")
-    return {header.strip().lower(): key}
+    """The gRPC metadata proving the key of `key_file` (KEY or HEADER=KEY) to Triton's
+    --grpc-restricted-protocol (serving/security/triton_access.py), or None without a file. The key
+    is never logged."""
+    return grpc_headers(key_file)
 
 
 class TritonClient:
