@@ -22,7 +22,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="int8: dynamic int8 quantization of the weights (about 1.2x faster here; parity within 0.02)")
     p.add_argument("--fold", type=int, default=None, help="fold checkpoint to export (default: best validation AUC)")
     p.add_argument("--keep-versions", type=int, default=3, help="versions kept on disk (older ones are deleted)")
-    p.add_argument("--serve-versions", type=int, default=2, help="newest versions Triton serves (version policy)")
     p.add_argument("--max-batch-size", type=int, default=1024)
     p.add_argument("--instances", type=int, default=1, help="model instances")
     p.add_argument("--threads", type=int, default=TritonModelOptions.ort_intra_op_threads,
@@ -44,8 +43,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--preferred-batch-sizes {args.preferred_batch_sizes!r}: expected integers like 8,32,128") from None
     options = TritonModelOptions(max_batch_size=args.max_batch_size, instance_count=args.instances,
                                  ort_intra_op_threads=args.threads, max_queue_delay_us=args.queue_delay_us,
-                                 preferred_batch_sizes=preferred, warmup=not args.no_warmup, fp16=args.fp16,
-                                 version_policy_latest=args.serve_versions)
+                                 preferred_batch_sizes=preferred, warmup=not args.no_warmup, fp16=args.fp16)
     result = export_run(args.run, args.repository, name=args.name, version=args.version, backend=args.backend,
                         fold=args.fold, keep_versions=args.keep_versions, options=options, quantize=args.quantize,
                         fuse_attention=args.fuse_attention)

@@ -28,8 +28,7 @@ from export.onnx_export import (PARITY_TOL, ExportError, check_parity, check_ran
                                 ParityReport, export_rank_onnx, rank_batches)
 from export.repository import publish_version
 from export.triton_python_model import MODEL_PY
-from export.triton_config import (PARAM_N_QUESTIONS, PARAM_N_SKILLS, Backend, TritonModelOptions,
-                                  render_config)
+from export.triton_config import Backend, TritonModelOptions, publish_config, render_config
 from routerkt.contract import signature
 from routerkt.contract.model_info import ModelInfo
 from routerkt.errors import UserError
@@ -96,12 +95,14 @@ def export_run(run: Path, repository: Path, name: str | None = None, version: in
     provenance = {"run_id": str(meta.get("run_id", run.name)), "git_sha": str(meta.get("git_sha", "unknown")),
                   "valid_auc": f"{float(meta.get('valid_auc', float('nan'))):.6f}", "preset": cfg.preset,
                   "fold": str(meta.get("fold", "")), "epoch": str(meta.get("epoch", ""))}
-    options.parameters = {**options.parameters, PARAM_N_QUESTIONS: str(cfg.model.n_questions),
-                          PARAM_N_SKILLS: str(cfg.model.n_skills), **provenance}
+    # config.pbtxt gets no vocabulary sizes and no provenance: both are in the version's model_info.json
+    # (model.py reads its id bounds there), so a retrain whose vocabulary grew renders the same config
     # the explain graph rides on the rank model of the python backend (export/triton_python_model/model.py)
     options.explain = (options.backend is Backend.PYTHON and options.graph == signature.RANK.name
                        and explainable(ckpt.model))
     config_text = render_config(name, options)          # validates name and options before heavy work
+    served_config = repository / name / signature.CONFIG_FILE
+    config_text = publish_config(served_config.read_text() if served_config.is_file() else None, config_text)
     _check_served_graph(repository, name, options.graph)
 
     if options.backend is Backend.TENSORRT:

@@ -9,6 +9,14 @@ from `routerkt.contract.signature`. Three backends:
 - ONNXRUNTIME: Triton's native ORT backend for GPU deployments (NGC container), optionally with ORT's
   TensorRT execution accelerator (FP16 on request).
 - TENSORRT: a serialized TensorRT plan (`model.plan`, built on the GPU host; see export/tensorrt.py).
+
+Nothing in a generated config is specific to one version: Triton keeps ONE config.pbtxt per model,
+and a changed one makes it reload every version of the model (docs/operations.md, "Triton 2.51
+facts"). So the version policy is `all` (Triton serves every version folder in the repository; the
+repository's pruning decides what is served), and the python model reads its id bounds from its own
+version folder's model_info.json, not from the config. Two exports of the same preset, window,
+backend and graph render the same text, whatever their vocabularies; `publish_config` says which
+text a new version of an existing model is published with.
 """
 from __future__ import annotations
 
@@ -19,6 +27,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from routerkt.contract import signature
+from routerkt.contract.repository import parse_triton_config
 from routerkt.errors import UserError
 
 
@@ -28,15 +37,19 @@ class Backend(str, Enum):
     TENSORRT = "tensorrt"
 
 
-# Parameter keys read by export/triton_python_model/model.py (python backend). The vocabulary sizes are
-# the number of rows of the question / skill embeddings: valid ids are [0, N).
+# Parameter keys read by export/triton_python_model/model.py (python backend).
 PARAM_ORT_INTRA_OP_THREADS = "ORT_INTRA_OP_THREADS"
 PARAM_ORT_MEM_ARENA = "ORT_CPU_MEM_ARENA"
 PARAM_WINDOW = "WINDOW"
+PARAM_GRAPH = "GRAPH"            # which graph of the contract the python model serves: score | rank
+# Id bounds (rows of the question / skill embeddings: valid ids are [0, N)). model.py reads them from
+# its version folder's model_info.json (n_questions, n_skills); these parameters are only its fallback
+# for a version folder without them, and what the model.py copies of versions exported before that
+# read. Export no longer writes them (so a grown vocabulary leaves config.pbtxt unchanged);
+# `publish_config` keeps a served config's values for those older versions.
 PARAM_N_QUESTIONS = "N_QUESTIONS"
 PARAM_N_SKILLS = "N_SKILLS"
-PARAM_GRAPH = "GRAPH"            # which graph of the contract the python model serves: score | rank
-REQUIRED_PYTHON_PARAMETERS = (PARAM_N_QUESTIONS, PARAM_N_SKILLS)
+BOUND_PARAMETERS = (PARAM_N_QUESTIONS, PARAM_N_SKILLS)
 
 # Keys of Triton's native onnxruntime backend.
 ORT_BACKEND_INTRA_OP = "intra_op_thread_count"
@@ -82,8 +95,9 @@ class TritonModelOptions:
     warmup: bool = True                 # one zero-filled batch-1 request at load (0 = padding id)
     fp16: bool = False                  # ONNXRUNTIME: TensorRT accelerator in FP16
     trt_max_workspace_bytes: int = 1 << 30  # ONNXRUNTIME: TensorRT accelerator workspace
-    version_policy_latest: int = 2      # how many of the newest versions Triton serves
-    parameters: dict[str, str] = field(default_factory=dict)  # provenance + vocabulary sizes
+    # extra config parameters (the exporter adds none: a version's vocabulary and provenance are in its
+    # model_info.json, so that every export renders the same config)
+    parameters: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         try:
@@ -97,7 +111,6 @@ class TritonModelOptions:
         positive = {
             "max_batch_size": self.max_batch_size, "window": self.window,
             "instance_count": self.instance_count, "ort_intra_op_threads": self.ort_intra_op_threads,
-            "version_policy_latest": self.version_policy_latest,
             "trt_max_workspace_bytes": self.trt_max_workspace_bytes,
         }
         for key, value in positive.items():
@@ -120,13 +133,10 @@ class TritonModelOptions:
                 raise UserError(f"Triton parameter key {key!r} must match [A-Za-z0-9_.-]+")
             if not isinstance(value, str):
                 raise UserError(f"Triton parameter {key!r} must be a string, got {type(value).__name__}")
-        if self.backend is Backend.PYTHON:
-            for key in REQUIRED_PYTHON_PARAMETERS:
-                value = self.parameters.get(key, "")
-                if not value.isdigit() or int(value) < 1:
-                    raise UserError(
-                        f"the python backend needs parameter {key} (a positive integer vocabulary size), "
-                        f"got {value!r}")
+        for key in BOUND_PARAMETERS:          # optional: model.py's fallback bounds
+            value = self.parameters.get(key)
+            if value is not None and (not value.isdigit() or int(value) < 1):
+                raise UserError(f"Triton parameter {key} must be a positive integer vocabulary size, got {value!r}")
 
 
 def render_config(name: str, options: TritonModelOptions) -> str:
@@ -153,7 +163,7 @@ def build_config(name: str, options: TritonModelOptions) -> mc.ModelConfig:
         raise UserError(f"model name {name!r} must match [A-Za-z0-9_.-]+ and not start with '.'")
     options.validate()
     config = mc.ModelConfig(name=name, max_batch_size=options.max_batch_size)
-    config.version_policy.latest.num_versions = options.version_policy_latest
+    config.version_policy.all.SetInParent()     # every version folder of the repository (module docstring)
     graph = signature.GRAPHS[options.graph]
     dims = signature.served_dims(graph, options.window)
     for spec in graph.inputs:
@@ -222,3 +232,37 @@ def _add_warmup(config: mc.ModelConfig, graph: signature.Graph, window: int) -> 
         entry.data_type = mc.DataType.Value(graph.inputs[graph.input_names.index(name)].triton_dtype)
         entry.dims.extend(zeros.shape[1:])
         entry.zero_data = True
+
+
+def publish_config(served_text: str | None, new_text: str) -> str:
+    """The config.pbtxt text to publish a new version of an existing model with, given the text the
+    model is served with (`served_text`, None for a new model) and the new export's (`new_text`).
+
+    Equal texts: the served one (Triton then loads only the new version). A served python-backend
+    config that still carries N_QUESTIONS / N_SKILLS (written by exports before the bounds moved to
+    model_info.json) keeps those two values in the new text: the model.py copies of its older versions
+    read their bounds from there, and without them they would not load again. The result is
+    deterministic, so the next export of the same options finds it equal to the served text. Any other
+    difference (other inputs or outputs, backend, batching, window): the new text, and Triton reloads
+    every version of the model."""
+    if served_text is None or served_text == new_text:
+        return new_text if served_text is None else served_text
+    try:
+        served, new = parse_triton_config(served_text), parse_triton_config(new_text)
+    except UserError:
+        return new_text
+    legacy = {key: served.parameters[key].string_value for key in BOUND_PARAMETERS if key in served.parameters}
+    if (not legacy or served.backend != Backend.PYTHON.value or new.backend != Backend.PYTHON.value
+            or any(key in new.parameters for key in BOUND_PARAMETERS)):
+        return new_text
+    for key, value in legacy.items():
+        new.parameters[key].string_value = value
+    lines = new_text.splitlines(keepends=True)
+    header = next((i for i, line in enumerate(lines) if not line.startswith("#")), len(lines))
+    return "".join(lines[:header]) + text_format.MessageToString(new)
+
+
+def same_config(served_text: str, new_text: str) -> bool:
+    """True when a version exported with `new_text` is published under the served config unchanged
+    (`publish_config` returns the served text): Triton loads only the new version."""
+    return publish_config(served_text, new_text) == served_text

@@ -1,4 +1,5 @@
-"""config.pbtxt rendering: every backend renders, parses back, and carries the signature."""
+"""config.pbtxt rendering: every backend renders, parses back, and carries the signature; the version
+policy serves every version folder, and `publish_config` keeps a served config whenever it can."""
 from __future__ import annotations
 
 import pytest
@@ -7,7 +8,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from routerkt.contract import signature
 from export.triton_config import (
     HEADER, PARAM_N_QUESTIONS, PARAM_N_SKILLS, PARAM_ORT_INTRA_OP_THREADS, PARAM_WINDOW, WARMUP_NAME,
-    Backend, TritonModelOptions, build_config, render_config,
+    Backend, TritonModelOptions, build_config, publish_config, render_config, same_config,
 )
 from routerkt.contract.repository import parse_triton_config as parse_config
 from routerkt.errors import UserError
@@ -52,11 +53,11 @@ def _assert_batching_without_queue_policy(config: mc.ModelConfig, options: Trito
 @pytest.mark.parametrize("backend", list(Backend))
 def test_every_backend_round_trips_with_signature_and_batching(backend: Backend) -> None:
     options = _options(backend=backend, window=64, max_batch_size=256, preferred_batch_sizes=[32, 8],
-                       max_queue_delay_us=1500, instance_count=2, version_policy_latest=3)
+                       max_queue_delay_us=1500, instance_count=2)
     config = _round_trip("routerkt-akt", options)
     assert config.name == "routerkt-akt"
     assert config.max_batch_size == 256
-    assert config.version_policy.latest.num_versions == 3
+    assert config.version_policy.WhichOneof("policy_choice") == "all"      # every version folder is served
     _assert_signature(config, window=64)
     _assert_batching_without_queue_policy(config, options)
     assert [g.count for g in config.instance_group] == [2]
@@ -81,7 +82,7 @@ def test_defaults_match_the_measured_setup() -> None:
     assert list(config.input[0].dims) == [100]
     assert config.parameters[PARAM_ORT_INTRA_OP_THREADS].string_value == "1"      # `routerkt bench cost`
     assert config.instance_group[0].count == 1
-    assert config.version_policy.latest.num_versions == 2
+    assert config.version_policy.HasField("all")
     assert config.dynamic_batching.max_queue_delay_microseconds == 500
 
 
@@ -141,7 +142,8 @@ def test_rendered_text_names_where_its_runtime_settings_come_from() -> None:
     ({"max_batch_size": 0}, "max_batch_size"),
     ({"window": -1}, "window"),
     ({"max_queue_delay_us": -5}, "max_queue_delay_us"),
-    ({"parameters": {PARAM_N_SKILLS: "12"}}, PARAM_N_QUESTIONS),
+    ({"parameters": {PARAM_N_SKILLS: "0"}}, PARAM_N_SKILLS),
+    ({"parameters": {PARAM_N_QUESTIONS: "many"}}, PARAM_N_QUESTIONS),
     ({"parameters": {**VOCAB, PARAM_WINDOW: "50"}}, "conflicts"),
     ({"parameters": {**VOCAB, "bad key": "1"}}, "bad key"),
 ])
@@ -165,3 +167,68 @@ def test_vocabulary_sizes_are_optional_for_gpu_backends() -> None:
 def test_parse_config_reports_malformed_text() -> None:
     with pytest.raises(UserError, match="invalid config.pbtxt"):
         parse_config('name: "kt"\nmax_batch_size: "many"\n')
+
+
+def test_the_python_backend_needs_no_vocabulary_sizes() -> None:
+    """model.py reads its id bounds from the version's model_info.json: the config carries none."""
+    config = _round_trip("kt", TritonModelOptions(window=20, graph=signature.RANK.name))
+    assert PARAM_N_QUESTIONS not in config.parameters and PARAM_N_SKILLS not in config.parameters
+    assert config.backend == "python"
+
+
+# -- publish_config: which config.pbtxt a new version of a served model is published with ------------
+def _generated(**kwargs) -> str:
+    return render_config("kt", TritonModelOptions(window=20, graph=signature.RANK.name, **kwargs))
+
+
+def _legacy(n_questions: str = "4001", n_skills: str = "120") -> str:
+    """A config as exports wrote it before: the newest 2 versions, vocabulary sizes, provenance."""
+    config = parse_config(_generated())
+    config.version_policy.latest.num_versions = 2
+    for key, value in {PARAM_N_QUESTIONS: n_questions, PARAM_N_SKILLS: n_skills, **PROVENANCE}.items():
+        config.parameters[key].string_value = value
+    from google.protobuf import text_format
+    return HEADER + text_format.MessageToString(config)
+
+
+def test_an_unchanged_config_is_kept_byte_for_byte() -> None:
+    served = _generated()
+    assert publish_config(served, _generated()) is served
+    assert same_config(served, _generated())
+    assert publish_config(None, served) == served                       # a new model: its own config
+
+
+def test_a_legacy_config_is_replaced_once_keeping_its_bounds_for_the_older_versions() -> None:
+    served = _legacy()
+    published = publish_config(served, _generated())
+    assert not same_config(served, _generated())                        # the one-time migration to `all`
+    config = parse_config(published)
+    assert config.version_policy.HasField("all")
+    assert config.parameters[PARAM_N_QUESTIONS].string_value == "4001"  # their model.py copies read these
+    assert config.parameters[PARAM_N_SKILLS].string_value == "120"
+    assert "run_id" not in config.parameters                            # provenance lives in model_info.json
+    assert published.startswith(HEADER)
+    for key in (PARAM_N_QUESTIONS, PARAM_N_SKILLS):
+        del config.parameters[key]
+    assert config == parse_config(_generated())                         # otherwise the generated config
+    # deterministic: the next export (any vocabulary) finds the migrated config equal and keeps it
+    assert publish_config(published, _generated()) == published
+    assert same_config(published, _generated())
+
+
+def test_other_inputs_or_outputs_replace_the_config() -> None:
+    served = _generated()
+    with_explain = _generated(explain=True)
+    assert publish_config(served, with_explain) == with_explain and not same_config(served, with_explain)
+    migrated = publish_config(_legacy(), _generated())
+    changed = parse_config(publish_config(migrated, with_explain))       # the bounds still ride along
+    assert [t.name for t in changed.output] == list(signature.EXPLAIN.output_names)
+    assert changed.parameters[PARAM_N_QUESTIONS].string_value == "4001"
+
+
+def test_non_python_or_unreadable_served_configs_are_replaced() -> None:
+    gpu = render_config("kt", TritonModelOptions(backend=Backend.ONNXRUNTIME, window=20, graph=signature.RANK.name,
+                                                 parameters={PARAM_N_QUESTIONS: "7", PARAM_N_SKILLS: "3"}))
+    new = _generated()
+    assert publish_config(gpu, new) == new
+    assert publish_config("max_batch_size: many", new) == new
