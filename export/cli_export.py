@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from export.triton_config import TritonModelOptions
 from routerkt.errors import UserError
@@ -21,7 +22,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantize", default="none", choices=["none", "int8"],
                    help="int8: dynamic int8 quantization of the weights (about 1.2x faster here; parity within 0.02)")
     p.add_argument("--fold", type=int, default=None, help="fold checkpoint to export (default: best validation AUC)")
-    p.add_argument("--keep-versions", type=int, default=3, help="versions kept on disk (older ones are deleted)")
+    p.add_argument("--keep-versions", type=int, default=3,
+                   help="newest versions kept on disk; older ones are deleted unless the rollout policy names them")
+    p.add_argument("--policy-file", type=Path, default=Path(".routerkt") / "rollout.json",
+                   help="the rollout policy file the gateway watches: the versions it names are never deleted "
+                        "(default .routerkt/rollout.json)")
     p.add_argument("--max-batch-size", type=int, default=1024)
     p.add_argument("--instances", type=int, default=1, help="model instances")
     p.add_argument("--threads", type=int, default=TritonModelOptions.ort_intra_op_threads,
@@ -46,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
                                  preferred_batch_sizes=preferred, warmup=not args.no_warmup, fp16=args.fp16)
     result = export_run(args.run, args.repository, name=args.name, version=args.version, backend=args.backend,
                         fold=args.fold, keep_versions=args.keep_versions, options=options, quantize=args.quantize,
-                        fuse_attention=args.fuse_attention)
+                        fuse_attention=args.fuse_attention, policy_file=args.policy_file)
     print(json.dumps({"model": result.name, "version": result.version, "repository": str(result.repository),
                       "parity_max_abs_diff": result.parity_max_abs_diff, "files": result.files,
                       "fused_attention_cores": result.fused_attention_cores}))

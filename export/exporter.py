@@ -30,6 +30,7 @@ from export.repository import publish_version
 from export.triton_python_model import MODEL_PY
 from export.triton_config import Backend, TritonModelOptions, publish_config, render_config
 from routerkt.contract import signature
+from routerkt.contract.rollout_versions import read_named_versions
 from routerkt.contract.model_info import ModelInfo
 from routerkt.errors import UserError
 
@@ -74,7 +75,9 @@ def real_batches(config, vocab, n: int = 48) -> list[tuple[np.ndarray, np.ndarra
 def export_run(run: Path, repository: Path, name: str | None = None, version: int | None = None,
                backend: Backend = Backend.PYTHON, fold: int | None = None, keep_versions: int = 3,
                options: TritonModelOptions | None = None, quantize: str = "none", fuse_attention: bool = False,
-               log=print) -> ExportResult:
+               log=print, policy_file: Path | None = None) -> ExportResult:
+    """Export `run` and publish it in `repository`; versions beyond `keep_versions` are pruned except those the
+    rollout policy file `policy_file` names (a canary's baseline must stay loaded)."""
     from training.checkpoint import load_checkpoint
     from training.run import best_fold_dir
 
@@ -181,7 +184,9 @@ def export_run(run: Path, repository: Path, name: str | None = None, version: in
                                                       else float("nan")),
                          provenance={**provenance, "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
         files[signature.INFO_FILE] = info.save_bytes()
-        version = publish_version(repository, name, files, config_text, version=version, keep_versions=keep_versions)
+        protected = read_named_versions(policy_file).get(name, set())
+        version = publish_version(repository, name, files, config_text, version=version, keep_versions=keep_versions,
+                                  protected=protected)
     return ExportResult(name=name, version=version, repository=repository, parity_max_abs_diff=report.max_abs_diff,
                         parity_cases=report.cases, files=sorted(files),
                         rank_parity_max_abs_diff=rank_report.max_abs_diff, rank_parity_cases=rank_report.cases,

@@ -292,23 +292,16 @@ def _publish_and_canary(opts: RetrainOptions, state: dict, reference: int, candi
 
 
 def _config(served: Path, candidate: Path) -> tuple[str, str]:
-    """The config.pbtxt to publish with: the served one, unchanged, when the new version's vocabulary sizes fit
-    its limits (Triton then loads the new version beside the others), else the new one. A changed config makes
-    Triton reload every version, and Triton 2.51's python backend can crash when that happens under load
-    (docs/learning-loop.md, "Publishing")."""
-    from export.triton_config import PARAM_N_QUESTIONS, PARAM_N_SKILLS
-    from routerkt.contract.repository import parse_triton_config
-    try:
-        old, new = parse_triton_config(served.read_text()), parse_triton_config(candidate.read_text())
-        fits = all(int(new.parameters[k].string_value) <= int(old.parameters[k].string_value)
-                   for k in (PARAM_N_QUESTIONS, PARAM_N_SKILLS))
-        same_inputs = all([(t.name, tuple(t.dims)) for t in getattr(old, side)] ==
-                          [(t.name, tuple(t.dims)) for t in getattr(new, side)] for side in ("input", "output"))
-    except (OSError, KeyError, ValueError, UserError):
-        fits = same_inputs = False
-    if fits and same_inputs and old.backend == new.backend:
-        return served.read_text(), "kept (the served config; Triton loads only the new version)"
-    return candidate.read_text(), "replaced (the vocabulary grew: Triton reloads every version of the model)"
+    """The config.pbtxt to publish with (export/triton_config.py publish_config): the served one whenever only
+    the vocabulary changed (the id bounds live in each version's model_info.json), so Triton loads only the
+    new version; another config (other inputs or outputs, backend) makes Triton reload every version, while
+    the gateway holds the model's calls (docs/learning-loop.md, "Publishing")."""
+    from export.triton_config import publish_config
+    served_text = served.read_text() if served.is_file() else None
+    text = publish_config(served_text, candidate.read_text())
+    if text == served_text:
+        return text, "kept (the served config; Triton loads only the new version)"
+    return text, "replaced (inputs, outputs or backend differ: Triton reloads every version of the model)"
 
 
 def _unpublish(repository: Path, model: str, version: int) -> None:

@@ -101,7 +101,7 @@ def test_population_b_is_published_as_a_canary(stores, served, kt_repository, tm
     assert retrain(stores["b"], repo, policy, kt_repository, tmp_path) == 0
     report = json.loads((tmp_path / "retrain" / "report.json").read_text())
     assert report["candidate"]["log_loss"] < report["served"]["log_loss"] - 0.002
-    assert report["vocab"]["new_questions"] == 40 and report["config"].startswith("replaced")
+    assert report["vocab"]["new_questions"] == 40 and report["config"].startswith("kept")   # bounds: model_info.json
     assert list_versions(repo, "kt") == [1, 2]
     entry = json.loads(policy.read_text())["models"]["kt"]
     assert (entry["policy"], entry["baseline"], entry["candidate"], entry["weight"]) == ("canary", 1, 2, 0.1)
