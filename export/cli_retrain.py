@@ -6,8 +6,8 @@ import sys
 import time
 from pathlib import Path
 
-from export.retrain import CANARY_PATIENCE, DEFAULT_POLICY_FILE, MARGIN, WEIGHT, RetrainOptions
-from export.retrain_train import EPOCHS
+from export.retrain.run import CANARY_PATIENCE, DEFAULT_POLICY_FILE, MARGIN, WEIGHT, RetrainOptions
+from export.retrain.train import EPOCHS
 from routerkt.errors import UserError
 
 
@@ -49,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from export.retrain import retrain, write_report
+    from export.retrain.run import retrain, write_report
     from routerkt.timestamps import parse_time
     out = args.out or args.runs / f"retrain-{args.model}-{time.strftime('%Y%m%d-%H%M%S')}"   # the next warm start finds it
     opts = RetrainOptions(store=args.store, repository=args.repository, model=args.model, out=out, runs=args.runs,

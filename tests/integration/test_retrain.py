@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from export.retrain_lock import retrain_lock
+from export.retrain.lock import retrain_lock
 from routerkt.cli import main as routerkt_main
 from routerkt.contract.repository import list_versions
 from tests.conftest import TINY_OVERRIDES

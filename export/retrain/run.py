@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from export import retrain_commands as commands
-from export.retrain_lock import retrain_lock
-from export.retrain_private import private_data, sweep
+from export.retrain import commands
+from export.retrain.lock import retrain_lock
+from export.retrain.private import private_data, sweep
 from routerkt.atomic import atomic_write_bytes, atomic_write_json
 from routerkt.contract.repository import latest_version, list_versions, read_model_info, read_vocab, version_dir
 from routerkt.contract.signature import CONFIG_FILE
@@ -129,8 +129,8 @@ def retrain(opts: RetrainOptions, log=print) -> tuple[int, Report]:
 
 
 def _run(opts: RetrainOptions, report: Report, log) -> int:
-    from export.retrain_data import split_events
-    from export.retrain_score import score_model, score_version
+    from export.retrain.data import split_events
+    from export.retrain.score import score_model, score_version
     started = time.perf_counter()
     repo, out = Path(opts.repository), Path(opts.out)
     status = commands.rollout_status(opts.rollout())
@@ -231,8 +231,8 @@ def _canary(state: dict, status: dict, opts: RetrainOptions) -> dict | None:
 
 
 def _train(opts: RetrainOptions, info, served_vocab, train_csv: Path, out: Path, report: Report, log):
-    from export.retrain_train import build_config, train
-    from export.retrain_warm import find_served_run
+    from export.retrain.train import build_config, train
+    from export.retrain.warm import find_served_run
     served_fold = find_served_run(opts.runs, info)
     cfg = build_config(info, served_fold, opts.preset, train_csv, opts.epochs, opts.overrides)
     warm_fold = None

@@ -56,8 +56,8 @@ def build_config(info: ModelInfo, served_fold: Path | None, preset: str | None, 
 def train(cfg, served_vocab: Vocab, out: Path, warm_fold: Path | None, log) -> Trained:
     """Train one model on `cfg.data.path` into `out` (a run folder export_run reads)."""
     import torch
-    from export.retrain_data import grown_vocab
-    from export.retrain_warm import warm_start
+    from export.retrain.data import grown_vocab
+    from export.retrain.warm import warm_start
     from training import device as devices
     from training.data.pipeline import load_interactions, load_run_data
     from training.data.protocol import make_folds
