@@ -93,6 +93,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           help="require client certificates signed by this CA (mTLS)")
     security.add_argument("--api-keys", type=Path, default=None, metavar="FILE",
                           help="API keys file (`routerkt keys issue`); every call then needs a key with its scope")
+    security.add_argument("--auth-failure-burst", type=int, default=defaults.auth_failure_burst, metavar="N",
+                          help="failed key checks a client address (and a key id) may make at once before further "
+                               "failures answer RESOURCE_EXHAUSTED / 429; valid keys are never limited (0: no limit)")
+    security.add_argument("--auth-failure-rate", type=float, default=defaults.auth_failure_per_s, metavar="PER_S",
+                          help="failed key checks given back to each client address and key id a second")
     security.add_argument("--insecure", action="store_true",
                           help="allow a non-loopback --host without TLS or API keys (logged at every start)")
     security.add_argument("--triton-key-file", type=Path, default=None, metavar="FILE",
@@ -120,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
                         track_outcomes=not args.no_track_outcomes, outcome_ttl_s=args.outcome_ttl,
                         rollout_policy=args.rollout_policy or args.state_dir / "rollout.json",
                         tls_cert=args.tls_cert, tls_key=args.tls_key, tls_client_ca=args.tls_client_ca,
-                        api_keys=args.api_keys, insecure=args.insecure, triton_key_file=args.triton_key_file)
+                        api_keys=args.api_keys, insecure=args.insecure, triton_key_file=args.triton_key_file,
+                        auth_failure_burst=args.auth_failure_burst, auth_failure_per_s=args.auth_failure_rate)
     settings.validate()
     refuse_exposure(settings)                                   # before Triton starts
     if not args.store_wait:

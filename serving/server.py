@@ -50,6 +50,7 @@ from serving.rollout.policy import RolloutPolicy
 from serving.rollout.readiness import BackendReadiness
 from serving.security.api_keys import KeyFile
 from serving.security.exposure import refuse_exposure, warn_exposure
+from serving.security.failures import AuthFailures
 from serving.security.guard import Guard
 from serving.security.tls import TlsFiles
 from serving.sessions.history import RequestHistory, SessionHistory
@@ -250,9 +251,10 @@ def create_server(settings: Settings, *, metrics: Metrics | None = None, catalog
     Returns the server (not started) and the bound gRPC port (useful with settings.grpc_port = 0)."""
     settings.validate()
     refuse_exposure(settings)
-    guard = Guard(KeyFile(settings.api_keys) if settings.api_keys is not None else None)
     tls = TlsFiles(settings.tls_cert, settings.tls_key, settings.tls_client_ca) if settings.tls_cert else None
     metrics = metrics or Metrics(outcome_window_s=settings.outcome_window_s)
+    guard = Guard(KeyFile(settings.api_keys) if settings.api_keys is not None else None,
+                  AuthFailures(metrics.auth_failures, settings.auth_failure_burst, settings.auth_failure_per_s))
     catalog = catalog or (sessions.catalog if sessions is not None else ModelCatalog(settings.repository))
     if sessions is None and store is not None:
         if keys is None:

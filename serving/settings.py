@@ -109,6 +109,10 @@ class Settings:
     triton_key_file: Path | None = None           # file holding "<header>=<key>" sent on Triton's model-control
                                                   # calls (its --grpc-restricted-protocol); None = none sent
     max_deadline_s: float = 300.0                 # a caller's deadline beyond this is capped to it (never expired)
+    auth_failure_burst: int = 20                  # failed authentications a peer address (and a key id) may make
+                                                  # at once before further failures answer RESOURCE_EXHAUSTED
+                                                  # (429); 0 = no limit. Valid keys never wait (failures.py)
+    auth_failure_per_s: float = 1.0               # ... refilled at this many a second
 
     def validate(self) -> "Settings":
         """Raise UserError naming the first bad field; returns self."""
@@ -134,7 +138,7 @@ class Settings:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise UserError(f"settings.{name} must be a positive integer, got {value!r}")
-        positive_floats = ("default_deadline_s", "max_deadline_s", "probe_interval_s", "probe_timeout_s", "reload_timeout_s",
+        positive_floats = ("auth_failure_per_s", "default_deadline_s", "max_deadline_s", "probe_interval_s", "probe_timeout_s", "reload_timeout_s",
                            "repository_poll_s", "store_probe_s", "store_expiry_s", "http_body_timeout_s",
                            "outcome_ttl_s", "outcome_window_s", "outcome_flush_s", "rollout_poll_s",
                            "rollout_load_timeout_s")
@@ -149,7 +153,7 @@ class Settings:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
                 raise UserError(f"settings.{name} must be >= 0 seconds, got {value!r}")
-        for name in ("shed_min_inflight", "max_queued"):
+        for name in ("shed_min_inflight", "max_queued", "auth_failure_burst"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise UserError(f"settings.{name} must be an integer >= 0, got {value!r}")

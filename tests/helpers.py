@@ -35,3 +35,14 @@ def triton_rpc_error(status: str, message: str):
     import grpc
 
     return grpc.aio.AioRpcError(grpc.StatusCode[status], grpc.aio.Metadata(), grpc.aio.Metadata(), details=message)
+
+
+def grpc_status(call):
+    """The gRPC status code of `call()`: OK, or the code of the RpcError it raised."""
+    import grpc
+
+    try:
+        call()
+        return grpc.StatusCode.OK
+    except grpc.RpcError as exc:
+        return exc.code()

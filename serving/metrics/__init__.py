@@ -74,6 +74,7 @@ METRIC_NAMES = (
     "routerkt_triton_replica_up",
     "routerkt_triton_replica_inferences_total",
     "routerkt_triton_replica_retries_total",
+    "routerkt_auth_failures_total",
 )
 
 # Metrics read from Triton's own /metrics port (Triton 2.51; docs/operations.md, "Triton 2.51 facts"), plus the
@@ -210,6 +211,10 @@ class Metrics:
         self.triton_replica_retries = Counter(
             "routerkt_triton_replica_retries", "Inferences retried once on another Triton replica, by the kind "
             "of the first failure (unavailable, stub_crashed, not_loaded).", ("reason",), registry=r)
+        self.auth_failures = Counter(
+            "routerkt_auth_failures", "Calls refused for their API key, by transport and reason (missing, malformed, "
+            "invalid, denied: a key without the scope; limited: a failure over the per-peer / per-key-id limit).",
+            ("transport", "reason"), registry=r)
         self.build_info = Gauge(
             "routerkt_build_info", "Always 1; the labels say which build of the gateway runs.",
             ("version", "git_sha"), registry=r)

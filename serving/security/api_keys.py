@@ -104,6 +104,10 @@ class KeyFile:
         ok = hmac.compare_digest(digest(secret), key.sha256 if key is not None else _DUMMY)
         return key if ok and key is not None and secret else None
 
+    def known(self, key_id: str) -> bool:
+        """Whether `key_id` names a key in force (for the log of a failure; never told to callers)."""
+        return key_id in self._keys
+
     def __len__(self) -> int:
         return len(self._keys)
 

@@ -71,7 +71,7 @@ def add_to_server(servicer: "KnowledgeTracingServicer", server: grpc.aio.Server)
         response_type = getattr(pb, method.output_type.name)
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
             _handler(getattr(servicer, method.name), servicer.default_deadline_s, servicer.max_deadline_s,
-                     servicer.guard, grpc_scope(f"/{SERVICE.full_name}/{method.name}")),
+                     servicer.guard, f"/{SERVICE.full_name}/{method.name}"),
             request_deserializer=_decoder(request_type, servicer.undecodable(method.name)),
             response_serializer=response_type.SerializeToString)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),))
@@ -260,13 +260,16 @@ class KnowledgeTracingServicer:
         return self.sessions
 
 
-def _handler(method, default_deadline_s: float, max_deadline_s: float, guard: Guard, scope: str):
-    """The one frame of every RPC: the caller's key and scope (serving/security/), decoded body, the
-    call's deadline (none: the default; beyond max_deadline_s: capped, never expired), ServingError
-    -> status."""
+def _handler(method, default_deadline_s: float, max_deadline_s: float, guard: Guard, full_name: str):
+    """The one frame of every RPC: the caller's key and scope (serving/security/; before the body
+    is looked at: an undecodable body without a key is UNAUTHENTICATED), decoded body, the call's
+    deadline (none: the default; beyond max_deadline_s: capped, never expired), ServingError ->
+    status."""
+    scope = grpc_scope(full_name)
+
     async def handle(request, context: grpc.aio.ServicerContext):
         try:
-            guard.check_grpc(scope, context.invocation_metadata())
+            guard.check_grpc(scope, context, full_name)
             if isinstance(request, Undecodable):
                 raise errors.invalid_argument("body", f"the request body is not a valid {request.type_name}")
             remaining = context.time_remaining()

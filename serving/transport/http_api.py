@@ -16,9 +16,10 @@
 The JSON calls run the same PredictionService as gRPC (same validation, limits, in-flight slots):
 this module only turns JSON bodies into PredictQuery (serving/requests.py) and results back.
 Errors are {"error": {"code": <gRPC code name>, "message", "field"}} with HTTP 400 (INVALID_ARGUMENT,
-also for malformed JSON / wrong types), 401 (no valid API key), 403 (the key lacks the route's scope:
+also for malformed JSON / wrong types), 401 (no valid API key; checked before the body is read, so
+a malformed body without a key is 401), 403 (the key lacks the route's scope:
 serving/security/scopes.py), 404 (NOT_FOUND), 413 (body over the size limit), 429
-(RESOURCE_EXHAUSTED), 503 (UNAVAILABLE), 504 (DEADLINE_EXCEEDED), 500 (INTERNAL). The deadline is
+(RESOURCE_EXHAUSTED; also failed keys over the limit of serving/security/failures.py), 503 (UNAVAILABLE), 504 (DEADLINE_EXCEEDED), 500 (INTERNAL). The deadline is
 settings.default_deadline_s unless the `X-Request-Timeout` header gives one in seconds (capped at
 MAX_REQUEST_TIMEOUT_S, 60). Input is strict: JSON integers only (no bool, string or float for an id
 or `correct`), text without lone surrogates, a body of at most 4x max_message_bytes also when
@@ -36,6 +37,7 @@ import numpy as np
 from fastapi import Depends, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -47,6 +49,7 @@ from serving.mastery import MasteryQuery, MasteryService
 from serving.recommend import RecommendQuery
 from serving.requests import DEFAULT_MAX_SKILLS, Deadline, LearnerQuery, PredictQuery, column_arrays, skill_sets
 from serving.security.audit import audit
+from serving.security.failures import peer_address
 from serving.security.scopes import http_scope
 
 log = logging.getLogger("routerkt.gateway.http")
@@ -101,6 +104,41 @@ class BodyGuard:
             scope, receive, send)
 
 
+class AuthGate:
+    """ASGI middleware outside BodyGuard: every route's key and scope (serving/security/scopes.py)
+    before any of the body is read or parsed; 401 / 403 (429 over the failure limit,
+    serving/security/failures.py), counted in routerkt_errors_total like the calls' own errors. A
+    path no route takes goes on (404 / 405 as before); without a keys file everything goes on."""
+
+    def __init__(self, app, guard, router, metrics) -> None:
+        self.app, self.guard, self.router, self.metrics = app, guard, router, metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or not self.guard.enabled:
+            await self.app(scope, receive, send)
+            return
+        route = next((r for r in self.router.routes if r.matches(scope)[0] is Match.FULL), None)
+        if route is None:
+            await self.app(scope, receive, send)
+            return
+        method = scope["method"]
+        authorization = next((value.decode("latin-1") for name, value in scope.get("headers") or ()
+                              if name == b"authorization"), None)
+        try:
+            self.guard.check(http_scope(method, route.path), authorization,
+                             lambda: peer_address((scope.get("client") or ("-",))[0]), "http",
+                             f"{method[:8]} {route.path}")
+        except ServingError as exc:
+            scope["route"] = route                       # the request counter names the route
+            self.metrics.errors.labels(code=exc.code_name).inc()
+            response = _error(exc)
+            if method not in ("GET", "HEAD"):            # its body stays unread: no reuse of the connection
+                response.headers["Connection"] = "close"
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
 def create_app(endpoints: Endpoints) -> FastAPI:
     """The FastAPI app over a gateway's endpoints. One error mapping for every route: a ServingError
     raised anywhere (the deadline header, the service) becomes the JSON error with its HTTP status."""
@@ -111,22 +149,13 @@ def create_app(endpoints: Endpoints) -> FastAPI:
     max_skills = settings.max_skills_per_interaction
     guard = endpoints.guard
 
-    async def authorise(request: Request) -> None:
-        """Every route's key and scope (serving/security/scopes.py); 401 / 403 otherwise."""
-        if guard.enabled:
-            route = request.scope.get("route")
-            try:
-                guard.check(http_scope(request.method, getattr(route, "path", "")), request.headers.get("authorization"))
-            except ServingError as exc:
-                metrics.errors.labels(code=exc.code_name).inc()
-                raise
-
-    app = FastAPI(title="RouterKT gateway", version="1", dependencies=[Depends(authorise)],
+    app = FastAPI(title="RouterKT gateway", version="1",
                   description="JSON mirror of routerkt.v1.KnowledgeTracingService, plus health and metrics.")
     last_disconnect_log = [-DISCONNECT_LOG_EVERY_S]
 
     app.add_middleware(BodyGuard, max_bytes=settings.max_message_bytes * JSON_SIZE_FACTOR,
                        read_timeout_s=settings.http_body_timeout_s, metrics=metrics)
+    app.add_middleware(AuthGate, guard=guard, router=app.router, metrics=metrics)    # outside BodyGuard
 
     @app.middleware("http")
     async def count(request: Request, call_next):

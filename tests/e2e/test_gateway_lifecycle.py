@@ -28,6 +28,7 @@ from serving.settings import Settings
 from serving.processes import free_port
 from serving.tritonserver.launcher import TritonPorts, TritonServer
 
+from tests.helpers import grpc_status as code_of
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -83,14 +84,6 @@ def heavy_batch(vocab) -> pb.PredictBatchRequest:
     learner = pb.LearnerRequest(history=[pb.Interaction(question_id=q[i], correct=i % 2) for i in range(30)],
                                 candidates=[pb.Candidate(question_id=q[i]) for i in range(64)])
     return pb.PredictBatchRequest(model="kt", learners=[learner] * 64)
-
-
-def code_of(call) -> grpc.StatusCode:
-    try:
-        call()
-        return grpc.StatusCode.OK
-    except grpc.RpcError as exc:
-        return exc.code()
 
 
 def alive(pid: int) -> bool:

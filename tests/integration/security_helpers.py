@@ -99,6 +99,9 @@ class FakeBackend:
     def ready_models(self) -> dict[str, list[int]]:
         return {"kt": [1]}
 
+    async def ensure_ready(self, model: str, version: int, timeout_s: float) -> bool:
+        return version in self.ready_versions(model)
+
     def unavailable_reason(self, model: str) -> str | None:
         return None
 

@@ -53,7 +53,9 @@ def gateway(handmade_repository, tmp_path_factory):
     folder = tmp_path_factory.mktemp("scopes")
     tokens = issue_all(folder / "keys.jsonl")
     settings = Settings(repository=handmade_repository, grpc_port=0, http_port=0, grace_period_s=0.5,
-                        api_keys=folder / "keys.jsonl", rollout_policy=folder / "rollout.json")
+                        api_keys=folder / "keys.jsonl", rollout_policy=folder / "rollout.json",
+                        auth_failure_burst=0)    # the matrix fails hundreds of times from one address;
+                                                 # the limit: tests/integration/test_security_failures.py
     gw = ThreadedGateway(settings, backend=FakeBackend(), store=SqliteStore(folder / "sessions.sqlite3"),
                          keys=LearnerKeys(b"k" * 32)).start()
     channel = grpc.insecure_channel(f"127.0.0.1:{gw.grpc_port}")

@@ -1,0 +1,151 @@
+"""Failed keys are seen and slowed, over real gRPC and HTTP (serving/security/failures.py): every
+failure is counted by transport and reason with no key material in the labels, logged at a bounded
+rate with the peer and the key id (PERMISSION_DENIED on ForgetLearner included), limited per peer
+and per key id (RESOURCE_EXHAUSTED / 429 past the budget) while a valid key from the same address
+still passes at once; and HTTP checks the key before it reads or parses the body."""
+from __future__ import annotations
+
+import logging
+import re
+import socket
+import time
+
+import grpc
+import httpx
+import pytest
+
+from serving.api import knowledge_tracing_pb2 as pb
+from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
+from serving.server import ThreadedGateway
+from serving.sessions.keys import LearnerKeys
+from serving.sessions.sqlite_store import SqliteStore
+from serving.settings import Settings
+from tests.helpers import grpc_status as code
+from tests.integration.security_helpers import FakeBackend, issue_all
+
+pytestmark = pytest.mark.integration
+
+REQUEST = pb.PredictRequest(model="kt", history=[pb.Interaction(question_id=100, skill_id=7, correct=1)],
+                            candidates=[pb.Candidate(question_id=101)])
+BODY = {"model": "kt", "history": [{"question_id": 100, "skill_id": 7, "correct": 1}],
+        "candidates": [{"question_id": 101}]}
+
+
+def start(repository, folder, **overrides) -> tuple[ThreadedGateway, dict[str, str]]:
+    tokens = issue_all(folder / "keys.jsonl")
+    settings = Settings(repository=repository, grpc_port=0, http_port=0, grace_period_s=0.5,
+                        api_keys=folder / "keys.jsonl", **overrides)
+    gw = ThreadedGateway(settings, backend=FakeBackend(), store=SqliteStore(folder / "sessions.sqlite3"),
+                         keys=LearnerKeys(b"k" * 32)).start()
+    return gw, tokens
+
+
+def failures(http: httpx.Client) -> dict[tuple[str, str], float]:
+    text = http.get("/metrics").text
+    return {(t, r): float(v) for t, r, v in
+            re.findall(r'^routerkt_auth_failures_total\{reason="(\w+)",transport="(\w+)"\} (\S+)$', text, re.M)
+            for t, r in [(r, t)]}
+
+
+def test_failures_are_counted_and_logged_with_peer_and_key_id_on_both_transports(handmade_repository, tmp_path,
+                                                                                  caplog) -> None:
+    caplog.set_level(logging.INFO, logger="routerkt.security")
+    gw, tokens = start(handmade_repository, tmp_path, auth_failure_burst=0)
+    secret = tokens["admin"].split(".", 1)[1]
+    wrong = "Bearer admin.x" + secret[1:]
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{gw.grpc_port}") as channel, \
+                httpx.Client(base_url=f"http://127.0.0.1:{gw.http_port}", timeout=10, trust_env=False) as http:
+            stub = pb_grpc.KnowledgeTracingServiceStub(channel)
+            assert code(lambda: stub.Predict(REQUEST, timeout=5)) is grpc.StatusCode.UNAUTHENTICATED
+            assert code(lambda: stub.Predict(REQUEST, timeout=5, metadata=(("authorization", wrong),))) \
+                is grpc.StatusCode.UNAUTHENTICATED
+            assert code(lambda: stub.Predict(REQUEST, timeout=5, metadata=(("authorization", tokens["admin"]),))) \
+                is grpc.StatusCode.UNAUTHENTICATED                                          # not "Bearer ..."
+            denied = stub.ForgetLearner
+            assert code(lambda: denied(pb.ForgetLearnerRequest(learner_id="l1"), timeout=5, metadata=(
+                ("authorization", f"Bearer {tokens['predict']}"),))) is grpc.StatusCode.PERMISSION_DENIED
+            assert http.post("/v1/predict", json=BODY).status_code == 401
+            assert http.post("/v1/predict", json=BODY, headers={"authorization": wrong}).status_code == 401
+            assert http.get("/v1/rollout", headers={"authorization": f"Bearer {tokens['observe']}"}).status_code == 403
+            counted = failures(http)
+            metrics_text = http.get("/metrics").text
+    finally:
+        gw.stop(0.5)
+    assert counted == {("grpc", "missing"): 1, ("grpc", "invalid"): 1, ("grpc", "malformed"): 1,
+                       ("grpc", "denied"): 1, ("http", "missing"): 1, ("http", "invalid"): 1, ("http", "denied"): 1}
+    logged = [r.getMessage() for r in caplog.records if r.name == "routerkt.security"]
+    forget = [m for m in logged if "ForgetLearner" in m]
+    assert forget and "key id predict" in forget[0] and "from 127.0.0.1" in forget[0] and "lacking the scope" in forget[0]
+    assert any("(http)" in m and "an invalid API key" in m and "key id admin" in m and "POST /v1/predict" in m
+               for m in logged)
+    assert any("(http)" in m and "key id observe" in m and "GET /v1/rollout" in m for m in logged)
+    everything = "\n".join(logged) + metrics_text
+    for token in tokens.values():
+        assert token.split(".", 1)[1] not in everything and secret[1:] not in everything
+
+
+def test_log_lines_are_bounded_and_the_limit_spares_valid_keys(handmade_repository, tmp_path, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="routerkt.security")
+    gw, tokens = start(handmade_repository, tmp_path, auth_failure_burst=5, auth_failure_per_s=0.01)
+    secret = tokens["predict"].split(".", 1)[1]
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{gw.grpc_port}") as channel, \
+                httpx.Client(base_url=f"http://127.0.0.1:{gw.http_port}", timeout=10, trust_env=False) as http:
+            stub = pb_grpc.KnowledgeTracingServiceStub(channel)
+            codes = [code(lambda i=i: stub.Predict(REQUEST, timeout=5, metadata=(
+                ("authorization", f"Bearer predict.guess{i}{secret}"),))) for i in range(200)]
+            assert codes[:5] == [grpc.StatusCode.UNAUTHENTICATED] * 5
+            assert set(codes[5:]) == {grpc.StatusCode.RESOURCE_EXHAUSTED}
+            # the same address with a valid key: answered at once, whatever its failures
+            valid = (("authorization", f"Bearer {tokens['predict']}"),)
+            assert [code(lambda: stub.Predict(REQUEST, timeout=5, metadata=valid)) for _ in range(20)] == \
+                [grpc.StatusCode.OK] * 20
+            over = http.post("/v1/predict", json=BODY, headers={"authorization": "Bearer predict.nope"})
+            assert over.status_code == 429 and over.headers.get("retry-after") == "1"
+            ok = http.post("/v1/predict", json=BODY, headers={"authorization": f"Bearer {tokens['predict']}"})
+            assert ok.status_code == 200
+            counted = failures(http)
+    finally:
+        gw.stop(0.5)
+    assert counted[("grpc", "invalid")] == 5 and counted[("grpc", "limited")] == 195
+    logged = [r.getMessage() for r in caplog.records if r.name == "routerkt.security"
+              and r.getMessage().startswith("authentication failure (grpc)")]
+    assert 2 <= len(logged) <= 10, logged          # 200 failures within seconds: a few lines, one per second at most
+
+
+def test_http_checks_the_key_before_the_body(handmade_repository, tmp_path) -> None:
+    gw, tokens = start(handmade_repository, tmp_path, auth_failure_burst=0, http_body_timeout_s=2.0)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{gw.http_port}", timeout=10, trust_env=False) as http:
+            malformed = {"content-type": "application/json"}
+            assert http.post("/v1/predict", content=b"{not json", headers=malformed).status_code == 401
+            keyed = {**malformed, "authorization": f"Bearer {tokens['predict']}"}
+            assert http.post("/v1/predict", content=b"{not json", headers=keyed).status_code == 400
+            assert http.get("/no/such/path").status_code == 404                     # unknown paths as before
+        # a body announced but never sent: without a key the answer comes at once (401), not after
+        # the body's read timeout (408: what a keyed caller gets)
+        for headers, status in (("", 401), (f"authorization: Bearer {tokens['predict']}\r\n", 408)):
+            with socket.create_connection(("127.0.0.1", gw.http_port), timeout=15) as sock:
+                sock.sendall(f"POST /v1/predict HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                             f"{headers}content-length: 100000\r\n\r\n{{".encode())
+                started = time.monotonic()
+                answer = sock.recv(4096).decode("latin-1")
+            assert answer.startswith(f"HTTP/1.1 {status} "), answer
+            assert (time.monotonic() - started < 1.0) == (status == 401)
+    finally:
+        gw.stop(0.5)
+
+
+def test_token_buckets_refill_and_stay_bounded() -> None:
+    from serving.security.failures import TokenBuckets
+    now = [0.0]
+    buckets = TokenBuckets(burst=3, per_s=1.0, clock=lambda: now[0], max_tracked=100)
+    assert [buckets.take("a") for _ in range(4)] == [True, True, True, False]
+    assert buckets.take("b")                                   # another name has its own budget
+    now[0] += 1.0
+    assert buckets.take("a") and not buckets.take("a")         # one token back after a second
+    for i in range(1000):                                      # many names: forgotten once full again
+        now[0] += 0.01
+        buckets.take(f"peer-{i}")
+    assert len(buckets) <= 101
