@@ -1,12 +1,18 @@
-"""`routerkt bench security`: what TLS + API-key authentication cost, against a plain gateway, side by side.
+"""`routerkt bench security`: what TLS + API-key authentication cost, and what the limit on failed
+keys costs the authorised callers, side by side.
 
-One Triton, two in-process gateways over it, identical except that one serves TLS (a certificate
+One Triton, three in-process gateways over it: `plain`; `secure`, which serves TLS (a certificate
 made for this run with the `openssl` command, under OUT/pki) and checks an API key (a `predict`
-key issued into OUT/pki/keys.jsonl). Callers send stateless Predict calls (a 50-interaction
-history, 4 candidates) for --seconds per phase; the phases alternate plain / secure for --rounds
-rounds at 1 and at 32 callers, so machine noise falls on both alike. Each secure caller holds its
-own TLS channel (the handshake is paid once per channel, as a client with a pooled channel does).
-Prints p50 / p99 / calls per second per mode and the secure/plain ratios; writes OUT/security.json.
+key issued into OUT/pki/keys.jsonl) with the limit on failed keys off; and `limited`, the same with
+the limit on (Settings defaults: 20 failures per address and key id, 1 a second back;
+serving/security/failures.py). Callers send stateless Predict calls (a 50-interaction history, 4
+candidates) for --seconds per phase; the phases rotate plain / secure / limited for --rounds
+rounds at each caller count, so machine noise falls on all alike. During the secure and limited
+phases --attackers more threads send Predict with a wrong key, back to back, from the same address
+as the authorised callers (the limit answers them RESOURCE_EXHAUSTED; the secure gateway
+UNAUTHENTICATED). Each caller holds its own channel (the TLS handshake is paid once per channel, as
+a client with a pooled channel does). Prints p50 / p99 / calls per second per mode, the ratios to
+plain and limited/secure, and the spread of the per-round p50s; writes OUT/security.json.
 """
 from __future__ import annotations
 
@@ -27,14 +33,17 @@ from loadtest.harness import add_common_flags, start_gateway, start_triton, stop
 from loadtest.learners import load_vocabulary
 from routerkt.errors import UserError
 
-MODES = ("plain", "secure")
+MODES = ("plain", "secure", "limited")
+KEYED = ("secure", "limited")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_common_flags(p, "security")
     p.add_argument("--callers", default="1,32", help="comma-separated caller counts")
     p.add_argument("--seconds", type=float, default=5.0, help="length of one phase")
-    p.add_argument("--rounds", type=int, default=3, help="plain/secure alternations per caller count")
+    p.add_argument("--rounds", type=int, default=3, help="plain/secure/limited rotations per caller count")
+    p.add_argument("--attackers", type=int, default=1,
+                   help="threads sending wrong keys during the secure and limited phases (0: none)")
 
 
 def _openssl(*args: str) -> None:
@@ -56,12 +65,15 @@ def make_pki(folder: Path) -> tuple[Path, Path, Path]:
     return ca, cert, key
 
 
-def _phase(channels: list, request, seconds: float) -> tuple[list[float], float]:
-    """Every channel's caller sends `request` back to back for `seconds`; (latencies in ms, calls/s)."""
+def _phase(channels: list, request, seconds: float, attackers: list | None = None) -> tuple[list[float], float, dict]:
+    """Every channel's caller sends `request` back to back for `seconds` while each `attackers`
+    channel sends it with a wrong key; (latencies in ms, calls/s, the attackers' status counts)."""
+    import grpc
     from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
 
     latencies: list[list[float]] = [[] for _ in channels]
     failures: list[str] = []
+    refused: dict[str, int] = {}
     stop_at = time.monotonic() + seconds
 
     def caller(i: int) -> None:
@@ -75,7 +87,18 @@ def _phase(channels: list, request, seconds: float) -> tuple[list[float], float]
                 return
             latencies[i].append((time.perf_counter() - started) * 1000)
 
+    def attacker(channel) -> None:
+        stub = pb_grpc.KnowledgeTracingServiceStub(channel)
+        while time.monotonic() < stop_at:
+            try:
+                stub.Predict(request, timeout=10)
+                code = "OK"
+            except grpc.RpcError as exc:
+                code = exc.code().name
+            refused[code] = refused.get(code, 0) + 1
+
     threads = [threading.Thread(target=caller, args=(i,)) for i in range(len(channels))]
+    threads += [threading.Thread(target=attacker, args=(channel,)) for channel in attackers or ()]
     started = time.monotonic()
     for t in threads:
         t.start()
@@ -84,7 +107,7 @@ def _phase(channels: list, request, seconds: float) -> tuple[list[float], float]
     if failures:
         raise UserError(f"{len(failures)} calls failed ({failures[0]}); the benchmark counts only successes")
     flat = [x for per in latencies for x in per]
-    return flat, len(flat) / (time.monotonic() - started)
+    return flat, len(flat) / (time.monotonic() - started), refused
 
 
 def run(args: argparse.Namespace) -> int:
@@ -93,8 +116,8 @@ def run(args: argparse.Namespace) -> int:
     from serving.security.api_keys import issue_key
 
     callers = [int(c) for c in args.callers.split(",") if c.strip()]
-    if not callers or min(callers) < 1 or args.seconds <= 0 or args.rounds < 1:
-        raise UserError("--callers must list counts >= 1, --seconds > 0 and --rounds >= 1")
+    if not callers or min(callers) < 1 or args.seconds <= 0 or args.rounds < 1 or args.attackers < 0:
+        raise UserError("--callers must list counts >= 1, --seconds > 0, --rounds >= 1 and --attackers >= 0")
     vocabulary = load_vocabulary(args.repository, args.model)
     questions = vocabulary.questions
     args.out.mkdir(parents=True, exist_ok=True)
@@ -110,37 +133,55 @@ def run(args: argparse.Namespace) -> int:
         stop_children_on_sigterm(stack)
         repository = args.repository.resolve()
         triton = start_triton(stack, repository, args.out)
+        secure = {"tls_cert": cert, "tls_key": key, "api_keys": keys}
         targets = {"plain": start_gateway(stack, repository, vocabulary.model, triton.grpc_url),
-                   "secure": start_gateway(stack, repository, vocabulary.model, triton.grpc_url,
-                                           tls_cert=cert, tls_key=key, api_keys=keys)}
+                   "secure": start_gateway(stack, repository, vocabulary.model, triton.grpc_url, **secure,
+                                           auth_failure_burst=0),
+                   "limited": start_gateway(stack, repository, vocabulary.model, triton.grpc_url, **secure)}
         ca_pem = ca.read_bytes()
+        wrong = token.split(".", 1)[0] + ".not-the-secret"
         for n in callers:
             channels = {"plain": [connect(targets["plain"]) for _ in range(n)],
-                        "secure": [connect(targets["secure"], api_key=token, tls_ca=ca_pem) for _ in range(n)]}
+                        **{m: [connect(targets[m], api_key=token, tls_ca=ca_pem) for _ in range(n)] for m in KEYED}}
+            attackers = {m: [connect(targets[m], api_key=wrong, tls_ca=ca_pem) for _ in range(args.attackers)]
+                         for m in KEYED}
             for mode in MODES:
-                for channel in channels[mode]:
+                for channel in channels[mode] + attackers.get(mode, []):
                     stack.callback(channel.close)
                 _phase(channels[mode], request, 1.0)                       # warm-up: handshakes, first calls
-            results[n] = {mode: {"ms": [], "rate": []} for mode in MODES}
-            print(f"{n} caller(s): {args.rounds} rounds of {args.seconds:g} s per mode, alternating", file=sys.stderr)
+            results[n] = {mode: {"ms": [], "rate": [], "round_p50": [], "attackers": {}} for mode in MODES}
+            print(f"{n} caller(s), {args.attackers} attacker(s) in the keyed phases: {args.rounds} rounds of "
+                  f"{args.seconds:g} s per mode, rotating", file=sys.stderr)
             for r in range(args.rounds):
-                for mode in (MODES if r % 2 == 0 else MODES[::-1]):
-                    ms, rate = _phase(channels[mode], request, args.seconds)
+                for mode in MODES[r % 3:] + MODES[:r % 3]:
+                    ms, rate, refused = _phase(channels[mode], request, args.seconds, attackers.get(mode))
                     results[n][mode]["ms"].extend(ms)
                     results[n][mode]["rate"].append(rate)
+                    results[n][mode]["round_p50"].append(float(np.percentile(ms, 50)))
+                    for code, count in refused.items():
+                        results[n][mode]["attackers"][code] = results[n][mode]["attackers"].get(code, 0) + count
     report = {}
-    print("| callers | mode | p50 ms | p99 ms | calls/s | p50 secure/plain | calls/s secure/plain |")
-    print("|---|---|---|---|---|---|---|")
+    print("| callers | mode | p50 ms | p99 ms | calls/s | p50 / plain | calls/s / plain | per-round p50 ms | "
+          "wrong-key calls answered |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for n, modes in results.items():
         row = {m: {"p50_ms": float(np.percentile(modes[m]["ms"], 50)), "p99_ms": float(np.percentile(modes[m]["ms"], 99)),
-                   "calls_per_s": float(np.mean(modes[m]["rate"])), "calls": len(modes[m]["ms"])} for m in MODES}
-        p50_ratio = row["secure"]["p50_ms"] / row["plain"]["p50_ms"]
-        rate_ratio = row["secure"]["calls_per_s"] / row["plain"]["calls_per_s"]
+                   "calls_per_s": float(np.mean(modes[m]["rate"])), "calls": len(modes[m]["ms"]),
+                   "round_p50_ms": modes[m]["round_p50"], "attackers": modes[m]["attackers"]} for m in MODES}
         for m in MODES:
-            ratios = f"{p50_ratio:.2f} | {rate_ratio:.2f}" if m == "secure" else " | "
-            print(f"| {n} | {m} | {row[m]['p50_ms']:.2f} | {row[m]['p99_ms']:.2f} | {row[m]['calls_per_s']:.0f} | {ratios} |")
-        report[str(n)] = {**row, "p50_secure_over_plain": p50_ratio, "rate_secure_over_plain": rate_ratio}
+            p50_ratio = row[m]["p50_ms"] / row["plain"]["p50_ms"]
+            rate_ratio = row[m]["calls_per_s"] / row["plain"]["calls_per_s"]
+            rounds = ", ".join(f"{x:.2f}" for x in row[m]["round_p50_ms"])
+            answered = ", ".join(f"{c} {k}" for c, k in sorted(row[m]["attackers"].items())) or "-"
+            print(f"| {n} | {m} | {row[m]['p50_ms']:.2f} | {row[m]['p99_ms']:.2f} | {row[m]['calls_per_s']:.0f} | "
+                  f"{p50_ratio:.2f} | {rate_ratio:.2f} | {rounds} | {answered} |")
+        limited_over_secure = row["limited"]["p50_ms"] / row["secure"]["p50_ms"]
+        print(f"{n} caller(s): p50 limited/secure {limited_over_secure:.3f}", file=sys.stderr)
+        report[str(n)] = {**row, "p50_secure_over_plain": row["secure"]["p50_ms"] / row["plain"]["p50_ms"],
+                          "rate_secure_over_plain": row["secure"]["calls_per_s"] / row["plain"]["calls_per_s"],
+                          "p50_limited_over_secure": limited_over_secure}
     (args.out / "security.json").write_text(json.dumps(
-        {"callers": report, "seconds": args.seconds, "rounds": args.rounds, "cpus": os.cpu_count(),
+        {"callers": report, "seconds": args.seconds, "rounds": args.rounds, "attackers": args.attackers,
+         "cpus": os.cpu_count(),
          "date": time.strftime("%Y-%m-%dT%H:%M:%S")}, indent=2) + "\n")
     return 0
