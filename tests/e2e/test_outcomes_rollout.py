@@ -94,7 +94,7 @@ class Gateway:
 
     def rollout(self) -> dict:
         status = httpx.get(self.http + "/v1/rollout", timeout=5).json()
-        status["models"] = {k: {f: v for f, v in e.items() if f != "since_canary_began"}
+        status["models"] = {k: {f: v for f, v in e.items() if f not in ("since_canary_began", "routing")}
                             for k, e in status["models"].items()}
         return status
 
