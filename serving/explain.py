@@ -31,7 +31,7 @@ from serving import errors
 from serving.catalog import ModelVersion
 from serving.errors import shown
 from serving.features import EncodedLearner
-from serving.parts import BackendError
+from serving.prediction import PredictionService
 from serving.requests import ABSENT_SKILL, Deadline, LearnerQuery
 from serving.validation import LearnerInput, check_model, validate_learner
 
@@ -105,38 +105,27 @@ def _attended(learner: LearnerInput, model: ModelVersion, position: int, weight:
 
 
 class ExplainService:
-    """Predict with `explain` for one learner, over the prediction pipeline's parts."""
+    """Predict with `explain` for one learner, composed of the prediction pipeline's public steps."""
 
-    def __init__(self, service) -> None:          # serving.prediction.PredictionService
+    def __init__(self, service: PredictionService) -> None:
         self.service = service
 
     async def explain(self, model_name: str, version: int, query: LearnerQuery, top_k: int,
                       deadline: Deadline) -> ExplainedLearner:
         svc = self.service
-        async with svc._call(deadline):
+        async with svc.call(deadline):
             check_model(model_name, version)
             learner = validate_learner(query, svc.settings, "")
-            versions = await svc._resolve(model_name, version)
-            route = svc.policy.route(model_name, version, versions, svc.backend.ready_versions(model_name),
-                                     learner.learner_id)
-            model = route.primary
+            model = (await svc.resolve(model_name, version, [learner.learner_id]))[0].primary
             top_k = check_top_k(top_k, model.window)
             if not model.explain or not hasattr(svc.backend, "infer_outputs"):
                 raise errors.failed_precondition(
                     f"model {shown(model.name)} version {model.version} has no explain graph (exported before "
                     f"explanations, an attention-free model, or not served by the python backend); re-export it "
                     f"to explain")
-            learner = await svc.history.complete(learner, model, deadline)
-            encoded = svc._encode([learner], model)[0]
-            call = svc.encoder.inferences([encoded], model, 1)[0]
-            timeout = deadline.remaining() - svc.settings.deadline_margin_s
-            if timeout <= 0:
-                raise errors.deadline_exceeded("the deadline passed before the model was called")
-            try:
-                out = await svc.backend.infer_outputs(model, call.feeds, OUTPUTS, timeout)
-            except BackendError as exc:
-                from serving.prediction import _client_error
-                raise _client_error(exc, model) from None
+            [learner] = await svc.complete_history([learner], model, deadline)
+            [encoded] = svc.encode([learner], model)
+            out = await svc.infer_outputs(model, encoded, OUTPUTS, deadline)
             n = encoded.n_candidates
             probs = np.asarray(out[OUTPUTS[0]][0, :n], dtype=np.float32)
             return ExplainedLearner(probs, encoded.history_used, model.version, explanations(

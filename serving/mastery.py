@@ -68,14 +68,14 @@ def model_skills(requested: np.ndarray | None, vocab: Vocab) -> tuple[np.ndarray
 
 
 class MasteryService:
-    """Mastery over the prediction pipeline's parts (catalog, policy, history, encoder, backend)."""
+    """Mastery, composed of the prediction pipeline's public steps (nothing tracked: no sink)."""
 
     def __init__(self, service: PredictionService) -> None:
         self.service = service
 
     async def mastery(self, query: MasteryQuery, deadline: Deadline) -> MasteryResult:
         svc = self.service
-        async with svc._call(deadline):
+        async with svc.call(deadline):
             check_model(query.model, query.version)
             placeholder = dataclasses.replace(      # validation wants one candidate; mastery brings its own
                 query.learner, candidate_questions=np.zeros(1, dtype=np.int64),
@@ -83,16 +83,13 @@ class MasteryService:
             learner = validate_learner(placeholder, svc.settings, "")
             learner = dataclasses.replace(learner, candidate_questions=np.zeros(0, dtype=np.int64),
                                           candidate_skills=np.zeros((0, 1), dtype=np.int64))
-            versions = await svc._resolve(query.model, query.version)
-            route = svc.policy.route(query.model, query.version, versions, svc.backend.ready_versions(query.model),
-                                     learner.learner_id)
-            model = route.primary
+            model = (await svc.resolve(query.model, query.version, [learner.learner_id]))[0].primary
             raw, ids = model_skills(query.skill_ids, model.vocab)
-            learner = await svc.history.complete(learner, model, deadline)
-            encoded = dataclasses.replace(svc.encoder.encode(learner, model),
+            [learner] = await svc.complete_history([learner], model, deadline)
+            encoded = dataclasses.replace(svc.encode([learner], model)[0],
                                           candidate_questions=np.full(ids.shape, UNK_ID, dtype=np.int64),
                                           candidate_skills=ids.reshape(-1, 1).astype(np.int64))
-            probs = (await svc._infer(model, [encoded], deadline,
-                                      candidates_per_infer=MASTERY_CANDIDATES_PER_INFER))[0]
+            probs = (await svc.infer(model, [encoded], deadline,
+                                     candidates_per_infer=MASTERY_CANDIDATES_PER_INFER))[0]
             return MasteryResult(model=model.name, version=model.version, history_used=encoded.history_used,
                                  skill_ids=raw, probabilities=probs)

@@ -1,20 +1,18 @@
-"""The serving core: `PredictionService` runs one Predict / PredictBatch query through the
-pipeline of injected parts (serving/parts.py). It knows no transport: gRPC (serving/transport/grpc_api.py)
-and HTTP (serving/transport/http_api.py) hand it a PredictQuery and render its PredictResult or ServingError.
+"""PredictionService: the serving pipeline, as public steps that Predict, Recommend, Mastery and explain compose.
 
-One call: take an in-flight slot (RESOURCE_EXHAUSTED when none is free) -> validate
-(INVALID_ARGUMENT + field) -> model from the catalog (NOT_FOUND) -> version policy per learner over
-what the backend serves (UNAVAILABLE; a canary may send the learners of one batch to two versions,
-each group runs on its own) -> admission (serving/admission.py: a cost budget, INVALID_ARGUMENT; a
-deadline the expected service time cannot meet under load, RESOURCE_EXHAUSTED) -> history source (the request's, or the session store's) -> encoder
-(ids -> left-padded windows) -> backend, with the caller's remaining deadline as timeout
-(DEADLINE_EXCEEDED) -> probabilities -> prediction sink. Learners whose route names a shadow
-version are scored again by it in the background, after the answer (at most max_shadow_inflight
-such tasks; beyond that the shadow scoring is skipped and counted); shadow answers go to the sink
-only. With `issue_prediction_ids`, each learner not named by learner_id gets a prediction_id. All candidates of one learner go in one inference (the rank graph: one row per
-learner); a batch packs whole learners into inferences of at most min(max_rows_per_infer, the
-model's max_batch_size) rows, sent concurrently. Every failure a client sees is a ServingError with a safe
-message: tracebacks and backend texts go to the log only, and nothing about a learner is logged.
+It knows no transport: gRPC and HTTP (serving/transport/) hand it a PredictQuery and render its
+PredictResult or ServingError. The steps, in the order a query takes them: `call` (an in-flight
+slot; errors counted and made client-safe) -> validation (serving/validation.py) -> `resolve` (the
+catalog's versions, the version policy's Route per learner: a canary may split a batch, each
+version's group runs on its own) -> admission (serving/admission.py, Predict only) ->
+`complete_history` (the request's history or the session store's) -> `encode` (ids -> left-padded
+windows) -> `infer` / `infer_outputs` (the backend, within the caller's deadline) -> the
+prediction sink (Predict only). Learners whose route names a shadow version are
+scored again by it in the background, after the answer (at most max_shadow_inflight such tasks;
+beyond that skipped and counted); shadow answers go to the sink only. With `issue_prediction_ids`,
+each learner not named by learner_id gets a prediction_id. Every failure a client sees is a
+ServingError with a safe message (`client_error` for backend failures): tracebacks and backend
+texts go to the log only, and nothing about a learner is logged.
 """
 from __future__ import annotations
 
@@ -23,9 +21,8 @@ import logging
 import time
 import uuid
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
+from typing import AsyncIterator, Awaitable, Callable, Sequence, TypeVar
 
-import grpc
 import numpy as np
 
 from serving import errors
@@ -43,6 +40,7 @@ from serving.validation import LearnerInput, validate_query
 log = logging.getLogger("routerkt.gateway.service")
 
 MISS_REFRESH_S = 1.0        # an unknown model/version rescans the repository at most this often
+T = TypeVar("T")
 
 
 class PredictionService:
@@ -68,12 +66,9 @@ class PredictionService:
         self._shadows: set[asyncio.Task] = set()
 
     async def predict(self, query: PredictQuery, deadline: Deadline) -> PredictResult:
-        async with self._call(deadline):
+        async with self.call(deadline):
             learners = validate_query(query, self.settings)
-            versions = await self._resolve(query.model, query.version)
-            ready = self.backend.ready_versions(query.model)
-            routes = [self.policy.route(query.model, query.version, versions, ready, learner.learner_id)
-                      for learner in learners]
+            routes = await self.resolve(query.model, query.version, [learner.learner_id for learner in learners])
             rows = call_rows(learners, routes[0].primary)
             check_budget(rows, self.settings, query.batch)
             self.service_time.admit(rows, deadline.remaining(), self._inflight, self.settings)
@@ -112,11 +107,10 @@ class PredictionService:
 
     async def _answer(self, model: ModelVersion, learners: list[LearnerInput],
                       deadline: Deadline) -> list[tuple[np.ndarray, int]]:
-        learners = list(await asyncio.gather(*(self.history.complete(learner, model, deadline)
-                                               for learner in learners)))
+        learners = await self.complete_history(learners, model, deadline)
         self._observe_sizes(learners)
-        encoded = self._encode(learners, model)
-        probs = await self._infer(model, encoded, deadline)
+        encoded = self.encode(learners, model)
+        probs = await self.infer(model, encoded, deadline)
         return [(p, e.history_used) for p, e in zip(probs, encoded)]
 
     # -- shadow scoring ----------------------------------------------------------------------------
@@ -129,8 +123,9 @@ class PredictionService:
         if len(self._shadows) >= self.settings.max_shadow_inflight:
             self.metrics.shadow_skipped.labels(model=shadow.name).inc(len(picked))
             return
-        task = asyncio.create_task(self._shadow(query, [learners[i] for i in picked], [routes[i].shadow for i in picked],
-                                                [ids[i] for i in picked], [query.learners[i] for i in picked]))
+        task = asyncio.create_task(self._shadow(query, [learners[i] for i in picked],
+                                                [routes[i].shadow for i in picked], [ids[i] for i in picked],
+                                                [query.learners[i] for i in picked]))
         self._shadows.add(task)
         task.add_done_callback(self._shadows.discard)
 
@@ -157,10 +152,12 @@ class PredictionService:
             task.cancel()
         await asyncio.gather(*self._shadows, return_exceptions=True)
 
-    # -- steps -----------------------------------------------------------------------------------
+    # -- the public steps --------------------------------------------------------------------------
     @asynccontextmanager
-    async def _call(self, deadline: Deadline) -> AsyncIterator[None]:
-        """In-flight slot + error accounting + the last line of defence against leaking internals."""
+    async def call(self, deadline: Deadline) -> AsyncIterator[None]:
+        """The frame of one query: an in-flight slot (RESOURCE_EXHAUSTED when none frees in time),
+        every ServingError raised inside counted, anything else logged and answered INTERNAL (the
+        last line of defence against leaking internals). Every other step runs inside it."""
         acquired = False
         try:
             await self._acquire(deadline)
@@ -169,20 +166,83 @@ class PredictionService:
             self.metrics.inflight.inc()
             yield
         except ServingError as exc:
-            self.metrics.errors.labels(code=exc.code_name).inc()
+            self.count_error(exc)
             raise
         except (asyncio.CancelledError, GeneratorExit):
             raise
         except Exception:
             log.exception("unexpected error while serving a prediction")
-            self.metrics.errors.labels(code=grpc.StatusCode.INTERNAL.name).inc()
-            raise errors.internal() from None
+            raise self.count_error(errors.internal()) from None
         finally:
             if acquired:
                 self._inflight -= 1
                 self.metrics.inflight.dec()
                 self._slots.release()
 
+    def count_error(self, error: ServingError) -> ServingError:
+        """Count `error` in the errors metric as `call` counts its own (for a refusal made before a
+        call starts: Recommend's own checks); returns it, to be raised."""
+        self.metrics.errors.labels(code=error.code_name).inc()
+        return error
+
+    async def resolve(self, name: str, version: int, learner_ids: Sequence[str]) -> list[Route]:
+        """The Route of each learner (`learner_ids`, "" when unnamed): NOT_FOUND when the repository
+        lacks the model or the pinned `version` (0: none pinned), UNAVAILABLE when the backend cannot
+        serve it right now; the version policy picks among the versions the backend serves."""
+        versions = await self._versions_served(name, version)
+        ready = self.backend.ready_versions(name)
+        return [self.policy.route(name, version, versions, ready, learner_id) for learner_id in learner_ids]
+
+    async def complete_history(self, learners: list[LearnerInput], model: ModelVersion,
+                               deadline: Deadline) -> list[LearnerInput]:
+        """Each learner with its history for `model` from the history source (the request's, or the
+        session store's for a learner_id)."""
+        return list(await asyncio.gather(*(self.history.complete(learner, model, deadline) for learner in learners)))
+
+    def encode(self, learners: list[LearnerInput], model: ModelVersion) -> list[EncodedLearner]:
+        """The learners as the model's inputs (ids -> left-padded windows); INVALID_ARGUMENT naming
+        `candidates` for a learner with more candidates than the model's max_batch_size."""
+        for learner in learners:            # one learner = one inference: it must fit the model's batch
+            if learner.n_candidates > model.max_batch_size:
+                raise errors.invalid_argument(f"{learner.prefix}candidates", f"at most {model.max_batch_size} "
+                                              f"candidates for model {shown(model.name)} (its max_batch_size)")
+        return [self.encoder.encode(learner, model) for learner in learners]
+
+    async def infer(self, model: ModelVersion, learners: list[EncodedLearner], deadline: Deadline,
+                     candidates_per_infer: int = 0) -> list[np.ndarray]:
+        """P(correct) per candidate for each learner: float32 [C_i] each. Score graph: whole
+        learners in calls of at most min(max_rows_per_infer, max_batch_size) rows, concurrently.
+        Rank graph: at most rank_rows_per_infer learners (of at most rank_candidates_per_infer
+        candidates: a learner with more is split, exactly) per call, ONE call in flight at a time, so
+        a large PredictBatch queues one small inference at a time in Triton and the inferences of
+        other callers get in between (fair sharing; its own latency is about the sum of its parts).
+        `candidates_per_infer` (> 0) replaces rank_candidates_per_infer (Mastery: a vocabulary in one call)."""
+        rank = model.graph.name == "rank"
+        limit = self.settings.rank_rows_per_infer if rank else self.settings.max_rows_per_infer
+        pieces, owners = (split_candidates(learners, candidates_per_infer or self.settings.rank_candidates_per_infer)
+                          if rank
+                          else (learners, list(range(len(learners)))))
+        calls = self.encoder.inferences(pieces, model, max(1, min(limit, model.max_batch_size)))
+        if rank:
+            outputs = await self._infer_in_turn(model, calls, deadline)
+        else:
+            outputs = await asyncio.gather(*(self._infer_one(model, call.feeds, deadline) for call in calls))
+        parts: list[list[np.ndarray]] = [[] for _ in learners]
+        for call, output in zip(calls, outputs):          # calls and pieces keep the learners' order
+            for i, probs in zip(call.learners, call.split(output)):
+                parts[owners[i]].append(probs)
+        out = [p[0] if len(p) == 1 else np.concatenate(p) for p in parts]
+        return out  # type: ignore[return-value]
+
+    async def infer_outputs(self, model: ModelVersion, learner: EncodedLearner, outputs: tuple[str, ...],
+                            deadline: Deadline) -> dict[str, np.ndarray]:
+        """The named `outputs` of `model`'s graph for one encoded learner, in one backend call within
+        the deadline (explain: the explain graph's outputs); backend failures as `client_error`."""
+        feeds = self.encoder.inferences([learner], model, 1)[0].feeds
+        return await self._backend_call(model, deadline, lambda timeout: self.backend.infer_outputs(
+            model, feeds, outputs, timeout))
+
+    # -- inside the steps ----------------------------------------------------------------------------
     async def _acquire(self, deadline: Deadline) -> None:
         """A slot among settings.max_inflight. With none free the call queues (at most max_queued
         waiting) for as long as inflight_wait_s allows and its deadline still covers a typical
@@ -212,9 +272,9 @@ class PredictionService:
             self.metrics.history_length.observe(learner.history_length)
             self.metrics.candidates.observe(learner.n_candidates)
 
-    async def _resolve(self, name: str, version: int) -> dict[int, ModelVersion]:
-        """The model's versions: NOT_FOUND when the repository lacks it, UNAVAILABLE when the
-        backend cannot serve it right now (the version policy decides among the ready ones)."""
+    async def _versions_served(self, name: str, version: int) -> dict[int, ModelVersion]:
+        """The model's versions: NOT_FOUND when the repository lacks it (after one rate-limited
+        rescan), UNAVAILABLE when the backend cannot serve it right now."""
         try:
             versions = self._versions(name, version)
         except ServingError:
@@ -242,39 +302,6 @@ class PredictionService:
         result = await asyncio.to_thread(self.catalog.refresh)
         return bool(result.added or result.removed)
 
-    def _encode(self, learners: list[LearnerInput], model: ModelVersion) -> list[EncodedLearner]:
-        for learner in learners:            # one learner = one inference: it must fit the model's batch
-            if learner.n_candidates > model.max_batch_size:
-                raise errors.invalid_argument(f"{learner.prefix}candidates", f"at most {model.max_batch_size} "
-                                              f"candidates for model {shown(model.name)} (its max_batch_size)")
-        return [self.encoder.encode(learner, model) for learner in learners]
-
-    async def _infer(self, model: ModelVersion, learners: list[EncodedLearner], deadline: Deadline,
-                     candidates_per_infer: int = 0) -> list[np.ndarray]:
-        """P(correct) per candidate for each learner: float32 [C_i] each. Score graph: whole
-        learners in calls of at most min(max_rows_per_infer, max_batch_size) rows, concurrently.
-        Rank graph: at most rank_rows_per_infer learners (of at most rank_candidates_per_infer
-        candidates: a learner with more is split, exactly) per call, ONE call in flight at a time, so
-        a large PredictBatch queues one small inference at a time in Triton and the inferences of
-        other callers get in between (fair sharing; its own latency is about the sum of its parts).
-        `candidates_per_infer` (> 0) replaces rank_candidates_per_infer (Mastery: a vocabulary in one call)."""
-        rank = model.graph.name == "rank"
-        limit = self.settings.rank_rows_per_infer if rank else self.settings.max_rows_per_infer
-        pieces, owners = (split_candidates(learners, candidates_per_infer or self.settings.rank_candidates_per_infer)
-                          if rank
-                          else (learners, list(range(len(learners)))))
-        calls = self.encoder.inferences(pieces, model, max(1, min(limit, model.max_batch_size)))
-        if rank:
-            outputs = await self._infer_in_turn(model, calls, deadline)
-        else:
-            outputs = await asyncio.gather(*(self._infer_one(model, call.feeds, deadline) for call in calls))
-        parts: list[list[np.ndarray]] = [[] for _ in learners]
-        for call, output in zip(calls, outputs):          # calls and pieces keep the learners' order
-            for i, probs in zip(call.learners, call.split(output)):
-                parts[owners[i]].append(probs)
-        out = [p[0] if len(p) == 1 else np.concatenate(p) for p in parts]
-        return out  # type: ignore[return-value]
-
     async def _infer_in_turn(self, model: ModelVersion, calls: list, deadline: Deadline) -> list[np.ndarray]:
         """The inferences one after the other, yielding a fair share of the model to the other calls
         in flight: after each inference the next one waits settings.bulk_pause_ratio x the previous
@@ -294,17 +321,24 @@ class PredictionService:
         return outputs
 
     async def _infer_one(self, model: ModelVersion, feeds: dict[str, np.ndarray], deadline: Deadline) -> np.ndarray:
+        return await self._backend_call(model, deadline, lambda timeout: self.backend.infer(model, feeds, timeout))
+
+    async def _backend_call(self, model: ModelVersion, deadline: Deadline,
+                            send: Callable[[float], Awaitable[T]]) -> T:
+        """`send(timeout)` with what is left of the deadline less deadline_margin_s (DEADLINE_EXCEEDED
+        when nothing is); a BackendError becomes its `client_error`."""
         timeout = deadline.remaining() - self.settings.deadline_margin_s
         if timeout <= 0:
             raise errors.deadline_exceeded("the deadline passed before the model was called")
         try:
-            return await self.backend.infer(model, feeds, timeout)
+            return await send(timeout)
         except BackendError as exc:
-            raise _client_error(exc, model) from None
+            raise client_error(exc, model) from None
 
 
-def _client_error(exc: BackendError, model: ModelVersion) -> ServingError:
-    """A safe client-facing error for a backend failure (the backend's text stays in the log)."""
+def client_error(exc: BackendError, model: ModelVersion) -> ServingError:
+    """The safe client-facing error for a backend failure of `model`, the same whatever the backend
+    (its FailureKind decides; the backend's text stays in the log)."""
     name = shown(model.name)
     if exc.kind is FailureKind.DEADLINE:
         return errors.deadline_exceeded("the deadline passed while the model was running")

@@ -60,9 +60,11 @@ class Recommender:
     async def recommend(self, query: RecommendQuery, deadline: Deadline) -> Recommendations:
         target = DEFAULT_TARGET if query.target_probability is None else query.target_probability
         if not (0.0 < target < 1.0) or math.isnan(target):
-            raise self._count(errors.invalid_argument("target_probability", f"must be in (0, 1), got {target:g}"))
+            raise self.service.count_error(errors.invalid_argument("target_probability",
+                                                                   f"must be in (0, 1), got {target:g}"))
         if query.top_k is not None and query.top_k < 1:
-            raise self._count(errors.invalid_argument("top_k", f"must be >= 1 when set, got {query.top_k}"))
+            raise self.service.count_error(errors.invalid_argument("top_k",
+                                                                   f"must be >= 1 when set, got {query.top_k}"))
         learner = query.learner
         excluded = 0
         if query.exclude_seen and learner.candidate_questions.size:
@@ -71,7 +73,8 @@ class Recommender:
             if excluded == len(keep):
                 return Recommendations([], [], query.model, query.version, 0, excluded)
             learner = dataclasses.replace(
-                learner, candidate_questions=learner.candidate_questions[keep], candidate_skills=learner.candidate_skills[keep],
+                learner, candidate_questions=learner.candidate_questions[keep],
+                candidate_skills=learner.candidate_skills[keep],
                 candidate_sets=None if learner.candidate_sets is None else learner.candidate_sets[keep])
         if query.explain_top_k is not None:     # the explain graph instead of the rank graph (not tracked)
             got = await ExplainService(self.service).explain(query.model, query.version, learner,
@@ -91,10 +94,7 @@ class Recommender:
         if not learner.learner_id:
             return learner.history_questions
         if self.sessions is None:
-            raise self._count(errors.invalid_argument("learner_id", "this gateway runs without a session store"))
+            raise self.service.count_error(errors.invalid_argument("learner_id",
+                                                                   "this gateway runs without a session store"))
         stored = await self.sessions.history(learner.learner_id, self.sessions.settings.store_keep, deadline)
         return stored.questions
-
-    def _count(self, error: errors.ServingError) -> errors.ServingError:
-        self.service.metrics.errors.labels(code=error.code_name).inc()
-        return error

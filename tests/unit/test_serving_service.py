@@ -30,6 +30,7 @@ from serving.parts import BackendError, FailureKind
 from serving.requests import Deadline
 from serving.prediction import PredictionService
 from serving.settings import Settings
+from serving.validation import validate_query
 from serving.rollout.kinds.latest import LatestReadyVersion
 from routerkt.contract.vocab import Vocab
 
@@ -81,6 +82,11 @@ class FakeBackend:
         if self.fail is not None:
             raise self.fail
         return questions.astype(np.float32) / 100.0
+
+    async def infer_outputs(self, model, feeds, outputs, timeout_s):
+        """Every named output is what `infer` answers (the handmade versions have no explain graph)."""
+        probs = await self.infer(model, feeds, timeout_s)
+        return {name: probs for name in outputs}
 
 
 @pytest.fixture
@@ -232,6 +238,33 @@ def test_backend_failures_map_to_codes_without_triton_text(setup, kind: FailureK
     assert error.code is code
     assert "/secret/path" not in error.message and "Traceback" not in error.message
     assert metrics.registry.get_sample_value("routerkt_errors_total", {"code": code.name}) == 1
+
+
+@pytest.mark.parametrize("kind, code", [(FailureKind.STUB_CRASHED, grpc.StatusCode.UNAVAILABLE),
+                                        (FailureKind.DEADLINE, grpc.StatusCode.DEADLINE_EXCEEDED),
+                                        (FailureKind.REJECTED, grpc.StatusCode.INTERNAL)])
+def test_the_public_steps_compose_and_infer_outputs_maps_failures_as_infer_does(setup, kind, code) -> None:
+    service, backend, metrics = setup
+    core = service.service
+
+    async def steps(deadline: Deadline) -> dict[str, np.ndarray]:
+        async with core.call(deadline):
+            learners = validate_query(predict_query(predict_request()), core.settings)
+            [route] = await core.resolve("kt", 0, [""])
+            [learner] = await core.complete_history(learners, route.primary, deadline)
+            [encoded] = core.encode([learner], route.primary)
+            return await core.infer_outputs(route.primary, encoded, ("a", "b"), deadline)
+
+    out = run(steps(Deadline.after(5)))
+    assert set(out) == {"a", "b"} and backend.calls[-1][:2] == ("kt", 2)
+    assert list(out["a"][:, -1]) == pytest.approx([0.02, 0.03])       # as Predict: ids 2, 3 at the last slot
+    backend.fail = BackendError(kind, "Traceback ... /secret/path")
+    error = code_of(steps(Deadline.after(5)))
+    assert error.code is code and "/secret/path" not in error.message
+    assert metrics.registry.get_sample_value("routerkt_errors_total", {"code": code.name}) == 1
+    calls = len(backend.calls)
+    assert code_of(steps(Deadline.after(-0.1))).code is grpc.StatusCode.DEADLINE_EXCEEDED
+    assert len(backend.calls) == calls                               # an expired deadline never reaches it
 
 
 def test_expired_deadline_never_reaches_the_backend(setup) -> None:
