@@ -28,7 +28,7 @@ from export.onnx_export import (PARITY_TOL, ExportError, check_parity, check_ran
                                 ParityReport, export_rank_onnx, rank_batches)
 from export.repository import publish_version
 from export.triton_python_model import MODEL_PY
-from export.triton_config import Backend, TritonModelOptions, publish_config, render_config
+from export.triton_config import TARGETS, Backend, TritonModelOptions, publish_config, render_config
 from routerkt.contract import signature
 from routerkt.contract.rollout_versions import read_named_versions
 from routerkt.contract.model_info import ModelInfo
@@ -91,9 +91,9 @@ def export_run(run: Path, repository: Path, name: str | None = None, version: in
     name = name or cfg.preset or "model"
     options = options or TritonModelOptions()
     options.backend = Backend(backend)
+    target = TARGETS[options.backend]
     options.window = cfg.model.max_len
-    # the gateway's path: one rank inference per learner; a TensorRT plan is built from the score graph
-    options.graph = signature.SCORE.name if options.backend is Backend.TENSORRT else signature.RANK.name
+    options.graph = target.graph        # rank: the gateway's path (one inference per learner); tensorrt: score
     meta = ckpt.meta
     provenance = {"run_id": str(meta.get("run_id", run.name)), "git_sha": str(meta.get("git_sha", "unknown")),
                   "valid_auc": f"{float(meta.get('valid_auc', float('nan'))):.6f}", "preset": cfg.preset,
@@ -101,14 +101,13 @@ def export_run(run: Path, repository: Path, name: str | None = None, version: in
     # config.pbtxt gets no vocabulary sizes and no provenance: both are in the version's model_info.json
     # (model.py reads its id bounds there), so a retrain whose vocabulary grew renders the same config
     # the explain graph rides on the rank model of the python backend (export/triton_python_model/model.py)
-    options.explain = (options.backend is Backend.PYTHON and options.graph == signature.RANK.name
-                       and explainable(ckpt.model))
+    options.explain = target.explain and options.graph == signature.RANK.name and explainable(ckpt.model)
     config_text = render_config(name, options)          # validates name and options before heavy work
     served_config = repository / name / signature.CONFIG_FILE
     config_text = publish_config(served_config.read_text() if served_config.is_file() else None, config_text)
     _check_served_graph(repository, name, options.graph)
 
-    if options.backend is Backend.TENSORRT:
+    if target.score_file == signature.PLAN_FILE:
         from export.tensorrt import tensorrt_available
         ok, why = tensorrt_available()
         if not ok:
@@ -121,9 +120,9 @@ def export_run(run: Path, repository: Path, name: str | None = None, version: in
         real = real_batches(cfg, ckpt.vocab)
         started = time.perf_counter()
         export_onnx(ckpt.model, onnx_path)
-        fuse = fuse_attention and options.backend is not Backend.TENSORRT
+        fuse = fuse_attention and target.fuse_attention
         if fuse_attention and not fuse:
-            log("attention fusion: off for --backend tensorrt (TensorRT builds its plan from the plain graph)")
+            log(f"attention fusion: off for --backend {options.backend.value} ({target.note})")
         if fuse:
             log(f"score graph: {_fuse(onnx_path).describe()}")
         report = check_parity(ckpt.model, onnx_path, batches=real)
@@ -165,14 +164,14 @@ def export_run(run: Path, repository: Path, name: str | None = None, version: in
                                           signature.RANK_ONNX_FILE: rank_path}
         if explain_report is not None:
             files[signature.EXPLAIN_ONNX_FILE] = explain_path
-        if options.backend is Backend.TENSORRT:
+        if target.score_file == signature.PLAN_FILE:
             from export.tensorrt import build_engine
             plan = Path(tmp) / signature.PLAN_FILE
             build_engine(onnx_path, plan, window=options.window, max_batch=options.max_batch_size, fp16=options.fp16)
             files[signature.PLAN_FILE] = plan
         else:
             files[signature.ONNX_FILE] = onnx_path
-        if options.backend is Backend.PYTHON:
+        if target.model_py:
             files["model.py"] = MODEL_PY
         info = ModelInfo(name=name, window=cfg.model.max_len, n_questions=cfg.model.n_questions,
                          n_skills=cfg.model.n_skills, preset=cfg.preset, backbone=cfg.model.backbone.value,
