@@ -118,7 +118,7 @@ class ExplainService:
             learner = validate_learner(query, svc.settings, "")
             model = (await svc.resolve(model_name, version, [learner.learner_id]))[0].primary
             top_k = check_top_k(top_k, model.window)
-            if not model.explain or not hasattr(svc.backend, "infer_outputs"):
+            if not model.explain:
                 raise errors.failed_precondition(
                     f"model {shown(model.name)} version {model.version} has no explain graph (exported before "
                     f"explanations, an attention-free model, or not served by the python backend); re-export it "

@@ -8,7 +8,7 @@ Today's parts: RequestHistory (the request carries the history) or SessionHistor
 store's, when the request names the learner: serving/sessions/history.py), LatestReadyVersion (the
 newest version the backend serves, or the one the request pins) or RolloutPolicy (a policy file's
 rollout kind per model: serving/rollout/), WindowEncoder (serving/features.py),
-TritonInferenceBackend or OnnxRuntimeBackend (serving/backends/), MetricsSink (serving/metrics.py)
+TritonInferenceBackend or OnnxRuntimeBackend (serving/backends/), MetricsSink (serving/metrics/)
 and OutcomeTracker (remembers what was served, for outcome tracking: serving/outcomes/).
 `create_server(...)` (serving/server.py) takes any of them. A part with work of its own while the
 gateway runs is a `Background` (maintain until cancelled, close at shutdown): the server runs
@@ -135,6 +135,12 @@ class InferenceBackend(Protocol):
     async def infer(self, model: ModelVersion, feeds: dict[str, np.ndarray], timeout_s: float) -> np.ndarray:
         """The served graph's output for `feeds` (score: probs [rows, window]; rank: candidate_probs
         [rows, candidates]), float32; raises BackendError."""
+
+    async def infer_outputs(self, model: ModelVersion, feeds: dict[str, np.ndarray], outputs: tuple[str, ...],
+                            timeout_s: float) -> dict[str, np.ndarray]:
+        """The named `outputs` for `feeds` in one call, float32 (the explain call, serving/explain.py: the
+        explain graph's outputs, signature.EXPLAIN, of a version the catalog marks `explain`); raises
+        BackendError, as `infer` does."""
 
 
 @dataclass(frozen=True)

@@ -132,7 +132,7 @@ class OutcomeTracker:
     # -- the worker --------------------------------------------------------------------------------
     async def maintain(self) -> None:
         """Run the queue: at once for a join, every outcome_flush_s otherwise; sweep expired
-        entries (SQLite) now and then."""
+        entries now and then (SessionStore.sweep_served)."""
         last_sweep = time.monotonic()
         while True:
             try:
@@ -141,10 +141,9 @@ class OutcomeTracker:
                 pass
             try:
                 await self.drain()
-                sweep = getattr(self.store, "sweep_served", None)
-                if sweep is not None and time.monotonic() - last_sweep > SWEEP_EVERY_S:
+                if time.monotonic() - last_sweep > SWEEP_EVERY_S:
                     last_sweep = time.monotonic()
-                    await sweep(_now_ms())
+                    await self.store.sweep_served(_now_ms())
             except StoreUnavailable as exc:
                 log.warning("sweeping served predictions failed: %s", str(exc)[:300])
             except Exception:                                  # never let the loop die

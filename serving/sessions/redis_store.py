@@ -201,6 +201,10 @@ class RedisStore:
             raise StoreUnavailable(f"redis: {exc}") from None
         return int(removed) > 0, int(length)
 
+    async def expire(self, now_ms: int) -> int:
+        """Nothing to do: an inactive learner's keys expire by themselves (the append sets their TTL)."""
+        return 0
+
     async def learner_keys(self) -> list[str]:
         found: set[str] = set()
         try:
@@ -279,3 +283,8 @@ class RedisStore:
                 if int(expires) > now_ms:
                     out.append(ServedEntry(owner, int(question), str(model), int(version), float(probability)))
         return out
+
+    async def sweep_served(self, now_ms: int) -> int:
+        """Nothing to do: an owner's key expires with its newest entry (REMEMBER sets PEXPIREAT), and
+        `take_served` skips the older expired entries of a key that lives on."""
+        return 0

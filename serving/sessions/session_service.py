@@ -75,17 +75,16 @@ class SessionService:
         await self.store.close()
 
     async def maintain(self) -> None:
-        """Ping the store (health) and expire inactive learners (SQLite; Redis expires by itself)."""
+        """Ping the store (health) and, every store_expiry_s, expire its inactive learners (SessionStore.expire)."""
         last_expiry = time.monotonic()
         while True:
             await asyncio.sleep(self.settings.store_probe_s)
             try:
                 await asyncio.wait_for(self.store.ping(), self.settings.store_probe_s)
                 self._set_up(True)
-                expire = getattr(self.store, "expire", None)
-                if expire is not None and time.monotonic() - last_expiry > self.settings.store_expiry_s:
+                if time.monotonic() - last_expiry > self.settings.store_expiry_s:
                     last_expiry = time.monotonic()
-                    gone = await expire(int(time.time() * 1000))
+                    gone = await self.store.expire(int(time.time() * 1000))
                     if gone:
                         log.info("session store: %d inactive learners expired", gone)
             except (StoreUnavailable, asyncio.TimeoutError):

@@ -1,5 +1,5 @@
 """The session store interface: per-learner, append-only, ordered event logs with idempotent
-appends, bounded retention and an optional TTL for inactive learners.
+appends, bounded retention and an optional TTL for inactive learners (`expire`).
 
 Both implementations (sqlite_store.py, redis_store.py) promise the same:
 - `append` is all or nothing and returns only once the events are durable (SQLite: committed with
@@ -15,9 +15,9 @@ Served predictions (outcome tracking, serving/outcomes/): `remember_served` keep
 served to an owner (a learner key, or "p" + a prediction id) per question, model and version until
 `expires_ms`; a newer prediction of the same question by the same version replaces the older one.
 `take_served` returns and deletes the unexpired entries of some questions (each is joined with an
-answer at most once). These are a bounded cache, not a log: SQLite keeps them in a file of their
-own written without fsync, so a crash may lose the last moments of it, never a stored event.
-`forget` deletes them too.
+answer at most once); `sweep_served` deletes the expired ones. These are a bounded cache, not a
+log: SQLite keeps them in a file of their own written without fsync, so a crash may lose the last
+moments of it, never a stored event. `forget` deletes them too.
 
 Implementations are chosen by URL in serving/sessions/factory.py (`open_store`); this interface
 imports none of them.
@@ -139,6 +139,10 @@ class SessionStore(Protocol):
     async def forget(self, learner_key: str) -> tuple[bool, int]:
         """(whether anything was stored, events deleted)."""
 
+    async def expire(self, now_ms: int) -> int:
+        """Delete the learners inactive for longer than the store's TTL; how many were (0 without a
+        TTL, or where the store's keys expire by themselves, as Redis's do). SessionService runs it."""
+
     async def learner_keys(self) -> list[str]:
         """Every learner key held (for audits and tests; scans the whole store)."""
 
@@ -151,3 +155,7 @@ class SessionStore(Protocol):
 
     async def take_served(self, owner: str, questions: list[int], now_ms: int) -> list[ServedEntry]:
         """The unexpired entries of `owner` for `questions`, deleted from the store."""
+
+    async def sweep_served(self, now_ms: int) -> int:
+        """Delete the expired served entries; how many were (0 where they expire by themselves, as
+        Redis's keys do). The outcome tracker runs it."""

@@ -66,6 +66,9 @@ class FakeReplica:
     def ready_models(self) -> dict[str, list[int]]:
         return {m: sorted(v) for m, v in self.ready.items() if v}
 
+    async def ensure_ready(self, model: str, version: int, timeout_s: float) -> bool:
+        return version in self.ready_versions(model)
+
     def unavailable_reason(self, model: str) -> str | None:
         return None if self.serving else "the inference server is not available; retry shortly"
 
@@ -82,6 +85,11 @@ class FakeReplica:
                 self.ready = {}
             raise exc
         return np.full((feeds["questions"].shape[0], model.window), self.value, dtype=np.float32)
+
+    async def infer_outputs(self, model: ModelVersion, feeds, outputs: tuple[str, ...],
+                            timeout_s: float) -> dict[str, np.ndarray]:
+        probs = await self.infer(model, feeds, timeout_s)
+        return {name: probs for name in outputs}
 
 
 def replicas(*fakes: FakeReplica) -> tuple[TritonReplicaBackend, Metrics]:
@@ -184,6 +192,20 @@ def test_no_retry_without_another_ready_replica() -> None:
     with pytest.raises(BackendError) as info:                 # now nobody serves it
         asyncio.run(backend.infer(KT1, FEEDS, 1.0))
     assert info.value.kind is FailureKind.UNAVAILABLE and b.calls == 0
+
+
+def test_an_explain_call_goes_to_one_ready_replica_without_a_retry() -> None:
+    a, b = FakeReplica(0.1, ready={}), FakeReplica(0.2)
+    backend, metrics = replicas(a, b)
+    out = asyncio.run(backend.infer_outputs(KT1, FEEDS, ("x", "y"), 1.0))
+    assert set(out) == {"x", "y"} and float(out["x"][0, 0]) == pytest.approx(0.2) and (a.calls, b.calls) == (0, 1)
+    a.ready = {"kt": {1}}
+    a.errors = [BackendError(FailureKind.UNAVAILABLE, "down")]
+    b.errors = [BackendError(FailureKind.UNAVAILABLE, "down")]
+    with pytest.raises(BackendError, match="down"):
+        asyncio.run(backend.infer_outputs(KT1, FEEDS, ("x",), 1.0))
+    assert a.calls + b.calls == 2                              # one more call, no retry (an inspection)
+    assert sample(metrics, "routerkt_triton_replica_retries_total", reason="unavailable") == 0
 
 
 def test_readiness_is_the_union_of_the_replicas() -> None:
