@@ -5,6 +5,7 @@
                    [--store sqlite:///PATH | redis://HOST:PORT/DB] [--store-keep N] [--store-ttl S]
                    [--rollout-policy FILE] [--no-track-outcomes] [--outcome-ttl S]
                    [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]] [--api-keys FILE] [--insecure]
+                   [--triton-tls-ca PEM [--triton-tls-cert PEM --triton-tls-key PEM]]
 
 With --triton-url A,B,... (several Triton replicas, started elsewhere), inference is spread
 round-robin over the ready ones, a replica failing its probe gets no traffic until it is back, and
@@ -25,7 +26,9 @@ ROUTERKT_STORE_SECRET or --store-secret-file (created when missing). With a stor
 is on (what was served waits --outcome-ttl seconds for its answer). The rollout policy file
 (default <state dir>/rollout.json, watched; absent = latest version everywhere) is what
 `routerkt rollout` edits. Logs are JSON lines when stderr is not a terminal. A --host beyond
-loopback needs --tls-cert/--tls-key and --api-keys, or --insecure (docs/security.md).
+loopback needs --tls-cert/--tls-key and --api-keys, or --insecure (docs/security.md). With
+--triton-tls-ca (and --triton-tls-cert/--triton-tls-key for Triton's mutual TLS) the gateway talks
+TLS to every --triton-url Triton.
 """
 from __future__ import annotations
 
@@ -104,6 +107,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           help="file holding KEY or HEADER=KEY sent on Triton's model-control calls "
                                "(Triton's --grpc-restricted-protocol); the Triton serve starts is keyed "
                                "with it too (default: a new key per run in <state dir>/triton.key, mode 0600)")
+    security.add_argument("--triton-tls-ca", type=Path, default=None, metavar="PEM",
+                          help="talk TLS to every --triton-url Triton and verify its certificate against this CA "
+                               "(Triton's --grpc-use-ssl)")
+    security.add_argument("--triton-tls-cert", type=Path, default=None, metavar="PEM",
+                          help="client certificate the gateway presents to Triton (mutual TLS: Triton's "
+                               "--grpc-use-ssl-mutual); with --triton-tls-key")
+    security.add_argument("--triton-tls-key", type=Path, default=None, metavar="PEM",
+                          help="the private key of --triton-tls-cert")
     security.add_argument("--store-password-file", type=Path, default=None, metavar="FILE",
                           help="password of the --store redis(s)://USER@HOST:PORT/DB user")
     security.add_argument("--store-ca-file", type=Path, default=None, metavar="PEM",
@@ -126,8 +137,11 @@ def run(args: argparse.Namespace) -> int:
                         rollout_policy=args.rollout_policy or args.state_dir / "rollout.json",
                         tls_cert=args.tls_cert, tls_key=args.tls_key, tls_client_ca=args.tls_client_ca,
                         api_keys=args.api_keys, insecure=args.insecure, triton_key_file=args.triton_key_file,
-                        auth_failure_burst=args.auth_failure_burst, auth_failure_per_s=args.auth_failure_rate)
+                        auth_failure_burst=args.auth_failure_burst, auth_failure_per_s=args.auth_failure_rate,
+                        triton_tls_ca=args.triton_tls_ca, triton_tls_cert=args.triton_tls_cert,
+                        triton_tls_key=args.triton_tls_key)
     settings.validate()
+    _check_triton_tls(settings, args)
     refuse_exposure(settings)                                   # before Triton starts
     if not args.store_wait:
         asyncio.run(_refuse_refused_credentials(args))          # before Triton starts
@@ -143,8 +157,10 @@ def run(args: argparse.Namespace) -> int:
             log.info("inference: onnxruntime in this process (development backend, no Triton)")
         elif args.triton_url:
             urls = settings.triton_urls
-            log.info("Triton: using %s", urls[0] if len(urls) == 1 else
-                     f"{len(urls)} replicas: " + ", ".join(f"{i}={url}" for i, url in enumerate(urls)))
+            tls = ("" if settings.triton_tls_ca is None and settings.triton_tls_cert is None else
+                   " over mutual TLS" if settings.triton_tls_cert is not None else " over TLS")
+            log.info("Triton: using %s%s", urls[0] if len(urls) == 1 else
+                     f"{len(urls)} replicas: " + ", ".join(f"{i}={url}" for i, url in enumerate(urls)), tls)
         else:
             from serving.security.triton_access import access_for, serve_key_file
             from serving.tritonserver.launcher import start_beside_gateway
@@ -169,6 +185,20 @@ def http_base(settings: Settings, port: int) -> str:
     """The gateway's HTTP address as clients write it: https:// with TLS, [host] for IPv6."""
     host = f"[{settings.host}]" if ":" in settings.host and not settings.host.startswith("[") else settings.host
     return f"{'https' if settings.tls_cert is not None else 'http'}://{host}:{port}"
+
+
+def _check_triton_tls(settings: Settings, args: argparse.Namespace) -> None:
+    """UserError (one line) for --triton-tls-* without --triton-url (the Triton serve starts is
+    reached over a private Unix socket, not TLS) or naming a file that cannot be read."""
+    paths = [path for path in (settings.triton_tls_ca, settings.triton_tls_cert, settings.triton_tls_key) if path]
+    if paths and not args.triton_url:
+        raise UserError("--triton-tls-ca/--triton-tls-cert/--triton-tls-key need --triton-url: the Triton "
+                        "serve starts is reached over a private Unix socket")
+    for path in paths:
+        try:
+            path.read_bytes()
+        except OSError as exc:
+            raise UserError(f"cannot read {path}: {exc.strerror}") from None
 
 
 def _interrupt(signum: int, frame: object) -> None:

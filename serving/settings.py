@@ -108,6 +108,11 @@ class Settings:
     insecure: bool = False                        # allow a non-loopback host without TLS or keys (logged)
     triton_key_file: Path | None = None           # file holding "<header>=<key>" sent on Triton's model-control
                                                   # calls (its --grpc-restricted-protocol); None = none sent
+    triton_tls_ca: Path | None = None             # set: the gateway talks TLS to every Triton URL and verifies
+                                                  # its certificate against this CA (PEM)
+    triton_tls_cert: Path | None = None           # the gateway's client certificate for Triton's mutual TLS
+    triton_tls_key: Path | None = None            # ... and its key (both or neither; they turn TLS on too,
+                                                  # verified against the system roots without triton_tls_ca)
     max_deadline_s: float = 300.0                 # a caller's deadline beyond this is capped to it (never expired)
     auth_failure_burst: int = 20                  # failed authentications a peer address (and a key id) may make
                                                   # at once before further failures answer RESOURCE_EXHAUSTED
@@ -119,11 +124,14 @@ class Settings:
         self.repository = Path(self.repository)
         if self.rollout_policy is not None:
             self.rollout_policy = Path(self.rollout_policy)
-        for name in ("tls_cert", "tls_key", "tls_client_ca", "api_keys", "triton_key_file"):
+        for name in ("tls_cert", "tls_key", "tls_client_ca", "api_keys", "triton_key_file", "triton_tls_ca",
+                     "triton_tls_cert", "triton_tls_key"):
             if getattr(self, name) is not None:
                 setattr(self, name, Path(getattr(self, name)))
         if (self.tls_cert is None) != (self.tls_key is None) or (self.tls_client_ca and not self.tls_cert):
             raise UserError("--tls-cert and --tls-key go together (and --tls-client-ca needs them)")
+        if (self.triton_tls_cert is None) != (self.triton_tls_key is None):
+            raise UserError("--triton-tls-cert and --triton-tls-key go together")
         for name in ("grpc_port", "http_port"):
             value = getattr(self, name)
             if value is None and name == "http_port":

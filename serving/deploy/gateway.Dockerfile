@@ -30,10 +30,13 @@ EXPOSE 50051 8080
 ENTRYPOINT ["routerkt", "serve"]
 # Defaults for docker compose (service names triton and redis); Kubernetes passes its own args.
 # The store secret: ROUTERKT_STORE_SECRET or a file mounted at the --store-secret-file path; TLS, API
-# keys, the store user's password and Triton's key: compose secrets under /run/secrets (docs/security.md).
+# keys, the store user's password, Triton's key and the CA of Triton's gRPC TLS (the gateway's own
+# certificate is its client certificate there): compose secrets under /run/secrets (docs/security.md).
 CMD ["--repository", "/models", "--host", "0.0.0.0", "--grpc-port", "50051", "--http-port", "8080", \
      "--triton-url", "triton:8001", "--store", "redis://routerkt@redis:6379/0", \
      "--store-secret-file", "/run/secrets/routerkt/store.secret", "--state-dir", "/tmp/routerkt", \
      "--store-password-file", "/run/secrets/redis_password", "--tls-cert", "/run/secrets/tls_cert", \
      "--tls-key", "/run/secrets/tls_key", "--api-keys", "/run/secrets/api_keys", \
-     "--triton-key-file", "/run/secrets/triton_key", "--log-format", "json"]
+     "--triton-key-file", "/run/secrets/triton_key", "--triton-tls-ca", "/run/secrets/tls_ca", \
+     "--triton-tls-cert", "/run/secrets/tls_cert", "--triton-tls-key", "/run/secrets/tls_key", \
+     "--log-format", "json"]

@@ -56,6 +56,9 @@ LAUNCHER_ONLY = ("--model-repository=", "--backend-directory=", "--cache-directo
                  "--grpc-address=", "--metrics-address=")
 # deployments only (the launcher's Triton stays on loopback): model control behind a header key
 RESTRICTED = ("--grpc-restricted-protocol=", "--http-restricted-api=")
+# deployments only: gRPC over mutual TLS (serve's own Triton is on a private Unix socket instead)
+TRITON_TLS = ("--grpc-use-ssl=", "--grpc-use-ssl-mutual=", "--grpc-server-cert=", "--grpc-server-key=",
+              "--grpc-root-cert=")
 
 
 # -- sources of truth ----------------------------------------------------------------------------
@@ -117,7 +120,8 @@ def check_triton_argv(argv: list[str], where: str, restricted: bool = True) -> s
     flags = normalized(argv[1:])
     repository = [f.split("=", 1)[1] for f in flags if f.startswith("--model-repository=")]
     assert len(repository) == 1, f"{where}: one --model-repository"
-    assert {f for f in flags if not f.startswith(("--model-repository=", *RESTRICTED))} == launcher_flags(), where
+    assert {f for f in flags if not f.startswith(("--model-repository=", *RESTRICTED, *TRITON_TLS))} == \
+        launcher_flags(), where
     for prefix in RESTRICTED if restricted else ():
         (value,) = [f.split("=", 1)[1] for f in flags if f.startswith(prefix)] or [None]
         assert value is not None, f"{where}: {prefix} restricts model control"
@@ -138,6 +142,15 @@ def check_gateway_args(args: argparse.Namespace, defaults: Settings, triton_host
     assert args.store_password_file and args.tls_cert and args.tls_key and args.api_keys, \
         f"{where}: TLS, API keys and the store's password"
     assert args.triton_key_file and not args.insecure, where
+    assert args.triton_tls_ca and args.triton_tls_cert and args.triton_tls_key, f"{where}: mutual TLS to Triton"
+
+
+def triton_tls_files(argv: list[str], where: str) -> dict[str, str]:
+    """Triton's gRPC TLS flags in `argv` (mutual TLS on) -> {"cert", "key", "root"}: the files."""
+    flags = dict(f.split("=", 1) for f in normalized(argv[1:]) if f.startswith(TRITON_TLS))
+    assert flags.get("--grpc-use-ssl") == "true" and flags.get("--grpc-use-ssl-mutual") == "true", \
+        f"{where}: Triton's gRPC must speak mutual TLS"
+    return {"cert": flags["--grpc-server-cert"], "key": flags["--grpc-server-key"], "root": flags["--grpc-root-cert"]}
 
 
 # -- YAML ------------------------------------------------------------------------------------------
@@ -764,6 +777,45 @@ def test_gateway_serves_tls_with_keys_and_reaches_the_store_as_its_acl_user(obje
     volumes = {v["name"]: v for v in pod_spec(redis)["volumes"]}
     assert any(v.get("secret", {}).get("secretName") == secret_volume_of(gateway, str(args.store_password_file))
                ["secretName"] for v in volumes.values())
+
+
+def secret_file(workload: dict, path: str) -> tuple[str, str]:
+    """(Secret name, key) of the file `path` a workload's container sees."""
+    secret = secret_volume_of(workload, path)
+    (item,) = [i for i in secret["items"] if i["path"] == Path(path).name]
+    return secret["secretName"], item["key"]
+
+
+def test_gateway_reaches_triton_over_mutual_tls(objects: dict) -> None:
+    """Triton's gRPC requires client certificates of the CA that signed the gateway's, the gateway
+    verifies Triton against the CA that signed Triton's and presents its certificate: every file
+    comes from a mounted Secret, and the CA files are the same Secret key on both sides' terms."""
+    gateway, triton = only(objects, "gateway"), only(objects, "triton")
+    (container,) = pod_spec(gateway)["containers"]
+    args = serve_args(container["args"])
+    (triton_container,) = pod_spec(triton)["containers"]
+    files = triton_tls_files(triton_container["command"] + triton_container["args"], "k8s triton")
+    assert {secret_file(triton, files[name])[1] for name in ("cert", "key", "root")} == {"tls.crt", "tls.key", "ca.crt"}
+    assert len({secret_file(triton, files[name])[0] for name in files}) == 1
+    assert secret_file(gateway, str(args.triton_tls_ca))[1] == "ca.crt"
+    assert [secret_file(gateway, str(p))[1] for p in (args.triton_tls_cert, args.triton_tls_key)] == ["tls.crt", "tls.key"]
+    assert secret_file(gateway, str(args.triton_tls_cert))[0] == secret_file(gateway, str(args.triton_tls_key))[0]
+    settings = Settings(triton_url=args.triton_url, triton_tls_ca=args.triton_tls_ca,
+                        triton_tls_cert=args.triton_tls_cert, triton_tls_key=args.triton_tls_key).validate()
+    assert settings.triton_tls_cert is not None
+
+
+def test_compose_gateway_reaches_triton_over_mutual_tls(compose: dict) -> None:
+    services = compose["services"]
+    args = serve_args(services["gateway"]["command"])
+    files = triton_tls_files(services["triton"]["command"], "compose triton")
+    for service, paths in (("triton", files.values()),
+                           ("gateway", (args.triton_tls_ca, args.triton_tls_cert, args.triton_tls_key))):
+        for path in paths:
+            assert Path(path).parent == Path("/run/secrets") and Path(path).name in services[service]["secrets"], \
+                f"compose {service}: {path} must be one of its secrets"
+    assert Path(files["root"]).name == Path(args.triton_tls_ca).name, "one CA for Triton and the gateway"
+    assert set(services["triton"]["secrets"]) <= set(compose["secrets"])
 
 
 def test_compose_store_user_has_the_store_rules(compose: dict) -> None:

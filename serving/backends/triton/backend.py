@@ -23,7 +23,7 @@ from serving.errors import shown
 from serving.metrics import Metrics
 from serving.parts import BackendError, FailureKind
 from serving.settings import Settings
-from serving.backends.triton.client import TritonClient, control_headers
+from serving.backends.triton.client import TritonClient, TritonTLS, control_headers, triton_tls
 from serving.backends.triton.supervisor import TritonSupervisor
 
 log = logging.getLogger("routerkt.gateway.triton")
@@ -35,12 +35,18 @@ LOG_EVERY_S = 5.0          # at most one "repeated an inference" line this often
 T = TypeVar("T")
 
 
+def tls_of(settings: Settings) -> TritonTLS | None:
+    """How the gateway's channels to Triton are secured (settings.triton_tls_*), None: plaintext."""
+    return triton_tls(settings.triton_tls_ca, settings.triton_tls_cert, settings.triton_tls_key)
+
+
 class TritonInferenceBackend:
     """InferenceBackend over one Triton server."""
 
     def __init__(self, settings: Settings, metrics: Metrics, client: TritonClient | None = None) -> None:
         self.settings = settings
-        self.client = client or TritonClient(settings.triton_url, metrics, control_headers(settings.triton_key_file))
+        self.client = client or TritonClient(settings.triton_url, metrics, control_headers(settings.triton_key_file),
+                                             tls_of(settings))
         self.supervisor = TritonSupervisor(settings, metrics, self.client)
         self._logged = -LOG_EVERY_S
 

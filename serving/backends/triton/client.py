@@ -12,10 +12,18 @@ tritonclient's aio client and carry `control_headers` (the key of Triton's
 `triton-grpc-protocol-<header>` Triton's gRPC server expects). Both channels back off at most 1 s between reconnects, so a restarted
 Triton on the same address is found again quickly. Tensor names and dtypes come from the
 contract's graph the model serves.
+
+With a TritonTLS (settings.triton_tls_ca / _cert / _key: `routerkt serve --triton-tls-*`) both
+channels are TLS channels built from one set of credentials: the server's certificate is verified
+against the CA (the system roots without one), and with a certificate and key the client presents
+them (Triton's --grpc-use-ssl-mutual). The files are read at connect(); a renewed client
+certificate takes a gateway restart, a renewed Triton certificate from the same CA does not.
 """
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -76,13 +84,45 @@ def control_headers(key_file) -> dict[str, str] | None:
     return grpc_headers(key_file)
 
 
-class TritonClient:
-    """Stateless calls to the Triton at `url` (create, use and close inside one event loop)."""
+@dataclass(frozen=True)
+class TritonTLS:
+    """How the gateway's channels to Triton are secured: `ca` verifies Triton's certificate (None:
+    the system roots); `cert` and `key` (both or neither) are the gateway's client certificate for
+    Triton's mutual TLS."""
 
-    def __init__(self, url: str, metrics: Metrics, headers: dict[str, str] | None = None) -> None:
+    ca: Path | None = None
+    cert: Path | None = None
+    key: Path | None = None
+
+    def __post_init__(self) -> None:
+        if (self.cert is None) != (self.key is None):
+            raise ValueError("a Triton client certificate needs its key (and the key its certificate)")
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        """The channel credentials, the files read now (OSError when one cannot be read)."""
+        def read(path: Path | None) -> bytes | None:
+            return None if path is None else Path(path).read_bytes()
+        return grpc.ssl_channel_credentials(root_certificates=read(self.ca), private_key=read(self.key),
+                                            certificate_chain=read(self.cert))
+
+
+def triton_tls(ca: Path | None, cert: Path | None, key: Path | None) -> TritonTLS | None:
+    """The TritonTLS of the settings' three paths, or None (plaintext) when none is set."""
+    if ca is None and cert is None and key is None:
+        return None
+    return TritonTLS(ca, cert, key)
+
+
+class TritonClient:
+    """Stateless calls to the Triton at `url` (create, use and close inside one event loop); over
+    TLS when `tls` is given."""
+
+    def __init__(self, url: str, metrics: Metrics, headers: dict[str, str] | None = None,
+                 tls: TritonTLS | None = None) -> None:
         self.url = url
         self.metrics = metrics
         self.headers = headers                     # sent on the repository index, load and unload
+        self.tls = tls
         self._control = {"headers": headers} if headers else {}
         self._client: grpcaio.InferenceServerClient | None = None
         self._channel: grpc.aio.Channel | None = None
@@ -91,8 +131,13 @@ class TritonClient:
 
     async def connect(self) -> None:
         if self._client is None:
-            self._client = grpcaio.InferenceServerClient(self.url, channel_args=channel_args())
-            self._channel = grpc.aio.insecure_channel(self.url, options=channel_args())
+            if self.tls is None:
+                self._client = grpcaio.InferenceServerClient(self.url, channel_args=channel_args())
+                self._channel = grpc.aio.insecure_channel(self.url, options=channel_args())
+            else:
+                creds = self.tls.credentials()
+                self._client = grpcaio.InferenceServerClient(self.url, channel_args=channel_args(), creds=creds)
+                self._channel = grpc.aio.secure_channel(self.url, creds, options=channel_args())
             self._infer_stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
 
     async def close(self) -> None:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from serving.backends.triton.backend import TritonInferenceBackend
+from serving.backends.triton.backend import TritonInferenceBackend, tls_of
 from serving.catalog import ModelCatalog, ModelVersion
 from serving.metrics import Metrics
 from serving.parts import BackendError, FailureKind, InferenceBackend
@@ -54,7 +54,8 @@ def triton_backend(settings: Settings, metrics: Metrics) -> InferenceBackend:
     urls = settings.triton_urls
     if len(urls) == 1:
         return TritonInferenceBackend(settings, metrics,
-                                      TritonClient(urls[0], metrics, control_headers(settings.triton_key_file)))
+                                      TritonClient(urls[0], metrics, control_headers(settings.triton_key_file),
+                                                   tls_of(settings)))
     return TritonReplicaBackend(settings, metrics)
 
 
@@ -103,8 +104,8 @@ class TritonReplicaBackend:
         if backends is None:
             urls = settings.triton_urls
             view = _ReplicaMetrics(metrics)
-            headers = control_headers(settings.triton_key_file)
-            backends = [TritonInferenceBackend(settings, view, TritonClient(url, view, headers))  # type: ignore[arg-type]
+            headers, tls = control_headers(settings.triton_key_file), tls_of(settings)
+            backends = [TritonInferenceBackend(settings, view, TritonClient(url, view, headers, tls))  # type: ignore[arg-type]
                         for url in urls]
             names = urls
         if not backends:
