@@ -53,6 +53,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "security": ("loadtest.bench_security", "Predict with TLS + API keys vs plain, 1 and 32 callers: p50 / p99, calls/s"),
     "distributed": ("training.bench_distributed", "data-parallel training throughput: 1 vs N processes (DDP, gloo)"),
     "retrain": ("loadtest.bench_retrain", "routerkt retrain's stages: export, training, evaluation per store size and kind"),
+    "loop": ("loadtest.bench_loop", "a dataset replayed day by day through the gateway with a nightly retrain, vs a static v1"),
 }
 SESSIONS: dict[str, tuple[str, str]] = {
     "import": ("serving.sessions.cli_import", "bulk-load a canonical CSV into a session store"),
