@@ -24,16 +24,19 @@ HTTP_STATUS: dict[grpc.StatusCode, int] = {
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
     grpc.StatusCode.CANCELLED: 499,
     grpc.StatusCode.INTERNAL: 500,
+    grpc.StatusCode.UNIMPLEMENTED: 501,
 }
 
 
 class ServingError(Exception):
     """A request failed with `code`; str(error) is the client-safe message."""
 
-    def __init__(self, code: grpc.StatusCode, message: str, field: str | None = None) -> None:
+    def __init__(self, code: grpc.StatusCode, message: str, field: str | None = None,
+                 http_status: int | None = None) -> None:
         self.code = code
         self.message = f"{field}: {message}" if field else message
         self.field = field
+        self._http_status = http_status          # an HTTP-only refinement of HTTP_STATUS (below)
         super().__init__(self.message)
 
     @property
@@ -42,7 +45,7 @@ class ServingError(Exception):
 
     @property
     def http_status(self) -> int:
-        return HTTP_STATUS.get(self.code, 500)
+        return self._http_status or HTTP_STATUS.get(self.code, 500)
 
     def to_json(self) -> dict[str, object]:
         return {"error": {"code": self.code.name, "message": self.message, "field": self.field}}
@@ -84,3 +87,25 @@ def deadline_exceeded(message: str = "deadline exceeded") -> ServingError:
 def internal() -> ServingError:
     """A bug or an unexpected failure: the details are in the server log only."""
     return ServingError(grpc.StatusCode.INTERNAL, "internal error (details are in the gateway log)")
+
+
+# -- HTTP-only refinements: the same gRPC code, a more precise HTTP status --------------------------
+def body_timeout(seconds: float) -> ServingError:
+    """The HTTP body did not arrive in time: DEADLINE_EXCEEDED, HTTP 408 (the client's fault, not 504)."""
+    return ServingError(grpc.StatusCode.DEADLINE_EXCEEDED, f"the body did not arrive within {seconds:g} s", "body",
+                        http_status=408)
+
+
+def body_too_large(limit: int) -> ServingError:
+    """The HTTP body is over the size limit: RESOURCE_EXHAUSTED, HTTP 413 (not 429: retrying will not help)."""
+    return ServingError(grpc.StatusCode.RESOURCE_EXHAUSTED, f"over {limit} bytes", "body", http_status=413)
+
+
+def no_such_path() -> ServingError:
+    return ServingError(grpc.StatusCode.NOT_FOUND, "no such path")
+
+
+def method_not_allowed(method: str) -> ServingError:
+    """An HTTP method a route does not take: UNIMPLEMENTED, HTTP 405."""
+    return ServingError(grpc.StatusCode.UNIMPLEMENTED, f"method {method[:16]} is not allowed here", http_status=405)
+

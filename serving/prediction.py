@@ -155,9 +155,10 @@ class PredictionService:
     # -- the public steps --------------------------------------------------------------------------
     @asynccontextmanager
     async def call(self, deadline: Deadline) -> AsyncIterator[None]:
-        """The frame of one query: an in-flight slot (RESOURCE_EXHAUSTED when none frees in time),
-        every ServingError raised inside counted, anything else logged and answered INTERNAL (the
-        last line of defence against leaking internals). Every other step runs inside it."""
+        """The frame of one query: an in-flight slot (RESOURCE_EXHAUSTED when none frees in time);
+        anything raised inside that is not a ServingError is logged and answered INTERNAL (the last
+        line of defence against leaking internals). Every other step runs inside it. Errors are
+        counted once per call by the transport that answers it."""
         acquired = False
         try:
             await self._acquire(deadline)
@@ -165,25 +166,16 @@ class PredictionService:
             self._inflight += 1
             self.metrics.inflight.inc()
             yield
-        except ServingError as exc:
-            self.count_error(exc)
-            raise
-        except (asyncio.CancelledError, GeneratorExit):
+        except (ServingError, asyncio.CancelledError, GeneratorExit):
             raise
         except Exception:
             log.exception("unexpected error while serving a prediction")
-            raise self.count_error(errors.internal()) from None
+            raise errors.internal() from None
         finally:
             if acquired:
                 self._inflight -= 1
                 self.metrics.inflight.dec()
                 self._slots.release()
-
-    def count_error(self, error: ServingError) -> ServingError:
-        """Count `error` in the errors metric as `call` counts its own (for a refusal made before a
-        call starts: Recommend's own checks); returns it, to be raised."""
-        self.metrics.errors.labels(code=error.code_name).inc()
-        return error
 
     async def resolve(self, name: str, version: int, learner_ids: Sequence[str]) -> list[Route]:
         """The Route of each learner (`learner_ids`, "" when unnamed): NOT_FOUND when the repository

@@ -60,11 +60,9 @@ class Recommender:
     async def recommend(self, query: RecommendQuery, deadline: Deadline) -> Recommendations:
         target = DEFAULT_TARGET if query.target_probability is None else query.target_probability
         if not (0.0 < target < 1.0) or math.isnan(target):
-            raise self.service.count_error(errors.invalid_argument("target_probability",
-                                                                   f"must be in (0, 1), got {target:g}"))
+            raise errors.invalid_argument("target_probability", f"must be in (0, 1), got {target:g}")
         if query.top_k is not None and query.top_k < 1:
-            raise self.service.count_error(errors.invalid_argument("top_k",
-                                                                   f"must be >= 1 when set, got {query.top_k}"))
+            raise errors.invalid_argument("top_k", f"must be >= 1 when set, got {query.top_k}")
         learner = query.learner
         excluded = 0
         if query.exclude_seen and learner.candidate_questions.size:
@@ -94,7 +92,6 @@ class Recommender:
         if not learner.learner_id:
             return learner.history_questions
         if self.sessions is None:
-            raise self.service.count_error(errors.invalid_argument("learner_id",
-                                                                   "this gateway runs without a session store"))
+            raise errors.invalid_argument("learner_id", "this gateway runs without a session store")
         stored = await self.sessions.history(learner.learner_id, self.sessions.settings.store_keep, deadline)
         return stored.questions

@@ -128,7 +128,8 @@ class Metrics:
             "routerkt_unknown_ids", "Ids missing from the model's vocabulary (questions mapped to the "
             "unknown id; skills likewise: -1, no recorded skill, or an id the version does not know).", ("kind",), registry=r)
         self.errors = Counter(
-            "routerkt_errors", "Predict/PredictBatch calls (gRPC and HTTP) that failed, by gRPC code.",
+            "routerkt_errors", "Calls that failed, every RPC and HTTP route (auth refusals included), by gRPC "
+            "code: counted once per call where its transport answers it.",
             ("code",), registry=r)
         self.inflight = Gauge(
             "routerkt_inflight_requests", "Predict/PredictBatch calls being served now.", registry=r)

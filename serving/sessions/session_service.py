@@ -24,7 +24,6 @@ import numpy as np
 
 from serving import errors
 from serving.catalog import ModelCatalog
-from serving.errors import ServingError
 from serving.metrics import Metrics
 from serving.requests import Deadline
 from serving.security.audit import LEARNER_PREFIX, audit
@@ -101,18 +100,13 @@ class SessionService:
 
     # -- calls -----------------------------------------------------------------------------------
     async def observe(self, query: ObserveQuery, deadline: Deadline) -> AppendResult:
-        try:
-            validate_observe(query, self.settings)
-            key = self.keys.learner(query.learner_id)
-            events = [StoredEvent(self.keys.event(key, event_id), int(q), s, int(c), int(t))
-                      for event_id, q, s, c, t in zip(query.event_ids, query.questions.tolist(), query.stored_skills(),
-                                                       query.correct.tolist(), query.timestamps.tolist())]
-            keep = max(self.settings.store_keep, self.catalog.max_window())
-            result = await self._call("append", self.store.append(key, events, keep, int(time.time() * 1000)),
-                                      deadline)
-        except ServingError as exc:
-            self.metrics.errors.labels(code=exc.code_name).inc()
-            raise
+        validate_observe(query, self.settings)
+        key = self.keys.learner(query.learner_id)
+        events = [StoredEvent(self.keys.event(key, event_id), int(q), s, int(c), int(t))
+                  for event_id, q, s, c, t in zip(query.event_ids, query.questions.tolist(), query.stored_skills(),
+                                                   query.correct.tolist(), query.timestamps.tolist())]
+        keep = max(self.settings.store_keep, self.catalog.max_window())
+        result = await self._call("append", self.store.append(key, events, keep, int(time.time() * 1000)), deadline)
         self.metrics.events.labels(result="stored").inc(result.stored)
         self.metrics.events.labels(result="duplicate").inc(result.duplicates)
         if self.tracker is not None and result.stored:
@@ -121,44 +115,39 @@ class SessionService:
 
     async def report_outcome(self, prediction_id: str, question_id: int, correct: int, deadline: Deadline) -> int:
         """ReportOutcome: pairs recorded (0: unknown, expired or already reported prediction)."""
-        try:
-            if self.tracker is None:
-                raise errors.failed_precondition("this gateway does not track outcomes")
-            return await self._call("take_served", self.tracker.report(prediction_id, question_id, correct),
-                                    deadline)
-        except ServingError as exc:
-            self.metrics.errors.labels(code=exc.code_name).inc()
-            raise
+        if self.tracker is None:
+            raise errors.failed_precondition("this gateway does not track outcomes")
+        return await self._call("take_served", self.tracker.report(prediction_id, question_id, correct), deadline)
 
     async def forget(self, learner_id: str, deadline: Deadline) -> tuple[bool, int]:
-        try:
-            check_learner_id(learner_id, self.settings)
-            key = self.keys.learner(learner_id)
-            if self.tracker is not None:                 # nothing queued may be written after the delete
-                await self.tracker.discard(key)
-            existed, deleted = await self._call("forget", self.store.forget(key), deadline)
-            audit("forget_learner", learner=key[:LEARNER_PREFIX], existed=existed, deleted=deleted)
-            return existed, deleted
-        except ServingError as exc:
-            self.metrics.errors.labels(code=exc.code_name).inc()
-            raise
+        check_learner_id(learner_id, self.settings)
+        key = self.keys.learner(learner_id)
+        if self.tracker is not None:                     # nothing queued may be written after the delete
+            await self.tracker.discard(key)
+        existed, deleted = await self._call("forget", self.store.forget(key), deadline)
+        audit("forget_learner", learner=key[:LEARNER_PREFIX], existed=existed, deleted=deleted)
+        return existed, deleted
 
     async def history(self, learner_id: str, limit: int, deadline: Deadline) -> History:
         return await self._call("history", self.store.history(self.keys.learner(learner_id), limit), deadline)
 
     async def _call(self, operation: str, coro, deadline: Deadline):
         timeout = deadline.remaining() - self.settings.deadline_margin_s
+        if timeout <= 0:                                 # the caller's time is up: the store is not asked
+            coro.close()
+            raise errors.deadline_exceeded("the call's deadline passed before the session store was asked")
         started = time.perf_counter()
         try:
-            if timeout <= 0:
-                raise asyncio.TimeoutError
             result = await asyncio.wait_for(coro, timeout)
-        except (StoreUnavailable, asyncio.TimeoutError) as exc:
+        except asyncio.TimeoutError:
+            self.metrics.store_errors.labels(operation=operation).inc()
+            log.warning("session store %s did not answer within the call's deadline (%.3fs)", operation, timeout)
+            raise errors.deadline_exceeded("the session store did not answer within the call's deadline") from None
+        except StoreUnavailable as exc:
             coro.close()
             self.metrics.store_errors.labels(operation=operation).inc()
-            if isinstance(exc, StoreUnavailable):
-                self._set_up(False)
-            log.warning("session store %s failed: %s", operation, str(exc)[:300] or "timed out")
+            self._set_up(False)
+            log.warning("session store %s failed: %s", operation, str(exc)[:300])
             raise errors.unavailable(UNAVAILABLE) from None
         finally:
             self.metrics.store_seconds.labels(operation=operation).observe(time.perf_counter() - started)

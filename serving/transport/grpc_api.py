@@ -71,7 +71,7 @@ def add_to_server(servicer: "KnowledgeTracingServicer", server: grpc.aio.Server)
         response_type = getattr(pb, method.output_type.name)
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
             _handler(getattr(servicer, method.name), servicer.default_deadline_s, servicer.max_deadline_s,
-                     servicer.guard, f"/{SERVICE.full_name}/{method.name}"),
+                     servicer.guard, f"/{SERVICE.full_name}/{method.name}", servicer.service.metrics),
             request_deserializer=_decoder(request_type, servicer.undecodable(method.name)),
             response_serializer=response_type.SerializeToString)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),))
@@ -260,11 +260,11 @@ class KnowledgeTracingServicer:
         return self.sessions
 
 
-def _handler(method, default_deadline_s: float, max_deadline_s: float, guard: Guard, full_name: str):
+def _handler(method, default_deadline_s: float, max_deadline_s: float, guard: Guard, full_name: str, metrics):
     """The one frame of every RPC: the caller's key and scope (serving/security/; before the body
     is looked at: an undecodable body without a key is UNAUTHENTICATED), decoded body, the call's
     deadline (none: the default; beyond max_deadline_s: capped, never expired), ServingError ->
-    status."""
+    status, counted here once (routerkt_errors_total{code}); anything else is logged and INTERNAL."""
     scope = grpc_scope(full_name)
 
     async def handle(request, context: grpc.aio.ServicerContext):
@@ -276,8 +276,15 @@ def _handler(method, default_deadline_s: float, max_deadline_s: float, guard: Gu
             return await method(request, Deadline.after(default_deadline_s if remaining is None
                                                         else min(remaining, max_deadline_s)))
         except ServingError as exc:
-            if exc.field:
-                context.set_trailing_metadata(((errors.FIELD_METADATA_KEY, exc.field),))
-            await context.abort(exc.code, exc.message)
+            error = exc
+        except (asyncio.CancelledError, GeneratorExit, grpc.aio.AbortError):
+            raise
+        except Exception:
+            log.exception("unexpected error in %s", full_name)
+            error = errors.internal()
+        metrics.errors.labels(code=error.code_name).inc()
+        if error.field:
+            context.set_trailing_metadata(((errors.FIELD_METADATA_KEY, error.field),))
+        await context.abort(error.code, error.message)
     handle.__name__ = method.__name__
     return handle

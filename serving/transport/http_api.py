@@ -19,7 +19,9 @@ Errors are {"error": {"code": <gRPC code name>, "message", "field"}} with HTTP 4
 also for malformed JSON / wrong types), 401 (no valid API key; checked before the body is read, so
 a malformed body without a key is 401), 403 (the key lacks the route's scope:
 serving/security/scopes.py), 404 (NOT_FOUND), 413 (body over the size limit), 429
-(RESOURCE_EXHAUSTED; also failed keys over the limit of serving/security/failures.py), 503 (UNAVAILABLE), 504 (DEADLINE_EXCEEDED), 500 (INTERNAL). The deadline is
+(RESOURCE_EXHAUSTED; also failed keys over the limit of serving/security/failures.py), 503
+(UNAVAILABLE), 504 (DEADLINE_EXCEEDED), 500 (INTERNAL): serving/errors.py's table, with its HTTP
+refinements (408, 413, 405). Every error is counted once, where it is rendered (`_error`). The deadline is
 settings.default_deadline_s unless the `X-Request-Timeout` header gives one in seconds (capped at
 MAX_REQUEST_TIMEOUT_S, 60). Input is strict: JSON integers only (no bool, string or float for an id
 or `correct`), text without lone surrogates, a body of at most 4x max_message_bytes also when
@@ -32,7 +34,6 @@ import logging
 import time
 from typing import Any
 
-import grpc
 import numpy as np
 from fastapi import Depends, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
@@ -41,8 +42,12 @@ from starlette.routing import Match
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from serving import errors
 from serving.errors import ServingError, failed_precondition, invalid_argument
-from serving.transport.http_models import (AttendedOut, CandidateIn, ERROR_RESPONSES, ExplanationOut, InteractionIn, LearnerIn, LearnerOut, MasteryIn, MasteryOut, PredictBatchIn, PredictBatchOut, PredictIn, PredictOut, RecommendIn, RecommendOut, RecommendationOut, ReportOutcomeIn, ReportOutcomeOut, SkillMasteryOut)
+from serving.transport.http_models import (ERROR_RESPONSES, AttendedOut, CandidateIn, ExplanationOut, InteractionIn,
+                                           LearnerIn, LearnerOut, MasteryIn, MasteryOut, PredictBatchIn,
+                                           PredictBatchOut, PredictIn, PredictOut, RecommendationOut, RecommendIn,
+                                           RecommendOut, ReportOutcomeIn, ReportOutcomeOut, SkillMasteryOut)
 from serving.transport.endpoints import Endpoints
 from serving.explain import ExplainService
 from serving.mastery import MasteryQuery, MasteryService
@@ -77,17 +82,14 @@ class BodyGuard:
             try:
                 message = await asyncio.wait_for(receive(), max(deadline - loop.time(), 0.001))
             except asyncio.TimeoutError:
-                await self._reject(scope, receive, send, 408, ServingError(
-                    grpc.StatusCode.DEADLINE_EXCEEDED, f"the body did not arrive within {self.read_timeout_s:g} s",
-                    "body"))
+                await self._reject(scope, receive, send, errors.body_timeout(self.read_timeout_s))
                 return
             if message["type"] == "http.disconnect":
                 return
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
             if size > self.max_bytes:
-                await self._reject(scope, receive, send, 413, ServingError(
-                    grpc.StatusCode.RESOURCE_EXHAUSTED, f"over {self.max_bytes} bytes", "body"))
+                await self._reject(scope, receive, send, errors.body_too_large(self.max_bytes))
                 return
             if not message.get("more_body", False):
                 break
@@ -97,11 +99,11 @@ class BodyGuard:
             return pending.pop() if pending else await receive()
         await self.app(scope, replay, send)
 
-    async def _reject(self, scope, receive, send, status: int, error: ServingError) -> None:
-        self.metrics.errors.labels(code=error.code_name).inc()
-        self.metrics.http_requests.labels(handler="other", status=str(status)).inc()
-        await JSONResponse(status_code=status, content=error.to_json(), headers={"Connection": "close"})(
-            scope, receive, send)
+    async def _reject(self, scope, receive, send, error: ServingError) -> None:
+        self.metrics.http_requests.labels(handler="other", status=str(error.http_status)).inc()
+        response = _error(error, self.metrics)
+        response.headers["Connection"] = "close"
+        await response(scope, receive, send)
 
 
 class AuthGate:
@@ -130,8 +132,7 @@ class AuthGate:
                              f"{method[:8]} {route.path}")
         except ServingError as exc:
             scope["route"] = route                       # the request counter names the route
-            self.metrics.errors.labels(code=exc.code_name).inc()
-            response = _error(exc)
+            response = _error(exc, self.metrics)
             if method not in ("GET", "HEAD"):            # its body stays unread: no reuse of the connection
                 response.headers["Connection"] = "close"
             await response(scope, receive, send)
@@ -175,24 +176,28 @@ def create_app(endpoints: Endpoints) -> FastAPI:
 
     @app.exception_handler(ServingError)
     async def serving_error(request: Request, exc: ServingError) -> JSONResponse:
-        return _error(exc)
+        return _error(exc, metrics)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error while answering %s %s", request.method[:8], getattr(
+            request.scope.get("route"), "path", "a request"))
+        return _error(errors.internal(), metrics)
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {"loc": ("body",), "msg": "invalid request"}
-        error = invalid_argument(_field_path(first.get("loc", ())), str(first.get("msg", "invalid value")))
-        metrics.errors.labels(code=error.code_name).inc()
-        return JSONResponse(status_code=400, content=error.to_json())
+        return _error(invalid_argument(_field_path(first.get("loc", ())), str(first.get("msg", "invalid value"))),
+                      metrics)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         """Unknown paths (404) and methods (405) answer in the same error format as everything else."""
-        code = {404: "NOT_FOUND", 405: "UNIMPLEMENTED"}.get(exc.status_code, "INVALID_ARGUMENT")
-        message = {404: "no such path", 405: f"method {request.method[:16]} is not allowed here"}.get(
-            exc.status_code, "invalid request")
-        return JSONResponse(status_code=exc.status_code, content={"error": {"code": code, "message": message,
-                                                                             "field": None}},
-                            headers=getattr(exc, "headers", None))
+        error = (errors.no_such_path() if exc.status_code == 404 else errors.method_not_allowed(request.method)
+                 if exc.status_code == 405 else invalid_argument("body", "invalid request"))
+        response = _error(error, metrics)
+        response.headers.update(exc.headers or {})
+        return response
 
     def call_deadline(x_request_timeout: str | None = Header(None)) -> Deadline:
         """The call's deadline: settings.default_deadline_s, or the X-Request-Timeout header."""
@@ -334,7 +339,10 @@ def _deadline(header: str | None, default_s: float) -> Deadline:
     return Deadline.after(min(seconds, MAX_REQUEST_TIMEOUT_S))
 
 
-def _error(exc: ServingError) -> JSONResponse:
+def _error(exc: ServingError, metrics) -> JSONResponse:
+    """The HTTP mirror's one error site: counted once in routerkt_errors_total{code}, rendered with its
+    status (serving/errors.py's HTTP_STATUS, or the error's HTTP refinement)."""
+    metrics.errors.labels(code=exc.code_name).inc()
     headers = {"Retry-After": "1"} if exc.http_status in (429, 503) else None
     return JSONResponse(status_code=exc.http_status, content=exc.to_json(), headers=headers)
 

@@ -112,6 +112,10 @@ class FakeBackend:
         self.timeouts.append(timeout_s)
         return feeds["questions"].astype(np.float32) / 100.0
 
+    async def infer_outputs(self, model, feeds, outputs, timeout_s: float) -> dict[str, np.ndarray]:
+        from serving.parts import BackendError, FailureKind
+        raise BackendError(FailureKind.REJECTED, "the fake backend serves no explain outputs")
+
 
 def stderr_until(process, marker: str, seconds: float = 60.0) -> list[str]:
     """The lines `process` (stderr=PIPE, text) writes until one holds `marker`, it ends, or `seconds` pass."""

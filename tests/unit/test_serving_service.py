@@ -237,7 +237,7 @@ def test_backend_failures_map_to_codes_without_triton_text(setup, kind: FailureK
     error = code_of(service.predict(predict_request(), Deadline.after(5)))
     assert error.code is code
     assert "/secret/path" not in error.message and "Traceback" not in error.message
-    assert metrics.registry.get_sample_value("routerkt_errors_total", {"code": code.name}) == 1
+    assert metrics.registry.get_sample_value("routerkt_errors_total", {"code": code.name}) is None   # transports count
 
 
 @pytest.mark.parametrize("kind, code", [(FailureKind.STUB_CRASHED, grpc.StatusCode.UNAVAILABLE),
@@ -261,7 +261,6 @@ def test_the_public_steps_compose_and_infer_outputs_maps_failures_as_infer_does(
     backend.fail = BackendError(kind, "Traceback ... /secret/path")
     error = code_of(steps(Deadline.after(5)))
     assert error.code is code and "/secret/path" not in error.message
-    assert metrics.registry.get_sample_value("routerkt_errors_total", {"code": code.name}) == 1
     calls = len(backend.calls)
     assert code_of(steps(Deadline.after(-0.1))).code is grpc.StatusCode.DEADLINE_EXCEEDED
     assert len(backend.calls) == calls                               # an expired deadline never reaches it
@@ -273,12 +272,11 @@ def test_expired_deadline_never_reaches_the_backend(setup) -> None:
     assert error.code is grpc.StatusCode.DEADLINE_EXCEEDED and backend.calls == []
 
 
-def test_validation_errors_are_counted_and_precede_model_lookup(setup) -> None:
+def test_validation_errors_precede_model_lookup(setup) -> None:
     service, backend, metrics = setup
     bad = pb.PredictRequest(model="missing", candidates=[])
     error = code_of(service.predict(bad, Deadline.after(5)))
     assert error.code is grpc.StatusCode.INVALID_ARGUMENT and error.field == "candidates"
-    assert metrics.registry.get_sample_value("routerkt_errors_total", {"code": "INVALID_ARGUMENT"}) == 1
 
 
 def _burst(service, n: int, deadline_s: float = 5.0) -> list:
