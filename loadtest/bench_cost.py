@@ -83,12 +83,12 @@ def setting_repository(source: Path, model: str, out: Path, delay_us: int, threa
 
 def rank_feeds(repository: Path, request, name: str, version: int):
     """(model version, the rank graph's inputs for `request`) encoded exactly as the gateway does
-    (validation, vocabulary mapping, candidate padding: serving/features.py)."""
-    from serving.catalog import ModelCatalog
-    from serving.features import WindowEncoder
+    (validation, vocabulary mapping, candidate padding: serving/encoder/window.py)."""
+    from serving.core.catalog import ModelCatalog
+    from serving.encoder.window import WindowEncoder
     from serving.transport.grpc_api import predict_query
     from serving.settings import Settings
-    from serving.validation import validate_query
+    from serving.core.validation import validate_query
 
     catalog = ModelCatalog(repository)
     catalog.refresh()

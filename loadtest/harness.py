@@ -103,7 +103,7 @@ def start_gateway(stack: ExitStack, repository: Path, model: str, triton_url: st
     """An in-process gateway (stopped when `stack` closes), with a session store when `store_url`
     (and then outcome tracking, unless `track_outcomes` is False); `overrides`: other Settings
     fields. Returns its gRPC target once `model` is ready in Triton."""
-    from serving.catalog import ModelCatalog
+    from serving.core.catalog import ModelCatalog
     from serving.metrics import Metrics
     from serving.server import ThreadedGateway
     from serving.sessions.factory import open_store

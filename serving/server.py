@@ -37,14 +37,14 @@ from grpc_reflection.v1alpha import reflection
 
 from routerkt.errors import UserError
 from serving.api import knowledge_tracing_pb2 as pb
-from serving.backends.triton.replicas import triton_backend
-from serving.catalog import ModelCatalog
-from serving.features import WindowEncoder
+from serving.backends import BACKENDS
+from serving.core.catalog import ModelCatalog
+from serving.encoder.window import WindowEncoder
 from serving.metrics import Metrics, MetricsSink
 from serving.outcomes.tracker import OutcomeTracker
-from serving.parts import Background, Encoder, HistorySource, InferenceBackend, PredictionSink, SinkChain, VersionPolicy
-from serving.prediction import PredictionService
-from serving.recommend import Recommender
+from serving.pipeline.parts import Background, Encoder, HistorySource, InferenceBackend, PredictionSink, SinkChain, VersionPolicy
+from serving.pipeline.prediction import PredictionService
+from serving.queries.recommend import Recommender
 from serving.rollout.kinds.latest import LatestReadyVersion
 from serving.rollout.policy import RolloutPolicy
 from serving.rollout.readiness import BackendReadiness
@@ -263,7 +263,9 @@ def create_server(settings: Settings, *, metrics: Metrics | None = None, catalog
     if history is None:
         history = SessionHistory(sessions) if sessions is not None else RequestHistory()
     keys = sessions.keys if sessions is not None else None
-    backend = backend or triton_backend(settings, metrics)
+    if backend is None and settings.backend not in BACKENDS:
+        raise UserError(f"settings.backend must be one of {sorted(BACKENDS)}, got {settings.backend!r}")
+    backend = backend or BACKENDS[settings.backend].build(settings, metrics)
     if policy is None:
         readiness = BackendReadiness(catalog.versions, backend.ready_versions, backend.ensure_ready)
         policy = RolloutPolicy(settings.rollout_policy, metrics, keys, poll_s=settings.rollout_poll_s,

@@ -20,6 +20,7 @@ class Settings:
 
     # -- where things are ------------------------------------------------------------------------
     repository: Path = Path("model_repository")  # Triton model repository (vocab.json + model_info.json per version)
+    backend: str = "triton"                       # the inference backend: a name of serving/backends BACKENDS
     triton_url: str = "127.0.0.1:8001"            # Triton's gRPC endpoint, HOST:PORT; several replicas:
                                                   # HOST:PORT,HOST:PORT,... (serving/backends/triton/replicas.py)
     host: str = "127.0.0.1"                       # address the gateway binds (gRPC and HTTP)
@@ -74,7 +75,7 @@ class Settings:
                                                   # 16, not 64: at 128 callers goodput stayed 18.6 calls/s instead of
                                                   # 3.7 (docs/benchmarks.md "Overload"); ~ throughput x the latency one accepts
     max_call_rows: int = 16_384                   # cost of one call: learners x (window + candidates) rows;
-                                                  # beyond: INVALID_ARGUMENT (split the call; serving/admission.py)
+                                                  # beyond: INVALID_ARGUMENT (split the call; serving/pipeline/admission.py)
     shed_min_inflight: int = 0                    # >0: with this many calls in flight, a call whose deadline is shorter
                                                   # than 1.5x its expected service time is refused (RESOURCE_EXHAUSTED);
                                                   # 0 = off (the default: not shown to raise goodput, docs/benchmarks.md)

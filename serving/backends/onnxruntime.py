@@ -5,7 +5,7 @@ code around the backend; the production path and the e2e tests use a real Triton
 
 Each version's served graph (model.onnx: score, rank.onnx: rank) is run; a version without that
 file is not served here. A version the catalog marks `explain` (explain.onnx beside rank.onnx) also
-gets a session of the explain graph, run for the explain call (`infer_outputs`, serving/explain.py)
+gets a session of the explain graph, run for the explain call (`infer_outputs`, serving/queries/explain.py)
 with the python-backend model's output names (signature.EXPLAIN); as there, a version whose graphs
 do not all load is not served. Sessions are built in a worker thread when a version first appears
 in the catalog and run in worker threads, so the event loop never blocks on a forward pass.
@@ -20,8 +20,8 @@ import numpy as np
 from routerkt.contract.onnx_session import cpu_session
 from routerkt.contract.repository import version_dir
 from routerkt.contract.signature import EXPLAIN_ONNX_FILE, ONNX_FILE, RANK, RANK_ONNX_FILE
-from serving.catalog import ModelCatalog, ModelVersion
-from serving.parts import BackendError, FailureKind
+from serving.core.catalog import ModelCatalog, ModelVersion
+from serving.pipeline.parts import BackendError, FailureKind
 from serving.settings import Settings
 
 log = logging.getLogger("routerkt.gateway.onnxruntime")
@@ -114,7 +114,7 @@ class OnnxRuntimeBackend:
 
     async def infer_outputs(self, model: ModelVersion, feeds: dict[str, np.ndarray], outputs: tuple[str, ...],
                             timeout_s: float) -> dict[str, np.ndarray]:
-        """The explain call (serving/explain.py): `outputs` of the version's explain graph."""
+        """The explain call (serving/queries/explain.py): `outputs` of the version's explain graph."""
         if (model.name, model.version) in self._sessions and (model.name, model.version) not in self._explain:
             raise BackendError(FailureKind.REJECTED, f"{model.name} version {model.version} has no explain graph")
         session = self._session(self._explain, model)

@@ -234,7 +234,7 @@ def _git_sha() -> str:
 
 
 class MetricsSink:
-    """The pipeline's PredictionSink (serving/parts.py): counts the probabilities served per model
+    """The pipeline's PredictionSink (serving/pipeline/parts.py): counts the probabilities served per model
     and version (routerkt_predictions_total; shadow scorings: routerkt_shadow_predictions_total)."""
 
     def __init__(self, metrics: Metrics) -> None:

@@ -34,7 +34,7 @@ import numpy as np
 
 from serving import errors
 from serving.metrics import Metrics
-from serving.parts import PredictionRecord
+from serving.pipeline.parts import PredictionRecord
 from serving.sessions.keys import LearnerKeys
 from serving.sessions.store import ServedEntry, SessionStore, StoreUnavailable
 from serving.settings import Settings

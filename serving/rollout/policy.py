@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Mapping
 
 from serving import errors
-from serving.catalog import ModelVersion
+from serving.core.catalog import ModelVersion
 from serving.metrics import Metrics
-from serving.parts import Route
+from serving.pipeline.parts import Route
 from serving.rollout.canaries import Canaries
 from serving.rollout.guardrail import guardrail_verdict
 from serving.rollout.kinds.base import Rollout, RouteInputs, requested_version

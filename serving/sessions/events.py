@@ -4,13 +4,13 @@ Rules (numbers from Settings): `learner_id` 1..max_learner_id_chars characters, 
 characters; 1..max_observe_events events per call; each event: an `event_id` of
 1..max_event_id_chars characters, unique within the call; question_id >= 0; skill_id (one) or
 skill_ids (a set of at most max_skills_per_interaction, none twice; not both forms: checked while
-converting, serving/requests.py), each >= 0 or -1 (unknown), or absent; correct 0 or 1;
+converting, serving/core/calls.py), each >= 0 or -1 (unknown), or absent; correct 0 or 1;
 timestamp_ms >= 0 when set. The first problem raises INVALID_ARGUMENT naming the field
 (`events[3].correct`, `events[2].skill_ids[1]`) and nothing is stored.
 
 Ids are the platform's own and are stored as given, whether or not a served model version knows
 them: a question or skill added to the platform after the served version was trained is stored
-(a prediction maps it to the unknown id, serving/features.py), exported by `routerkt sessions
+(a prediction maps it to the unknown id, serving/encoder/window.py), exported by `routerkt sessions
 export`, and given an id of its own by `routerkt retrain`'s grown vocabulary.
 """
 from __future__ import annotations
@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from serving.errors import invalid_argument
-from serving.requests import INVALID_SKILL, NO_SKILL, skill_field
+from serving.core.calls import INVALID_SKILL, NO_SKILL, skill_field
 from serving.sessions.store import NO_TIMESTAMP
 from serving.settings import Settings
-from serving.validation import check_learner_id as check_optional_learner_id
+from serving.core.validation import check_learner_id as check_optional_learner_id
 
 
 @dataclass
@@ -31,7 +31,7 @@ class ObserveQuery:
     learner_id: str
     event_ids: list[str]
     questions: np.ndarray       # int64 [E]
-    skills: np.ndarray          # int64 [E, K] skill sets, serving/requests.py encoding (ABSENT_SKILL, INVALID_SKILL)
+    skills: np.ndarray          # int64 [E, K] skill sets, serving/core/calls.py encoding (ABSENT_SKILL, INVALID_SKILL)
     correct: np.ndarray         # int64 [E]
     timestamps: np.ndarray      # int64 [E], NO_TIMESTAMP where not set; INVALID_TIMESTAMP where < 0
     skill_sets: np.ndarray | None = None   # bool [E]: given as skill_ids (errors name skill_ids[j]); None: none

@@ -1,4 +1,4 @@
-"""History sources (serving/parts.py: HistorySource). `RequestHistory`: the request carries the
+"""History sources (serving/pipeline/parts.py: HistorySource). `RequestHistory`: the request carries the
 learner's whole recent history; a gateway without a session store uses it. `SessionHistory`: the
 session store's history when the request names the learner, else the request's."""
 from __future__ import annotations
@@ -7,10 +7,10 @@ import numpy as np
 
 from routerkt.contract.signature import UNK_ID
 from serving import errors
-from serving.catalog import ModelVersion
-from serving.requests import UNKNOWN_SKILL, Deadline
+from serving.core.catalog import ModelVersion
+from serving.core.calls import UNKNOWN_SKILL, Deadline
 from serving.sessions.session_service import SessionService
-from serving.validation import LearnerInput
+from serving.core.validation import LearnerInput
 
 
 class RequestHistory:

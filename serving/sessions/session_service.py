@@ -23,9 +23,9 @@ from typing import Protocol
 import numpy as np
 
 from serving import errors
-from serving.catalog import ModelCatalog
+from serving.core.catalog import ModelCatalog
 from serving.metrics import Metrics
-from serving.requests import Deadline
+from serving.core.calls import Deadline
 from serving.security.audit import LEARNER_PREFIX, audit
 from serving.sessions.events import ObserveQuery, check_learner_id, validate_observe
 from serving.sessions.keys import LearnerKeys

@@ -87,7 +87,7 @@ class History:
     """A learner's stored events, oldest first."""
 
     questions: np.ndarray    # int64 [n]
-    skills: np.ndarray       # int64 [n, K] raw skill sets (serving/requests.py: NO_SKILL padding; a row
+    skills: np.ndarray       # int64 [n, K] raw skill sets (serving/core/calls.py: NO_SKILL padding; a row
                              # starting with NO_SKILL had none: looked up from the question)
     correct: np.ndarray      # int64 [n]
 

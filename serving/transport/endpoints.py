@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from serving.parts import VersionPolicy
-from serving.prediction import PredictionService
-from serving.recommend import Recommender
+from serving.pipeline.parts import VersionPolicy
+from serving.pipeline.prediction import PredictionService
+from serving.queries.recommend import Recommender
 from serving.security.guard import Guard
 from serving.sessions.session_service import SessionService
 

@@ -1,6 +1,6 @@
 """The gRPC transport: `KnowledgeTracingServicer` adapts routerkt.v1 messages to the serving core
-(serving/prediction.py) and back. Protobuf stops here: each learner's repeated fields become numpy
-arrays in one pass (serving/requests.py). Every method is registered through one wrapper
+(serving/pipeline/prediction.py) and back. Protobuf stops here: each learner's repeated fields become numpy
+arrays in one pass (serving/core/calls.py). Every method is registered through one wrapper
 (`_handler`): it refuses an undecodable body, gives the handler the call's Deadline, and maps a
 ServingError to status code + message, with the offending field in the trailing metadata key
 `routerkt-field`; the handlers themselves hold no error handling.
@@ -25,10 +25,10 @@ from serving import errors
 from serving.api import knowledge_tracing_pb2 as pb
 from serving.errors import ServingError
 from serving.transport.endpoints import Endpoints
-from serving.explain import ExplainService, Explanation
-from serving.mastery import MasteryQuery, MasteryService
-from serving.recommend import RecommendQuery
-from serving.requests import (DEFAULT_MAX_SKILLS, Deadline, LearnerQuery, PredictQuery, PredictResult, column_arrays,
+from serving.queries.explain import ExplainService, Explanation
+from serving.queries.mastery import MasteryQuery, MasteryService
+from serving.queries.recommend import RecommendQuery
+from serving.core.calls import (DEFAULT_MAX_SKILLS, Deadline, LearnerQuery, PredictQuery, PredictResult, column_arrays,
                               skill_sets)
 from serving.security.guard import Guard
 from serving.security.scopes import grpc_scope

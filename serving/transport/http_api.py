@@ -14,7 +14,7 @@
 - GET  /openapi.json, /docs
 
 The JSON calls run the same PredictionService as gRPC (same validation, limits, in-flight slots):
-this module only turns JSON bodies into PredictQuery (serving/requests.py) and results back.
+this module only turns JSON bodies into PredictQuery (serving/core/calls.py) and results back.
 Errors are {"error": {"code": <gRPC code name>, "message", "field"}} with HTTP 400 (INVALID_ARGUMENT,
 also for malformed JSON / wrong types), 401 (no valid API key; checked before the body is read, so
 a malformed body without a key is 401), 403 (the key lacks the route's scope:
@@ -49,10 +49,10 @@ from serving.transport.http_models import (ERROR_RESPONSES, AttendedOut, Candida
                                            PredictBatchOut, PredictIn, PredictOut, RecommendationOut, RecommendIn,
                                            RecommendOut, ReportOutcomeIn, ReportOutcomeOut, SkillMasteryOut)
 from serving.transport.endpoints import Endpoints
-from serving.explain import ExplainService
-from serving.mastery import MasteryQuery, MasteryService
-from serving.recommend import RecommendQuery
-from serving.requests import DEFAULT_MAX_SKILLS, Deadline, LearnerQuery, PredictQuery, column_arrays, skill_sets
+from serving.queries.explain import ExplainService
+from serving.queries.mastery import MasteryQuery, MasteryService
+from serving.queries.recommend import RecommendQuery
+from serving.core.calls import DEFAULT_MAX_SKILLS, Deadline, LearnerQuery, PredictQuery, column_arrays, skill_sets
 from serving.security.audit import audit
 from serving.security.failures import peer_address
 from serving.security.scopes import http_scope
@@ -298,7 +298,7 @@ def create_app(endpoints: Endpoints) -> FastAPI:
 
 def _learner(body: PredictIn | LearnerIn | RecommendIn | MasteryIn, prefix: str = "",
              max_skills: int = DEFAULT_MAX_SKILLS, candidates: list[CandidateIn] | None = None) -> LearnerQuery:
-    """One learner's query; `history_columns` and skill sets as on gRPC (serving/requests.py);
+    """One learner's query; `history_columns` and skill sets as on gRPC (serving/core/calls.py);
     `candidates`: instead of the body's (Mastery has none)."""
     candidates = body.candidates if candidates is None else candidates
     if body.history_columns is not None:
@@ -320,7 +320,7 @@ def _explanation(e) -> ExplanationOut:
 
 
 def _skills(items: list[InteractionIn] | list[CandidateIn], field: str, max_skills: int):
-    """`skill_id` / `skill_ids` of each item -> (rows [N, K], as_sets), serving/requests.py skill_sets."""
+    """`skill_id` / `skill_ids` of each item -> (rows [N, K], as_sets), serving/core/calls.py skill_sets."""
     return skill_sets(np.array([i.skill_id or 0 for i in items], dtype=np.int64),
                       np.array([i.skill_id is not None for i in items], dtype=bool),
                       [i.skill_ids for i in items] if any(i.skill_ids for i in items) else None, field, max_skills)

@@ -111,7 +111,7 @@ def gateway_over(repository: Path, triton_url: str, store: Path | None = None, s
 
     from serving.api import knowledge_tracing_pb2 as pb
     from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
-    from serving.catalog import ModelCatalog
+    from serving.core.catalog import ModelCatalog
     from serving.metrics import Metrics
     from serving.server import ThreadedGateway
     from serving.sessions.factory import open_store

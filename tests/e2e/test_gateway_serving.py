@@ -83,7 +83,7 @@ def raw_ids(checkpoint) -> tuple[list[int], list[int]]:
 
 
 def torch_probabilities(checkpoint, history, candidates) -> np.ndarray:
-    """The reference, built independently of serving/features.py: left-padded rows, PyTorch model."""
+    """The reference, built independently of serving/encoder/window.py: left-padded rows, PyTorch model."""
     vocab = checkpoint.vocab
 
     def skill_id(question: int, skill: int | None) -> int:

@@ -114,7 +114,7 @@ def test_http_mirror_and_bad_skills(gateway, checkpoint, history) -> None:
 
 
 def test_the_unknown_question_keeps_its_zero_difficulty(checkpoint) -> None:
-    """The definition's premise (serving/mastery.py): no training interaction maps to UNK_ID, so the
+    """The definition's premise (serving/queries/mastery.py): no training interaction maps to UNK_ID, so the
     Rasch difficulty row of the unknown question stays at its zero init after training."""
     weights = checkpoint.model.difficulty.weight.detach()
     assert float(weights[UNK_ID].abs().max()) == 0.0

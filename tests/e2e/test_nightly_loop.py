@@ -22,7 +22,7 @@ import pytest
 from routerkt.contract.repository import list_versions, read_vocab
 from serving.api import knowledge_tracing_pb2 as pb
 from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
-from serving.catalog import ModelCatalog
+from serving.core.catalog import ModelCatalog
 from serving.metrics import Metrics
 from serving.server import ThreadedGateway
 from serving.sessions.factory import open_store

@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from serving.api import knowledge_tracing_pb2 as pb
 from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
-from serving.catalog import ModelCatalog
+from serving.core.catalog import ModelCatalog
 from serving.metrics import Metrics
 from serving.server import ThreadedGateway
 from serving.sessions.keys import LearnerKeys

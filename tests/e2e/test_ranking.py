@@ -10,9 +10,9 @@ import pytest
 
 from serving.api import knowledge_tracing_pb2 as pb
 from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
-from serving.catalog import ModelCatalog
+from serving.core.catalog import ModelCatalog
 from serving.metrics import Metrics
-from serving.recommend import DEFAULT_TARGET, order
+from serving.queries.recommend import DEFAULT_TARGET, order
 from serving.server import ThreadedGateway
 from serving.sessions.keys import LearnerKeys
 from serving.sessions.session_service import SessionService

@@ -1,6 +1,6 @@
 """Skill sets end to end, through a real Triton serving the tiny exported model and a real session
 store (SQLite): a Predict with two-skill interactions and a two-skill candidate equals the PyTorch
-model fed the same sets (built here independently of serving/features.py), the set reaches the model
+model fed the same sets (built here independently of serving/encoder/window.py), the set reaches the model
 (the answer differs from the first skill alone), the HTTP mirror answers alike, and an Observe of
 two-skill events (one with a skill no served version knows) followed by a Predict by learner_id
 equals the explicit history."""

@@ -113,7 +113,7 @@ class FakeBackend:
         return feeds["questions"].astype(np.float32) / 100.0
 
     async def infer_outputs(self, model, feeds, outputs, timeout_s: float) -> dict[str, np.ndarray]:
-        from serving.parts import BackendError, FailureKind
+        from serving.pipeline.parts import BackendError, FailureKind
         raise BackendError(FailureKind.REJECTED, "the fake backend serves no explain outputs")
 
 

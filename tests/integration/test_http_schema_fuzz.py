@@ -12,7 +12,7 @@ schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
 from serving.backends.onnxruntime import OnnxRuntimeBackend  # noqa: E402
-from serving.catalog import ModelCatalog  # noqa: E402
+from serving.core.catalog import ModelCatalog  # noqa: E402
 from serving.metrics import Metrics  # noqa: E402
 from serving.server import ThreadedGateway  # noqa: E402
 from serving.sessions.keys import LearnerKeys  # noqa: E402

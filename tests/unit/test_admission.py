@@ -1,9 +1,9 @@
-"""serving/admission.py: the per-call cost budget and deadline-aware shedding."""
+"""serving/pipeline/admission.py: the per-call cost budget and deadline-aware shedding."""
 from __future__ import annotations
 
 import pytest
 
-from serving.admission import ServiceTime, check_budget
+from serving.pipeline.admission import ServiceTime, check_budget
 from serving.errors import ServingError
 from serving.settings import Settings
 

@@ -9,7 +9,7 @@ import pytest
 
 from routerkt.cli import main
 from serving.api import knowledge_tracing_pb2 as pb
-from serving.cli_predict import add_arguments, build_request, print_response
+from serving.cli.cli_predict import add_arguments, build_request, print_response
 
 pytestmark = pytest.mark.unit
 

@@ -1,8 +1,8 @@
-"""serving/demo.py: the printed sample request drops unset repeated fields but keeps zeros."""
+"""serving/cli/demo.py: the printed sample request drops unset repeated fields but keeps zeros."""
 import pytest
 
 from serving.api import knowledge_tracing_pb2 as pb
-from serving.demo import without_empty
+from serving.cli.demo import without_empty
 
 pytestmark = pytest.mark.unit
 

@@ -2,7 +2,7 @@
 Grafana files, checked offline (no Docker, no cluster).
 
 The code is the single source of truth: ports and flags come from serving.settings.Settings and the
-real `routerkt serve` argument parser (serving/cli_serve.py), probe and metrics paths from the
+real `routerkt serve` argument parser (serving/cli/cli_serve.py), probe and metrics paths from the
 gateway's FastAPI routes (serving/transport/http_api.py), Triton's flags from serving/tritonserver/launcher.py. Every
 Kubernetes object is validated against the Kubernetes JSON schemas shipped in `kubernetes-validate`
 (strict: unknown fields fail); the ServiceMonitor CRD has no schema there and is checked by hand.
@@ -23,7 +23,7 @@ import pytest
 yaml = pytest.importorskip("yaml", reason="needs PyYAML (dev extra)")
 kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="needs kubernetes-validate (dev extra)")
 
-from serving import cli_serve  # noqa: E402
+from serving.cli import cli_serve  # noqa: E402
 from serving.backends.triton.client import TRITON_KEY_HEADER  # noqa: E402
 from serving.security.guard import Guard  # noqa: E402
 from serving.security.triton_access import RESTRICTED_GROUPS  # noqa: E402

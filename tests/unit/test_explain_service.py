@@ -1,4 +1,4 @@
-"""serving/explain.py without a backend: top-k by the head-weighted attention, positions in the
+"""serving/queries/explain.py without a backend: top-k by the head-weighted attention, positions in the
 learner's history, skills resolved from the vocabulary where the history gave none, top_k bounds."""
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 
 from routerkt.contract.signature import NO_SKILL
 from serving.errors import ServingError
-from serving.explain import DEFAULT_TOP_K, check_top_k, explanations
-from serving.features import EncodedLearner
-from serving.validation import LearnerInput
+from serving.queries.explain import DEFAULT_TOP_K, check_top_k, explanations
+from serving.encoder.window import EncodedLearner
+from serving.core.validation import LearnerInput
 
 pytestmark = pytest.mark.unit
 

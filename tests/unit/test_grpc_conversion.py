@@ -12,7 +12,7 @@ from serving.api import knowledge_tracing_pb2 as pb
 from serving.errors import ServingError
 from serving.transport.grpc_api import (OFFLOAD_INTERACTIONS, batch_query, interactions_in, learner_query, predict_query,
                               recommend_query)
-from serving.requests import ABSENT_SKILL, INVALID_SKILL
+from serving.core.calls import ABSENT_SKILL, INVALID_SKILL
 
 pytestmark = pytest.mark.unit
 

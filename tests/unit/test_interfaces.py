@@ -12,7 +12,7 @@ import pytest
 from serving.backends.onnxruntime import OnnxRuntimeBackend
 from serving.backends.triton.backend import TritonInferenceBackend
 from serving.backends.triton.replicas import TritonReplicaBackend
-from serving.parts import InferenceBackend
+from serving.pipeline.parts import InferenceBackend
 from serving.sessions.redis_store import RedisStore
 from serving.sessions.sqlite_store import SqliteStore
 from serving.sessions.store import SessionStore

@@ -1,4 +1,4 @@
-"""Mastery's skill list (serving/mastery.py) and the rank path's candidate widths (serving/features.py)."""
+"""Mastery's skill list (serving/queries/mastery.py) and the rank path's candidate widths (serving/encoder/window.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,8 +6,8 @@ import pytest
 
 from routerkt.contract.vocab import Vocab
 from serving.errors import ServingError
-from serving.features import CANDIDATE_WIDTHS, candidate_width
-from serving.mastery import model_skills
+from serving.encoder.window import CANDIDATE_WIDTHS, candidate_width
+from serving.queries.mastery import model_skills
 
 VOCAB = Vocab(questions={100: 2, 101: 3}, skills={7: 2, 8: 3, 3: 4}, question_skills={100: (7,), 101: (8,)})
 

@@ -10,8 +10,8 @@ import pytest
 from serving.errors import ServingError
 from serving.metrics import Metrics
 from serving.outcomes.tracker import OutcomeTracker
-from serving.parts import PredictionRecord
-from serving.requests import LearnerPrediction, LearnerQuery, PredictQuery, PredictResult
+from serving.pipeline.parts import PredictionRecord
+from serving.core.calls import LearnerPrediction, LearnerQuery, PredictQuery, PredictResult
 from serving.sessions.keys import LearnerKeys
 from serving.sessions.sqlite_store import SqliteStore
 from serving.settings import Settings

@@ -8,7 +8,7 @@ import pytest
 
 from routerkt.cli import main
 from routerkt.errors import UserError
-from serving.cli_predict import parse_candidates, parse_history
+from serving.cli.cli_predict import parse_candidates, parse_history
 from serving.logs import JsonFormatter
 from serving.settings import Settings
 
@@ -31,7 +31,7 @@ def test_parse_history_and_candidates() -> None:
 def test_skill_sets_on_the_command_line() -> None:
     import argparse
 
-    from serving.cli_predict import add_arguments, build_request
+    from serving.cli.cli_predict import add_arguments, build_request
     assert parse_history("1:3;17:1,2:4:0") == [(1, [3, 17], 1), (2, 4, 0)]
     assert parse_candidates("5:6;7,8") == [(5, [6, 7]), (8, None)]
     parser = argparse.ArgumentParser()
@@ -95,7 +95,7 @@ def test_json_log_lines() -> None:
 
 def test_start_up_log_names_https_when_tls_is_on(tmp_path) -> None:
     """The "gateway HTTP:" / metrics log lines of `routerkt serve` say https:// with TLS on."""
-    from serving.cli_serve import http_base
+    from serving.cli.cli_serve import http_base
     from serving.settings import Settings
     assert http_base(Settings(), 8080) == "http://127.0.0.1:8080"
     assert http_base(Settings(tls_cert=tmp_path / "c", tls_key=tmp_path / "k", host="0.0.0.0"), 8443) == \

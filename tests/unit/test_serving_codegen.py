@@ -1,4 +1,4 @@
-"""The committed generated gRPC code matches what serving/codegen.py produces from the .proto."""
+"""The committed generated gRPC code matches what serving/api/codegen.py produces from the .proto."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,14 +11,14 @@ pytest.importorskip("grpc_tools", reason="grpcio-tools (dev extra) regenerates t
 
 
 def test_generated_code_has_not_drifted(tmp_path: Path) -> None:
-    from serving import codegen
+    from serving.api import codegen
     written = codegen.generate(tmp_path)
     committed = codegen.generated_files()
     assert [p.name for p in written] == [p.name for p in committed]
     for fresh, current in zip(written, committed):
-        assert current.is_file(), f"{current} is missing: run `python -m serving.codegen`"
+        assert current.is_file(), f"{current} is missing: run `python -m serving.api.codegen`"
         assert fresh.read_text() == current.read_text(), (
-            f"{current.name} differs from the .proto: run `python -m serving.codegen` and commit the result")
+            f"{current.name} differs from the .proto: run `python -m serving.api.codegen` and commit the result")
 
 
 def test_generated_code_imports_without_path_tricks() -> None:

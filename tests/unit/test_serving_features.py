@@ -1,15 +1,15 @@
-"""serving/features.py: vocabulary mapping (unknown ids) and the left-padded candidate windows."""
+"""serving/encoder/window.py: vocabulary mapping (unknown ids) and the left-padded candidate windows."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from routerkt.contract.signature import PAD_ID, UNK_ID
-from serving.features import CANDIDATE_RESPONSE, PAD_RESPONSE, build_windows, encode_learner
+from serving.encoder.window import CANDIDATE_RESPONSE, PAD_RESPONSE, build_windows, encode_learner
 from serving.api import knowledge_tracing_pb2 as pb
 from serving.settings import Settings
 from serving.transport.grpc_api import predict_query
-from serving.validation import validate_query
+from serving.core.validation import validate_query
 from routerkt.contract.vocab import Vocab
 
 pytestmark = pytest.mark.unit
@@ -111,7 +111,7 @@ def test_all_rows_share_the_history_part() -> None:
 
 
 def test_split_candidates_keeps_order_history_and_owners():
-    from serving.features import EncodedLearner, split_candidates
+    from serving.encoder.window import EncodedLearner, split_candidates
     history = np.array([5, 6], dtype=np.int64)
     big = EncodedLearner(questions=history, skills=history[:, None], responses=np.array([1, 0]),
                          candidate_questions=np.arange(10, 15), candidate_skills=np.arange(20, 25)[:, None])

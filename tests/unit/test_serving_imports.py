@@ -10,9 +10,9 @@ import pytest
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
-MODULES = ["serving.server", "serving.cli_serve", "serving.cli_predict", "serving.transport.http_api", "serving.prediction",
+MODULES = ["serving.server", "serving.cli.cli_serve", "serving.cli.cli_predict", "serving.transport.http_api", "serving.pipeline.prediction",
            "serving.transport.grpc_api", "serving.backends.triton.backend", "serving.backends.onnxruntime", "serving.backends.triton.client",
-           "serving.backends.triton.supervisor", "serving.catalog", "serving.features", "serving.validation",
+           "serving.backends.triton.supervisor", "serving.core.catalog", "serving.encoder.window", "serving.core.validation",
            "serving.metrics", "serving.settings", "serving.errors", "routerkt.contract.repository"]
 
 

@@ -1,4 +1,4 @@
-"""serving/models.py (registry over a hand-made repository) and serving/prediction.py with a FAKE
+"""serving/models.py (registry over a hand-made repository) and serving/pipeline/prediction.py with a FAKE
 backend standing in for Triton: version resolution, NOT_FOUND / UNAVAILABLE, in-flight limit,
 deadlines, error mapping without leaking Triton's text, batch packing, metrics."""
 from __future__ import annotations
@@ -21,16 +21,16 @@ from export.triton_config import PARAM_N_QUESTIONS, PARAM_N_SKILLS, TritonModelO
 from serving.errors import ServingError
 from serving.metrics import Metrics
 from serving.api import knowledge_tracing_pb2 as pb
-from serving.catalog import ModelCatalog
-from serving.features import WindowEncoder
+from serving.core.catalog import ModelCatalog
+from serving.encoder.window import WindowEncoder
 from serving.transport.grpc_api import batch_query, batch_response, predict_query, predict_response
 from serving.sessions.history import RequestHistory
 from serving.metrics import MetricsSink
-from serving.parts import BackendError, FailureKind
-from serving.requests import Deadline
-from serving.prediction import PredictionService
+from serving.pipeline.parts import BackendError, FailureKind
+from serving.core.calls import Deadline
+from serving.pipeline.prediction import PredictionService
 from serving.settings import Settings
-from serving.validation import validate_query
+from serving.core.validation import validate_query
 from serving.rollout.kinds.latest import LatestReadyVersion
 from routerkt.contract.vocab import Vocab
 

@@ -11,8 +11,8 @@ from tritonclient.utils import InferenceServerException
 
 from serving.metrics import Metrics
 from serving.backends.triton.backend import TritonInferenceBackend
-from serving.catalog import ModelVersion
-from serving.parts import BackendError, FailureKind
+from serving.core.catalog import ModelVersion
+from serving.pipeline.parts import BackendError, FailureKind
 from serving.settings import Settings
 from serving.backends.triton.client import classify, classify_status
 from routerkt.contract.vocab import Vocab

@@ -1,4 +1,4 @@
-"""serving/validation.py, and serving/features.py's vocabulary mapping of what it lets through: every
+"""serving/core/validation.py, and serving/encoder/window.py's vocabulary mapping of what it lets through: every
 bad input gets INVALID_ARGUMENT naming its field; good inputs become numpy arrays of raw ids; ids a
 version does not know (questions and skills alike) map to the unknown id, counted, never an error."""
 from __future__ import annotations
@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from serving.errors import ServingError
-from serving.features import encode_learner
+from serving.encoder.window import encode_learner
 from serving.api import knowledge_tracing_pb2 as pb
 from serving.settings import Settings
 from serving.transport.grpc_api import batch_query, predict_query
-from serving.requests import ABSENT_SKILL, UNKNOWN_SKILL
-from serving.validation import validate_query
+from serving.core.calls import ABSENT_SKILL, UNKNOWN_SKILL
+from serving.core.validation import validate_query
 from routerkt.contract.signature import UNK_ID
 from routerkt.contract.vocab import Vocab
 

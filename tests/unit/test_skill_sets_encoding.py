@@ -1,4 +1,4 @@
-"""Skill SETS inside the gateway (serving/features.py, catalog.py, sessions/store.py): sets mapped to
+"""Skill SETS inside the gateway (serving/encoder/window.py, catalog.py, sessions/store.py): sets mapped to
 model ids [n, K] (absent sets looked up from the vocabulary's question_skills), the served graphs'
 skill tensors with K = the widest set of the inference, versions exported before skill sets fed
 each set's first skill, and stored events read back as sets."""
@@ -9,12 +9,12 @@ import pytest
 
 from routerkt.contract.signature import PAD_ID, RANK, SCORE, UNK_ID, zero_inputs
 from routerkt.contract.vocab import Vocab
-from serving.catalog import ModelVersion, _skill_sets
-from serving.features import WindowEncoder, encode_learner
-from serving.requests import LearnerQuery, PredictQuery
+from serving.core.catalog import ModelVersion, _skill_sets
+from serving.encoder.window import WindowEncoder, encode_learner
+from serving.core.calls import LearnerQuery, PredictQuery
 from serving.sessions.store import History, StoredEvent, parse_skills
 from serving.settings import Settings
-from serving.validation import validate_query
+from serving.core.validation import validate_query
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""Skill SETS at the gateway's edge (serving/requests.py, transport/grpc_api.py, transport/http_api.py,
+"""Skill SETS at the gateway's edge (serving/core/calls.py, transport/grpc_api.py, transport/http_api.py,
 validation.py, sessions/events.py): `skill_ids` on Interaction, Candidate and Event, the ragged
 HistoryColumns form (skill_lengths + skill_values), rows [N, K] padded with NO_SKILL, and every bad
 input answered INVALID_ARGUMENT naming its field."""
@@ -11,12 +11,12 @@ import pytest
 from routerkt.contract.signature import NO_SKILL
 from serving.api import knowledge_tracing_pb2 as pb
 from serving.errors import ServingError
-from serving.requests import ABSENT_SKILL, INVALID_SKILL, LearnerQuery
+from serving.core.calls import ABSENT_SKILL, INVALID_SKILL, LearnerQuery
 from serving.sessions.events import validate_observe
 from serving.settings import Settings
 from serving.transport.grpc_api import batch_query, observe_query, predict_query
 from serving.transport.http_api import PredictIn, _learner
-from serving.validation import validate_query
+from serving.core.validation import validate_query
 
 pytestmark = pytest.mark.unit
 
@@ -86,7 +86,7 @@ def test_the_limit_comes_from_the_settings_and_prefixes_name_the_learner():
 
 
 def _query(learner: LearnerQuery):
-    from serving.requests import PredictQuery
+    from serving.core.calls import PredictQuery
     return PredictQuery(model="m", version=0, learners=[learner])
 
 

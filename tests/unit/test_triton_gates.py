@@ -10,8 +10,8 @@ import pytest
 
 from routerkt.contract.signature import CONFIG_FILE
 from serving.backends.triton.gates import ModelGates
-from serving.catalog import ModelVersion
-from serving.parts import BackendError, FailureKind
+from serving.core.catalog import ModelVersion
+from serving.pipeline.parts import BackendError, FailureKind
 from tests.unit.test_serving_triton_supervisor import TABLE, FakeClient, make_backend, reloads, settle
 
 pytestmark = pytest.mark.unit

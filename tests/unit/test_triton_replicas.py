@@ -14,9 +14,9 @@ from tritonclient.utils import InferenceServerException
 from routerkt.contract.vocab import Vocab
 from serving.backends.triton.backend import TritonInferenceBackend
 from serving.backends.triton.replicas import TritonReplicaBackend, triton_backend
-from serving.catalog import ModelVersion
+from serving.core.catalog import ModelVersion
 from serving.metrics import Metrics
-from serving.parts import BackendError, FailureKind
+from serving.pipeline.parts import BackendError, FailureKind
 from serving.settings import Settings
 from tests.helpers import triton_answer, triton_rpc_error
 

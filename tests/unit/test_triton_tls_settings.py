@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from routerkt.errors import UserError
-from serving import cli_serve
+from serving.cli import cli_serve
 from serving.backends.triton.backend import tls_of
 from serving.backends.triton.client import TritonTLS, triton_tls
 from serving.backends.triton.replicas import TritonReplicaBackend, triton_backend

@@ -16,8 +16,8 @@ from tritonclient.utils import InferenceServerException
 from routerkt.contract.signature import CONFIG_FILE
 from serving.backends.triton import backend as backend_module
 from serving.backends.triton import supervisor as supervisor_module
-from serving.catalog import ModelVersion
-from serving.parts import BackendError, FailureKind
+from serving.core.catalog import ModelVersion
+from serving.pipeline.parts import BackendError, FailureKind
 from tests.helpers import triton_answer, triton_rpc_error
 from tests.unit.test_serving_triton_supervisor import TABLE, FakeClient, make_backend, reloads, settle
 

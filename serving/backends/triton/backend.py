@@ -18,10 +18,10 @@ from typing import TypeVar
 
 import numpy as np
 
-from serving.catalog import ModelCatalog, ModelVersion
+from serving.core.catalog import ModelCatalog, ModelVersion
 from serving.errors import shown
 from serving.metrics import Metrics
-from serving.parts import BackendError, FailureKind
+from serving.pipeline.parts import BackendError, FailureKind
 from serving.settings import Settings
 from serving.backends.triton.client import TritonClient, TritonTLS, control_headers, triton_tls
 from serving.backends.triton.supervisor import TritonSupervisor
@@ -98,7 +98,7 @@ class TritonInferenceBackend:
 
     async def infer_outputs(self, model: ModelVersion, feeds: dict[str, np.ndarray], outputs: tuple[str, ...],
                             timeout_s: float) -> dict[str, np.ndarray]:
-        """Several outputs of the model's config (the explain call: serving/explain.py)."""
+        """Several outputs of the model's config (the explain call: serving/queries/explain.py)."""
         return await self._call(model, timeout_s, lambda left: self.client.infer_outputs(
             model.name, model.version, model.graph, feeds, outputs, left))
 

@@ -33,7 +33,7 @@ from tritonclient.utils import InferenceServerException
 
 from routerkt.contract.signature import Graph
 from serving.metrics import Metrics
-from serving.parts import BackendError, FailureKind
+from serving.pipeline.parts import BackendError, FailureKind
 from serving.security.triton_access import TRITON_KEY_HEADER, grpc_headers  # noqa: F401
 
 STUB_UNHEALTHY = "is not healthy"          # "Stub process '<model>_0_0' is not healthy."
@@ -189,7 +189,7 @@ class TritonClient:
     async def infer_outputs(self, model: str, version: int, graph: Graph, feeds: dict[str, np.ndarray],
                             outputs: tuple[str, ...], timeout_s: float) -> dict[str, np.ndarray]:
         """The FP32 `outputs` (name -> array of its shape) for `feeds`: the explain call (the rank
-        model's explain outputs, serving/explain.py); BackendError on failure."""
+        model's explain outputs, serving/queries/explain.py); BackendError on failure."""
         response = await self._call(self.request(model, version, graph, feeds, outputs), timeout_s, True)
         got = {}
         for tensor, data in zip(response.outputs, response.raw_output_contents):

@@ -13,7 +13,7 @@ import time
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
-from serving.parts import BackendError, FailureKind
+from serving.pipeline.parts import BackendError, FailureKind
 
 
 class ModelGates:

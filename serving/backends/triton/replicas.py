@@ -35,9 +35,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from serving.backends.triton.backend import TritonInferenceBackend, tls_of
-from serving.catalog import ModelCatalog, ModelVersion
+from serving.core.catalog import ModelCatalog, ModelVersion
 from serving.metrics import Metrics
-from serving.parts import BackendError, FailureKind, InferenceBackend
+from serving.pipeline.parts import BackendError, FailureKind, InferenceBackend
 from serving.settings import Settings
 from serving.backends.triton.client import TritonClient, control_headers
 
@@ -237,7 +237,7 @@ class TritonReplicaBackend:
 
     async def infer_outputs(self, model: ModelVersion, feeds: dict[str, np.ndarray], outputs: tuple[str, ...],
                             timeout_s: float) -> dict[str, np.ndarray]:
-        """The explain call (serving/explain.py) on one replica, without a retry (an inspection)."""
+        """The explain call (serving/queries/explain.py) on one replica, without a retry (an inspection)."""
         replica = self.pick(model)
         if replica is None:
             raise BackendError(FailureKind.UNAVAILABLE,

@@ -38,9 +38,9 @@ from typing import Mapping
 from tritonclient.utils import InferenceServerException
 
 from routerkt.contract.signature import CONFIG_FILE
-from serving.catalog import ModelVersion
+from serving.core.catalog import ModelVersion
 from serving.metrics import Metrics
-from serving.parts import BackendError, FailureKind
+from serving.pipeline.parts import BackendError, FailureKind
 from serving.settings import Settings
 from serving.backends.triton.client import TritonClient
 from serving.backends.triton.gates import ModelGates

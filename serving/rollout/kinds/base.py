@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Mapping
 
 from serving import errors
-from serving.catalog import ModelVersion
-from serving.parts import Route
+from serving.core.catalog import ModelVersion
+from serving.pipeline.parts import Route
 
 
 class PolicyError(ValueError):

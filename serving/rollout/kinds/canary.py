@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from serving.parts import Route
+from serving.pipeline.parts import Route
 from serving.rollout.kinds.base import (SPLIT_FLAGS, Flag, Guardrail, PolicyError, Promotion, Rollout, RouteInputs,
                                         Split, count_field, share_field, split_fields, split_ready)
 

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from serving import errors
-from serving.catalog import ModelVersion
-from serving.parts import Route
+from serving.core.catalog import ModelVersion
+from serving.pipeline.parts import Route
 from serving.rollout.kinds.base import Rollout, RouteInputs, latest_ready, requested_version
 
 

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from serving import errors
-from serving.parts import Route
+from serving.pipeline.parts import Route
 from serving.rollout.kinds.base import Flag, Rollout, RouteInputs, requested_version, version_field
 
 

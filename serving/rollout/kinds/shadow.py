@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from serving.parts import Route
+from serving.pipeline.parts import Route
 from serving.rollout.kinds.base import (SPLIT_FLAGS, Flag, Rollout, RouteInputs, Split, share_field, split_fields,
                                         split_ready)
 

@@ -2,9 +2,9 @@
 
 It knows no transport: gRPC and HTTP (serving/transport/) hand it a PredictQuery and render its
 PredictResult or ServingError. The steps, in the order a query takes them: `call` (an in-flight
-slot; errors counted and made client-safe) -> validation (serving/validation.py) -> `resolve` (the
+slot; errors counted and made client-safe) -> validation (serving/core/validation.py) -> `resolve` (the
 catalog's versions, the version policy's Route per learner: a canary may split a batch, each
-version's group runs on its own) -> admission (serving/admission.py, Predict only) ->
+version's group runs on its own) -> admission (serving/pipeline/admission.py, Predict only) ->
 `complete_history` (the request's history or the session store's) -> `encode` (ids -> left-padded
 windows) -> `infer` / `infer_outputs` (the backend, within the caller's deadline) -> the
 prediction sink (Predict only). Learners whose route names a shadow version are
@@ -26,16 +26,16 @@ from typing import AsyncIterator, Awaitable, Callable, Sequence, TypeVar
 import numpy as np
 
 from serving import errors
-from serving.admission import ServiceTime, call_rows, check_budget
-from serving.catalog import ModelCatalog, ModelVersion
+from serving.pipeline.admission import ServiceTime, call_rows, check_budget
+from serving.core.catalog import ModelCatalog, ModelVersion
 from serving.errors import ServingError, shown
-from serving.features import EncodedLearner, split_candidates
+from serving.encoder.window import EncodedLearner, split_candidates
 from serving.metrics import Metrics
-from serving.parts import (BackendError, Encoder, FailureKind, HistorySource, InferenceBackend,
+from serving.pipeline.parts import (BackendError, Encoder, FailureKind, HistorySource, InferenceBackend,
                            PredictionRecord, PredictionSink, Route, VersionPolicy)
-from serving.requests import Deadline, LearnerPrediction, PredictQuery, PredictResult
+from serving.core.calls import Deadline, LearnerPrediction, PredictQuery, PredictResult
 from serving.settings import Settings
-from serving.validation import LearnerInput, validate_query
+from serving.core.validation import LearnerInput, validate_query
 
 log = logging.getLogger("routerkt.gateway.service")
 

@@ -14,15 +14,15 @@ it would most likely miss its deadline after taking Triton time from calls that 
 theirs. With fewer calls in flight every call is admitted, so the estimate follows the load down.
 Off by default (shed_min_inflight = 0): on this 2-core machine it did not raise goodput at 4x
 overload (docs/benchmarks.md, "Overload"), because refusing calls costs the CPU that admitted calls need.
-What did raise it is the queue in front of the in-flight slots (serving/prediction.py `_acquire`):
+What did raise it is the queue in front of the in-flight slots (serving/pipeline/prediction.py `_acquire`):
 a call waits for a slot only while its deadline still covers `expected_call()` after the wait.
 """
 from __future__ import annotations
 
 from serving import errors
-from serving.catalog import ModelVersion
+from serving.core.catalog import ModelVersion
 from serving.settings import Settings
-from serving.validation import LearnerInput
+from serving.core.validation import LearnerInput
 
 SMOOTHING = 0.2            # weight of the newest call in the average
 HEADROOM = 1.5             # a call is admitted when its deadline leaves this many times its expected time

@@ -28,12 +28,12 @@ import numpy as np
 from routerkt.contract import signature
 from routerkt.contract.signature import NO_SKILL
 from serving import errors
-from serving.catalog import ModelVersion
+from serving.core.catalog import ModelVersion
 from serving.errors import shown
-from serving.features import EncodedLearner
-from serving.prediction import PredictionService
-from serving.requests import ABSENT_SKILL, Deadline, LearnerQuery
-from serving.validation import LearnerInput, check_model, validate_learner
+from serving.encoder.window import EncodedLearner
+from serving.pipeline.prediction import PredictionService
+from serving.core.calls import ABSENT_SKILL, Deadline, LearnerQuery
+from serving.core.validation import LearnerInput, check_model, validate_learner
 
 DEFAULT_TOP_K = 5
 OUTPUTS = signature.EXPLAIN.output_names       # candidate_probs, explain_attention, explain_head_weights

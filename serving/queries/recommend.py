@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from serving import errors
-from serving.explain import ExplainService
-from serving.requests import Deadline, LearnerQuery, PredictQuery
-from serving.prediction import PredictionService
+from serving.queries.explain import ExplainService
+from serving.core.calls import Deadline, LearnerQuery, PredictQuery
+from serving.pipeline.prediction import PredictionService
 from serving.sessions.session_service import SessionService
 
 DEFAULT_TARGET = 0.7
@@ -32,7 +32,7 @@ class RecommendQuery:
     target_probability: float | None = None     # None: DEFAULT_TARGET
     top_k: int | None = None                    # None: every candidate
     exclude_seen: bool = False
-    explain_top_k: int | None = None            # set (0: the default): explain, serving/explain.py
+    explain_top_k: int | None = None            # set (0: the default): explain, serving/queries/explain.py
 
 
 @dataclass
@@ -44,7 +44,7 @@ class Recommendations:
     history_used: int
     excluded: int
     prediction_id: str = ""
-    explanations: list | None = None           # with explain: serving/explain.py Explanation per recommendation
+    explanations: list | None = None           # with explain: serving/queries/explain.py Explanation per recommendation
 
 
 def order(probabilities: np.ndarray, target: float) -> list[int]:

@@ -39,6 +39,7 @@ import signal
 from pathlib import Path
 
 from routerkt.errors import UserError
+from serving.backends import BACKENDS
 from serving.logs import configure_logging
 from serving.security.exposure import refuse_exposure
 from serving.settings import Settings
@@ -86,8 +87,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="do not remember served predictions nor join observed answers with them")
     parser.add_argument("--outcome-ttl", type=float, default=defaults.outcome_ttl_s,
                         help="seconds a served prediction waits for the learner's answer")
-    parser.add_argument("--backend", choices=("triton", "onnxruntime"), default="triton",
-                        help="inference backend: Triton (default), or onnxruntime in-process (development)")
+    parser.add_argument("--backend", choices=list(BACKENDS), default=defaults.backend,
+                        help="inference backend: " + "; ".join(f"{name}: {entry.description}"
+                                                               for name, entry in BACKENDS.items()))
     security = parser.add_argument_group("security (docs/security.md)")
     security.add_argument("--tls-cert", type=Path, default=None, metavar="PEM",
                           help="TLS certificate (chain) for gRPC and HTTP; re-read when it changes")
@@ -128,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     repository = Path(args.repository)
     if not repository.is_dir():
         raise UserError(f"model repository {repository} is not a folder (run `routerkt export` first)")
-    settings = Settings(repository=repository, host=args.host, grpc_port=args.grpc_port,
+    settings = Settings(repository=repository, backend=args.backend, host=args.host, grpc_port=args.grpc_port,
                         http_port=None if args.http_port is not None and args.http_port < 0 else args.http_port,
                         max_inflight=args.max_inflight, max_queued=args.max_queued,
                         inflight_wait_s=args.inflight_wait, grace_period_s=args.grace_period,
@@ -153,8 +155,8 @@ def run(args: argparse.Namespace) -> int:
     triton = None
     previous = signal.signal(signal.SIGTERM, _interrupt)       # SIGTERM while Triton starts: stop cleanly
     try:
-        if args.backend == "onnxruntime":
-            log.info("inference: onnxruntime in this process (development backend, no Triton)")
+        if not BACKENDS[settings.backend].uses_triton:
+            log.info("inference: %s", BACKENDS[settings.backend].description)
         elif args.triton_url:
             urls = settings.triton_urls
             tls = ("" if settings.triton_tls_ca is None and settings.triton_tls_cert is None else
@@ -243,7 +245,7 @@ def _session_parts(settings: Settings, args: argparse.Namespace):
 
 
 async def _serve(settings: Settings, args: argparse.Namespace, triton=None) -> int:
-    from serving.demo import sample_prediction
+    from serving.cli.demo import sample_prediction
     from serving.server import GatewayServer, serve
 
     parts: dict[str, object] = {}
@@ -252,9 +254,6 @@ async def _serve(settings: Settings, args: argparse.Namespace, triton=None) -> i
         parts.update(store=store, keys=keys)
         log.info("session store: %s; outcome tracking %s", store.kind, "on" if settings.track_outcomes else "off")
     log.info("rollout policy file: %s (watched)", settings.rollout_policy)
-    if args.backend == "onnxruntime":
-        from serving.backends.onnxruntime import OnnxRuntimeBackend
-        parts["backend"] = OnnxRuntimeBackend(settings)
 
     async def started(server: GatewayServer) -> None:
         log.info("gateway gRPC: %s:%d (routerkt.v1.KnowledgeTracingService, grpc.health.v1, reflection)",

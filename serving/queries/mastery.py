@@ -20,9 +20,9 @@ import numpy as np
 from routerkt.contract.signature import UNK_ID
 from routerkt.contract.vocab import Vocab
 from serving import errors
-from serving.prediction import PredictionService
-from serving.requests import ABSENT_SKILL, Deadline, LearnerQuery
-from serving.validation import check_model, validate_learner
+from serving.pipeline.prediction import PredictionService
+from serving.core.calls import ABSENT_SKILL, Deadline, LearnerQuery
+from serving.core.validation import check_model, validate_learner
 
 MASTERY_CANDIDATES_PER_INFER = 128     # skills per rank inference: assist2009 (110 skills) is one call
 

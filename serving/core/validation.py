@@ -1,6 +1,6 @@
 """Structural validation of Predict / PredictBatch queries (no vocabulary needed).
 
-Checks a PredictQuery (serving/requests.py) and returns one `LearnerInput` per learner, or raises
+Checks a PredictQuery (serving/core/calls.py) and returns one `LearnerInput` per learner, or raises
 INVALID_ARGUMENT naming the first offending field, e.g. `history[3].correct` or
 `learners[2].candidates`. Rules (the numbers come from Settings):
 
@@ -8,9 +8,9 @@ INVALID_ARGUMENT naming the first offending field, e.g. `history[3].correct` or
 - at most `max_history` interactions; at least one and at most `max_candidates` candidates;
 - a batch has 1..`max_batch_learners` learners;
 - question ids >= 0; skill ids >= 0, or -1 meaning "unknown skill", or absent (looked up from the
-  question in the vocabulary later, serving/features.py); at most `max_skills_per_interaction`
+  question in the vocabulary later, serving/encoder/window.py); at most `max_skills_per_interaction`
   skills per set (the transports already refuse more, both forms at once and repeats while
-  converting, serving/requests.py); `correct` is 0 or 1. A bad skill names its slot:
+  converting, serving/core/calls.py); `correct` is 0 or 1. A bad skill names its slot:
   `history[3].skill_ids[1]` for a set, `history[3].skill_id` for the single form.
 An empty history is valid (cold start).
 """
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from serving.errors import invalid_argument
-from serving.requests import INVALID_SKILL, NO_SKILL, LearnerQuery, PredictQuery, skill_field
+from serving.core.calls import INVALID_SKILL, NO_SKILL, LearnerQuery, PredictQuery, skill_field
 from serving.settings import Settings
 
 
@@ -30,7 +30,7 @@ class LearnerInput:
     """One learner's request in raw platform ids (validated structurally)."""
 
     history_questions: np.ndarray   # int64 [H]
-    history_skills: np.ndarray      # int64 [H, K] raw skill sets (serving/requests.py: NO_SKILL padding,
+    history_skills: np.ndarray      # int64 [H, K] raw skill sets (serving/core/calls.py: NO_SKILL padding,
                                     # first slot ABSENT_SKILL where not set, UNKNOWN_SKILL for -1)
     history_correct: np.ndarray     # int64 [H], 0/1
     candidate_questions: np.ndarray  # int64 [C]

@@ -2,7 +2,7 @@
 left-padded windows, exactly as training builds them (training/data/protocol.py, routerkt/contract/signature.py).
 
 Mapping (the model version's vocab.json); skills travel as SETS, rows [N, K] of raw ids padded
-with NO_SKILL (serving/requests.py), and leave as model ids padded with PAD_ID:
+with NO_SKILL (serving/core/calls.py), and leave as model ids padded with PAD_ID:
 - question id not in the vocabulary -> UNK_ID (1). The model then has no question-specific
   information (AKT's Rasch difficulty of UNK, i.e. it falls back on the skill); counted as
   routerkt_unknown_ids_total{kind="question"}.
@@ -16,7 +16,7 @@ with NO_SKILL (serving/requests.py), and leave as model ids padded with PAD_ID:
   {UNK_ID} above) counts as routerkt_unknown_ids_total{kind="skill"}.
 Unknown ids are counted for the interactions that reach the model and the candidates. Single-skill
 traffic (every set of one, a vocabulary of one skill per question) keeps the one-column path:
-[N, 1] throughout. (Mastery's requested skills are the exception: serving/mastery.py rejects an
+[N, 1] throughout. (Mastery's requested skills are the exception: serving/queries/mastery.py rejects an
 unknown one, whose knowledge state is undefined.)
 
 Skill axis: every skill tensor gets a last axis K = the widest set among the learners of one
@@ -45,11 +45,11 @@ import numpy as np
 from routerkt.contract.signature import (CANDIDATE_RESPONSE, NO_SKILL, PAD_ID, PAD_RESPONSE, RANK, SCORE, UNK_ID,
                                          skill_axis)
 from routerkt.contract.vocab import Vocab
-from serving.requests import ABSENT_SKILL
-from serving.validation import LearnerInput
+from serving.core.calls import ABSENT_SKILL
+from serving.core.validation import LearnerInput
 
 if TYPE_CHECKING:
-    from serving.catalog import ModelVersion
+    from serving.core.catalog import ModelVersion
 
 
 
@@ -188,7 +188,7 @@ class Inference:
 
 
 class WindowEncoder:
-    """The pipeline's Encoder (serving/parts.py): vocabulary mapping, then the served graph's
+    """The pipeline's Encoder (serving/pipeline/parts.py): vocabulary mapping, then the served graph's
     inputs: rank (one history row + the padded candidates per learner) or score (one left-padded
     window per candidate). Unknown ids are reported to `count_unknown` (a metric)."""
 

@@ -9,7 +9,7 @@ platform's raw ids, built once at the edge (no per-interaction Python objects fu
             in unused slots. A slot: >= 0 a real skill, UNKNOWN_SKILL (-1) "the platform does not
             know it", INVALID_SKILL (-3) set to a value below -1 (validation rejects it, naming the
             field). A row whose first slot is ABSENT_SKILL (= NO_SKILL: an empty set) was not set:
-            its question's set is looked up in the vocabulary (serving/features.py).
+            its question's set is looked up in the vocabulary (serving/encoder/window.py).
     A request gives an interaction's skills as `skill_id` (one) or `skill_ids` (a set), never both;
     `skill_sets` turns either form into these rows (single-skill traffic stays one vectorised pass).
 """

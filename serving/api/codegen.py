@@ -1,7 +1,7 @@
 """Regenerate the committed gRPC code from serving/api/knowledge_tracing.proto.
 
-    python -m serving.codegen            # rewrite the committed files in place
-    python -m serving.codegen --out DIR  # write them under DIR (the drift test diffs the two)
+    python -m serving.api.codegen            # rewrite the committed files in place
+    python -m serving.api.codegen --out DIR  # write them under DIR (the drift test diffs the two)
 
 protoc runs with the repository root as its only include root (`-I <root>`), so the generated
 `_pb2_grpc.py` imports `serving.api.knowledge_tracing_pb2`: an absolute import of this package that
@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]                    # the repository root
+ROOT = Path(__file__).resolve().parents[2]                    # the repository root
 PROTO = Path("serving/api/knowledge_tracing.proto")  # relative to ROOT
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2_grpc.py", "_pb2.pyi")
 
@@ -54,7 +54,7 @@ def generate(out_root: Path = ROOT) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m serving.codegen", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m serving.api.codegen", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT,
                         help="root folder to write serving/api/... under (default: the repository)")
     args = parser.parse_args(argv)

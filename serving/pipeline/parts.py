@@ -1,4 +1,4 @@
-"""The injected parts of the serving pipeline (serving/prediction.py), each behind a small interface:
+"""The injected parts of the serving pipeline (serving/pipeline/prediction.py), each behind a small interface:
 
     query --validate--> HistorySource --> VersionPolicy --> Encoder --> InferenceBackend --> PredictionSink
           (validation)  where the history  which version   ids ->        P(correct) per     sees every
@@ -7,7 +7,7 @@
 Today's parts: RequestHistory (the request carries the history) or SessionHistory (the session
 store's, when the request names the learner: serving/sessions/history.py), LatestReadyVersion (the
 newest version the backend serves, or the one the request pins) or RolloutPolicy (a policy file's
-rollout kind per model: serving/rollout/), WindowEncoder (serving/features.py),
+rollout kind per model: serving/rollout/), WindowEncoder (serving/encoder/window.py),
 TritonInferenceBackend or OnnxRuntimeBackend (serving/backends/), MetricsSink (serving/metrics/)
 and OutcomeTracker (remembers what was served, for outcome tracking: serving/outcomes/).
 `create_server(...)` (serving/server.py) takes any of them. A part with work of its own while the
@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Mapping, Protocol
 import numpy as np
 
 if TYPE_CHECKING:
-    from serving.catalog import ModelCatalog, ModelVersion
-    from serving.features import EncodedLearner, Inference
-    from serving.requests import Deadline, PredictQuery, PredictResult
-    from serving.validation import LearnerInput
+    from serving.core.catalog import ModelCatalog, ModelVersion
+    from serving.encoder.window import EncodedLearner, Inference
+    from serving.core.calls import Deadline, PredictQuery, PredictResult
+    from serving.core.validation import LearnerInput
 
 
 class FailureKind(str, Enum):
@@ -138,7 +138,7 @@ class InferenceBackend(Protocol):
 
     async def infer_outputs(self, model: ModelVersion, feeds: dict[str, np.ndarray], outputs: tuple[str, ...],
                             timeout_s: float) -> dict[str, np.ndarray]:
-        """The named `outputs` for `feeds` in one call, float32 (the explain call, serving/explain.py: the
+        """The named `outputs` for `feeds` in one call, float32 (the explain call, serving/queries/explain.py: the
         explain graph's outputs, signature.EXPLAIN, of a version the catalog marks `explain`); raises
         BackendError, as `infer` does."""
 

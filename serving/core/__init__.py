@@ -1,0 +1,3 @@
+"""What every part of the gateway shares: the transport-independent calls (calls.py: queries and results
+as plain dataclasses of numpy arrays), the model catalog read from the repository (catalog.py) and the
+validation of a query (validation.py)."""
