@@ -6,7 +6,7 @@ with it each learner's hidden truth (training/data/synthetic_truth.py). Only the
 learners (DIR/folds.json) are measured: the model never trained on them. The model input is what the
 server builds: raw ids through the run's vocabulary, the last window - 1 interactions left-padded.
 
-Mastery: the model's P(correct) for (UNK_ID, {s}) after the whole history (serving/mastery.py) for
+Mastery: the model's P(correct) for (UNK_ID, {s}) after the whole history (serving/queries/mastery.py) for
 every skill, against the true P(correct) on an average question of s at the next step. Spearman
 per learner (over all skills; over the skills practised in the window the model saw, next to a
 counting baseline: the learner's correct rate per skill in that window) and pooled over
