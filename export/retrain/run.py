@@ -25,7 +25,6 @@ from routerkt.contract.signature import CONFIG_FILE
 from routerkt.errors import UserError
 
 PUBLISHED, NOT_PUBLISHED = 0, 3
-NOT_BETTER = NOT_PUBLISHED
 MARGIN = 0.002             # the new version's held-out log loss must be below the served one's minus this
 WEIGHT = 0.1               # the canary's share of learners
 CANARY_PATIENCE = 3000     # candidate outcomes an undecided canary gets before a retrain may replace it
@@ -167,9 +166,10 @@ def _run(opts: RetrainOptions, report: Report, log) -> int:
         with report.stage("evaluate", log):
             from training.checkpoint import load_checkpoint
             for version in compare:
-                report.compared[str(version)] = score_version(
-                    version_dir(repo, opts.model, version), read_vocab(repo, opts.model, version),
-                    read_model_info(repo, opts.model, version).window, split)
+                vocab, window = ((served_vocab, info.window) if version == served else
+                                 (read_vocab(repo, opts.model, version), read_model_info(repo, opts.model, version).window))
+                report.compared[str(version)] = score_version(version_dir(repo, opts.model, version), vocab, window,
+                                                              split)
             report.candidate = score_model(load_checkpoint(trained.run / "fold-0").model, trained.vocab,
                                            trained.window, split)
     reference = min(compare, key=lambda v: report.compared[str(v)]["log_loss"])

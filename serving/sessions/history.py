@@ -3,12 +3,9 @@ learner's whole recent history; a gateway without a session store uses it. `Sess
 session store's history when the request names the learner, else the request's."""
 from __future__ import annotations
 
-import numpy as np
-
-from routerkt.contract.signature import UNK_ID
 from serving import errors
 from serving.core.catalog import ModelVersion
-from serving.core.calls import UNKNOWN_SKILL, Deadline
+from serving.core.calls import Deadline
 from serving.sessions.session_service import SessionService
 from serving.core.validation import LearnerInput
 
@@ -32,11 +29,7 @@ class SessionHistory:
         if not learner.learner_id:
             return learner
         stored = await self.sessions.history(learner.learner_id, max(model.window - 1, 0), deadline)
-        # a stored skill (of its [n, K] sets) this version does not know counts as unknown (-1), not
-        # as a request error
-        explicit = stored.skills >= 0
-        unknown = explicit & (model.vocab.encode_skills(stored.skills) == UNK_ID)
-        skills = np.where(unknown, UNKNOWN_SKILL, stored.skills)
-        return LearnerInput(stored.questions, skills, stored.correct, learner.candidate_questions,
+        # a stored skill this version does not know is mapped to the unknown id by the encoder, as in a request
+        return LearnerInput(stored.questions, stored.skills, stored.correct, learner.candidate_questions,
                             learner.candidate_skills, learner.prefix, learner.learner_id,
                             candidate_sets=learner.candidate_sets)
