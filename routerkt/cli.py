@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 
-from routerkt import build
+from routerkt import build, memory
 from routerkt.errors import UserError
 
 
@@ -60,45 +59,13 @@ SESSIONS: dict[str, tuple[str, str]] = {
     "export": ("serving.sessions.cli_export", "stream a session store's events to the canonical CSV (bounded memory)"),
 }
 GROUPS: dict[str, dict[str, tuple[str, str]]] = {"bench": BENCHES, "sessions": SESSIONS}
-# Commands that train with PyTorch: glibc returning memory through mmap made CPU training ~1.8x
-# slower here. The setting also keeps every freed block in the process, so inference benchmarks
-# (which hold several models and servers at once) and servers run without it.
-TRAINING_COMMANDS = {"train", "evaluate", "audit", "reproduce", "bench train", "bench distributed"}
-MALLOC_TUNABLE = "glibc.malloc.mmap_max=0"
-
-
-def _limit_memory() -> None:
-    """Training commands run with mmap disabled in malloc, which can fragment the heap far beyond
-    the live data (a CL4KT step at batch 512: > 14 GB instead of 8). Cap the address space
-    (ROUTERKT_MAX_MEMORY_GB; default: the memory available at start, at least 4 GB; 0 = off) so a
-    runaway run fails with an allocation error instead of the kernel's OOM killer shooting the
-    largest process on the machine, maybe another job."""
-    import resource
-    try:
-        info = {line.split(":")[0]: int(line.split()[1]) for line in open("/proc/meminfo")}
-        default_gb = max(4.0, min(0.75 * info["MemTotal"], info["MemAvailable"]) / 2 ** 20)
-    except (OSError, KeyError, ValueError, IndexError):
-        return
-    gb = float(os.environ.get("ROUTERKT_MAX_MEMORY_GB", default_gb))
-    if gb > 0:
-        limit = int(gb * 2 ** 30)
-        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-        if hard == resource.RLIM_INFINITY or hard > limit:
-            resource.setrlimit(resource.RLIMIT_AS, (limit, hard if hard != resource.RLIM_INFINITY else resource.RLIM_INFINITY))
 
 
 def _maybe_reexec(argv: list[str]) -> None:
+    """Training commands run with the memory policy of routerkt/memory.py."""
     command = " ".join(argv[:2]) if argv[:1] and argv[0] in GROUPS else (argv[0] if argv else "")
-    if command not in TRAINING_COMMANDS:
-        return
-    if MALLOC_TUNABLE in os.environ.get("GLIBC_TUNABLES", "") or os.environ.get("ROUTERKT_NO_REEXEC"):
-        if MALLOC_TUNABLE in os.environ.get("GLIBC_TUNABLES", ""):
-            _limit_memory()
-        return
-    env = dict(os.environ)
-    env["GLIBC_TUNABLES"] = ":".join(filter(None, [env.get("GLIBC_TUNABLES"), MALLOC_TUNABLE]))
-    env["ROUTERKT_NO_REEXEC"] = "1"
-    os.execve(sys.executable, [sys.executable, "-m", "routerkt.cli", *argv], env)
+    if command in memory.TRAINING_COMMANDS:
+        memory.run_like_training("routerkt.cli", argv)
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, str]]:

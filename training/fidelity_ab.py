@@ -16,7 +16,7 @@ throughput. Each run lives in OUT/<dataset>/<preset>/<arm>/ and resumes (a finis
     python -m training.fidelity_ab --out bench/fidelity
     python -m training.fidelity_ab --out bench/fidelity --report      # tables from finished runs only
 
-Like the `routerkt` training commands it runs with malloc's mmap disabled (routerkt/cli.py: CPU
+Like the `routerkt` training commands it runs with malloc's mmap disabled (routerkt/memory.py: CPU
 training is ~1.8x slower without), re-executing itself once to set that.
 """
 from __future__ import annotations
@@ -136,20 +136,10 @@ def write_tables(out: Path, rows: list[dict], meta: dict) -> Path:
     return out / "ab.md"
 
 
-def _malloc_like_training(argv: list[str]) -> None:
-    """Re-execute with GLIBC_TUNABLES=glibc.malloc.mmap_max=0 (and the memory cap) as `routerkt train` runs."""
-    from routerkt.cli import MALLOC_TUNABLE, _limit_memory
-    if MALLOC_TUNABLE in os.environ.get("GLIBC_TUNABLES", ""):
-        _limit_memory()
-        return
-    env = dict(os.environ)
-    env["GLIBC_TUNABLES"] = ":".join(filter(None, [env.get("GLIBC_TUNABLES"), MALLOC_TUNABLE]))
-    os.execve(sys.executable, [sys.executable, "-m", "training.fidelity_ab", *argv], env)
-
-
 def main(argv: list[str] | None = None) -> int:
     if argv is None:
-        _malloc_like_training(sys.argv[1:])
+        from routerkt.memory import run_like_training
+        run_like_training("training.fidelity_ab", sys.argv[1:])   # routerkt/memory.py, as `routerkt train`
     args = parse_args(argv)
     from routerkt.atomic import atomic_write_json
     from training.loop import bf16_available

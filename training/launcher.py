@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from routerkt.cli import MALLOC_TUNABLE
+from routerkt.memory import with_malloc_setting
 from routerkt.errors import UserError
 from training.config import RunConfig, from_dict, to_dict
 from training.device import resolve as resolve_device
@@ -80,56 +80,68 @@ def launch(cfg, out: Path, nproc: int, progress: bool) -> dict:
     base.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(nproc),
                  "LOCAL_WORLD_SIZE": str(nproc), ERRORS_ENV: str(errors),
                  JOB_ENV: json.dumps({"config": to_dict(cfg), "out": str(out), "progress": progress})})
-    # workers run with the malloc setting of the training commands (routerkt/cli.py)
-    if MALLOC_TUNABLE not in base.get("GLIBC_TUNABLES", ""):
-        base["GLIBC_TUNABLES"] = ":".join(filter(None, [base.get("GLIBC_TUNABLES"), MALLOC_TUNABLE]))
+    # workers run with the malloc setting of the training commands (routerkt/memory.py)
+    base = with_malloc_setting(base)
     code = "import sys; from training.launcher import _worker; sys.exit(_worker())"
     procs: list[subprocess.Popen] = []
     try:
         for rank in range(nproc):
             env = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank)}
             procs.append(subprocess.Popen([sys.executable, "-c", code], env=env))
-        failed = _wait(procs)
-        if failed:
-            raise UserError(_describe(failed, errors))
+        first, later = _wait(procs)
+        if first:
+            raise UserError(_describe(first, later, errors))
     finally:
         _stop(procs)
         shutil.rmtree(errors, ignore_errors=True)
     return json.loads((out / "metrics.json").read_text())
 
 
-def _wait(procs: list[subprocess.Popen]) -> dict[int, int]:
-    """Wait for every worker; on the first failure, the exit codes of all that failed by themselves."""
+def _wait(procs: list[subprocess.Popen]) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """Wait for every worker; on the first failure, (rank, exit code) of those seen failing at the first
+    failing poll, and of those that failed by themselves after them (a peer's loss makes others fail)."""
     while True:
         codes = [p.poll() for p in procs]
         if all(c == 0 for c in codes):
-            return {}
-        if any(c not in (None, 0) for c in codes):
+            return [], []
+        first = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+        if first:
             deadline = time.monotonic() + GRACE_S          # the others notice the lost peer and exit
             while time.monotonic() < deadline and any(p.poll() is None for p in procs):
                 time.sleep(0.05)
-            return {r: p.returncode for r, p in enumerate(procs) if p.returncode not in (None, 0)}
-        time.sleep(0.1)
+            seen = {r for r, _ in first}
+            later = [(r, p.returncode) for r, p in enumerate(procs)
+                     if r not in seen and p.returncode not in (None, 0)]
+            return first, later
+        time.sleep(0.05)
 
 
-def _describe(failed: dict[int, int], errors: Path) -> str:
-    """One line naming the process that failed first (a UserError's own message when there is one)."""
-    for rank in sorted(failed):
+def _cause_rank(code: int) -> int:
+    """How likely an exit code is the run's cause rather than a consequence of another process's loss:
+    0 a signal from outside (SIGKILL, ...), 1 an exit code of its own, 2 SIGABRT (a collective's thread
+    terminated when its peer vanished) or PEER_LOST."""
+    if code == -signal.SIGABRT or code == PEER_LOST:
+        return 2
+    return 0 if code < 0 else 1
+
+
+def _describe(first: list[tuple[int, int]], later: list[tuple[int, int]], errors: Path) -> str:
+    """One line naming the process that failed first (a UserError's own message when there is one);
+    among those seen failing together, the likeliest cause (`_cause_rank`), then the lowest rank."""
+    for rank, _ in sorted(first + later):
         message = errors / f"rank-{rank}.txt"
         if message.is_file():
             return message.read_text().strip()
-    for rank, code in sorted(failed.items()):
-        if code < 0:
-            try:
-                name = f", {signal.Signals(-code).name}"
-            except ValueError:
-                name = ""
-            return f"training process {rank} died (signal {-code}{name})"
-    for rank, code in sorted(failed.items()):
-        if code != PEER_LOST:
-            return f"training process {rank} failed (exit code {code}; its error is above)"
-    rank = min(failed)
-    return f"training process {rank} lost contact with the other training processes"
+    rank, code = min(first, key=lambda f: (_cause_rank(f[1]), f[0]))
+    if code == PEER_LOST:
+        return f"training process {rank} lost contact with the other training processes"
+    if code < 0:
+        try:
+            name = f", {signal.Signals(-code).name}"
+        except ValueError:
+            name = ""
+        return f"training process {rank} died (signal {-code}{name})"
+    return f"training process {rank} failed (exit code {code}; its error is above)"
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:

@@ -90,7 +90,7 @@ def _assemble(root: Path, sources: Sequence[Path]) -> None:
 def server_env(install: TritonInstall) -> dict[str, str]:
     """The environment tritonserver and its Python stubs need (see the module docstring)."""
     env = dict(os.environ)
-    # the training commands' malloc setting (routerkt/cli.py) keeps freed memory in the process:
+    # the training commands' malloc setting (routerkt/memory.py) keeps freed memory in the process:
     # not for long-running servers holding large inference buffers
     tunables = [t for t in env.pop("GLIBC_TUNABLES", "").split(":") if t and t != "glibc.malloc.mmap_max=0"]
     if tunables:

@@ -7,12 +7,12 @@ import os
 
 import pytest
 
-from routerkt import cli
+from routerkt import cli, memory
 
 pytestmark = pytest.mark.unit
 
 
-@pytest.mark.parametrize("command", sorted(cli.TRAINING_COMMANDS))
+@pytest.mark.parametrize("command", sorted(memory.TRAINING_COMMANDS))
 def test_an_explicit_argv_never_re_executes(command, monkeypatch) -> None:
     def refuse(*args, **kwargs):
         raise AssertionError("os.execve called")
@@ -32,4 +32,4 @@ def test_the_console_entry_re_executes_training_commands(monkeypatch) -> None:
     monkeypatch.setattr("sys.argv", ["routerkt", "train", "--help"])
     with pytest.raises(SystemExit):
         cli.main()
-    assert calls and calls[0][2]["GLIBC_TUNABLES"].endswith(cli.MALLOC_TUNABLE)
+    assert calls and calls[0][2]["GLIBC_TUNABLES"].endswith(memory.MALLOC_TUNABLE)
