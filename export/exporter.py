@@ -1,15 +1,16 @@
 """`export_run`: turn a training run into a new model version of the Triton repository.
 
 Steps: rebuild the model from the chosen fold's meta.json alone -> refuse non-servable configs ->
-ONNX export with frozen biases -> (with fuse_attention: the attention-fusion pass,
-export/attention_fusion.py; not for TensorRT, which builds from the plain graph) -> parity check against PyTorch (random batches at several sizes
-and lengths, plus real batches when the run's data file is readable) -> the same for the rank graph
-(rank.onnx, checked against one PyTorch window per candidate) -> the same for the explain graph
+for each graph of GRAPH_KINDS (score, rank, explain): ONNX export with frozen biases -> (with
+fuse_attention: the attention-fusion pass, export/attention_fusion.py, on the score and rank graphs;
+not for TensorRT, which builds from the plain graph) -> parity check against PyTorch. The score graph
+is checked on random batches at several sizes and lengths, plus real batches when the run's data file
+is readable; the rank graph (rank.onnx) against one PyTorch window per candidate; the explain graph
 (explain.onnx: python backend and models with attention only; never fused nor quantized, so its
-attention is the model's; config.pbtxt then also declares its outputs) -> (TensorRT plan of the score graph
-on a GPU host) -> render config.pbtxt -> publish the version atomically. Either parity failing
-refuses the export; any failure leaves the repository untouched. With --quantize int8 both graphs
-are quantized and each must stay within INT8_TOL.
+attention is the model's; config.pbtxt then also declares its outputs) likewise. Then (TensorRT plan
+of the score graph on a GPU host) -> render config.pbtxt -> publish the version atomically. Any parity
+failing refuses the export; any failure leaves the repository untouched. With --quantize int8 the
+score and rank graphs are quantized and each must stay within INT8_TOL.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from export.onnx_export import (PARITY_TOL, ExportError, check_parity, check_ran
                                 ParityReport, export_rank_onnx, rank_batches)
 from export.repository import publish_version
 from export.triton_python_model import MODEL_PY
-from export.triton_config import TARGETS, Backend, TritonModelOptions, publish_config, render_config
+from export.triton_config import TARGETS, Backend, Target, TritonModelOptions, publish_config, render_config
 from routerkt.contract import signature
 from routerkt.contract.rollout_versions import read_named_versions
 from routerkt.contract.model_info import ModelInfo
@@ -49,6 +50,52 @@ class ExportResult:
     rank_parity_cases: list = field(default_factory=list)
     fused_attention_cores: int = 0        # attention cores of the served graph as one fused op each
     explain_parity_max_abs_diff: float = float("nan")   # nan: no explain graph exported
+
+
+@dataclass(frozen=True)
+class GraphKind:
+    """One graph a version ships: how it is exported and checked, and how its log line and refusal read.
+    `export` and `check` look the module's functions up when called (tests replace them)."""
+
+    kind: str                                 # score | rank | explain
+    file: str                                 # its file in the version folder (score: before any plan)
+    export: Callable[..., None]               # (model, path)
+    check: Callable[..., ParityReport]        # (model, path, batches)
+    per_candidate: bool                       # checked on rank_batches(real): one window per candidate
+    fusable: bool                             # the attention-fusion pass applies
+    quantizable: bool                         # --quantize int8 applies
+    subject: str                              # "exported <subject> in ...s"
+    measure: str                              # what its parity line compares
+    refusal: str                              # what its failed parity check compares
+
+    @property
+    def parity(self) -> str:
+        return "parity" if self.kind == "score" else f"{self.kind} parity"
+
+
+GRAPH_KINDS: tuple[GraphKind, ...] = (
+    GraphKind("score", signature.ONNX_FILE, lambda model, path: export_onnx(model, path),
+          lambda model, path, batches: check_parity(model, path, batches=batches),
+          per_candidate=False, fusable=True, quantizable=True, subject="{fold_dir} to ONNX",
+          measure="|ort - torch|", refusal="|onnxruntime - pytorch|"),
+    GraphKind("rank", signature.RANK_ONNX_FILE, lambda model, path: export_rank_onnx(model, path),
+          lambda model, path, batches: check_rank_parity(model, path, batches=batches),
+          per_candidate=True, fusable=True, quantizable=True, subject="the rank graph",
+          measure="|ort rank - torch windows|", refusal="|onnxruntime rank - pytorch windows|"),
+    GraphKind("explain", signature.EXPLAIN_ONNX_FILE, lambda model, path: export_explain_onnx(model, path),
+          lambda model, path, batches: check_explain_parity(model, path, batches=batches),
+          per_candidate=True, fusable=False, quantizable=False, subject="the explain graph",
+          measure="|ort - torch (probs, attention, head weights)|", refusal="|onnxruntime explain - pytorch|"),
+)
+
+
+@dataclass
+class Exported:
+    """One graph exported and checked: its file (int8 once quantized), parity and fusion reports."""
+
+    path: Path
+    report: ParityReport
+    fusion: FusionReport = field(default_factory=FusionReport)
 
 
 def _check_repository(repository: Path) -> None:
@@ -87,110 +134,145 @@ def export_run(run: Path, repository: Path, name: str | None = None, version: in
         raise UserError(f"run {run} does not exist")
     fold_dir = run / f"fold-{fold}" if fold is not None else best_fold_dir(run)
     ckpt = load_checkpoint(fold_dir)
-    cfg = ckpt.config
-    name = name or cfg.preset or "model"
-    options = options or TritonModelOptions()
-    options.backend = Backend(backend)
-    target = TARGETS[options.backend]
-    options.window = cfg.model.max_len
-    options.graph = target.graph        # rank: the gateway's path (one inference per learner); tensorrt: score
-    meta = ckpt.meta
-    provenance = {"run_id": str(meta.get("run_id", run.name)), "git_sha": str(meta.get("git_sha", "unknown")),
-                  "valid_auc": f"{float(meta.get('valid_auc', float('nan'))):.6f}", "preset": cfg.preset,
-                  "fold": str(meta.get("fold", "")), "epoch": str(meta.get("epoch", ""))}
-    # config.pbtxt gets no vocabulary sizes and no provenance: both are in the version's model_info.json
-    # (model.py reads its id bounds there), so a retrain whose vocabulary grew renders the same config
-    # the explain graph rides on the rank model of the python backend (export/triton_python_model/model.py)
-    options.explain = target.explain and options.graph == signature.RANK.name and explainable(ckpt.model)
-    config_text = render_config(name, options)          # validates name and options before heavy work
-    served_config = repository / name / signature.CONFIG_FILE
-    config_text = publish_config(served_config.read_text() if served_config.is_file() else None, config_text)
+    name = name or ckpt.config.preset or "model"
+    options, target = _serving_options(options, backend, ckpt)
+    config_text = _config_text(repository, name, options)      # validates name and options before heavy work
     _check_served_graph(repository, name, options.graph)
-
     if target.score_file == signature.PLAN_FILE:
-        from export.tensorrt import tensorrt_available
-        ok, why = tensorrt_available()
-        if not ok:
-            raise UserError(f"--backend tensorrt needs TensorRT and a GPU on this host: {why}; "
-                            "export with --backend onnxruntime here and build the plan on the GPU host "
-                            "(see docs/training.md, 'TensorRT')")
+        _require_tensorrt()
 
     with tempfile.TemporaryDirectory(prefix="routerkt-export-") as tmp:
-        onnx_path, rank_path = Path(tmp) / signature.ONNX_FILE, Path(tmp) / signature.RANK_ONNX_FILE
-        real = real_batches(cfg, ckpt.vocab)
-        started = time.perf_counter()
-        export_onnx(ckpt.model, onnx_path)
-        fuse = fuse_attention and target.fuse_attention
-        if fuse_attention and not fuse:
-            log(f"attention fusion: off for --backend {options.backend.value} ({target.note})")
-        if fuse:
-            log(f"score graph: {_fuse(onnx_path).describe()}")
-        report = check_parity(ckpt.model, onnx_path, batches=real)
-        log(f"exported {fold_dir} to ONNX in {time.perf_counter() - started:.1f}s; parity max |ort - torch| = "
-            f"{report.max_abs_diff:.2e} over {len(report.cases)} batches")
-        if not report.ok:
-            raise ExportError(f"parity check failed: max |onnxruntime - pytorch| = {report.max_abs_diff:.3e} "
-                              f"> {PARITY_TOL:g}; nothing was published")
-        started = time.perf_counter()
-        export_rank_onnx(ckpt.model, rank_path)
-        rank_fusion = _fuse(rank_path) if fuse else FusionReport()
-        if fuse:
-            log(f"rank graph: {rank_fusion.describe()}")
-        rank_report = check_rank_parity(ckpt.model, rank_path, batches=rank_batches(real))
-        log(f"exported the rank graph in {time.perf_counter() - started:.1f}s; rank parity max |ort rank - "
-            f"torch windows| = {rank_report.max_abs_diff:.2e} over {len(rank_report.cases)} batches")
-        if not rank_report.ok:
-            raise ExportError(f"rank parity check failed: max |onnxruntime rank - pytorch windows| = "
-                              f"{rank_report.max_abs_diff:.3e} > {PARITY_TOL:g}; nothing was published")
-        explain_report = None
-        if options.explain:
-            started = time.perf_counter()
-            explain_path = Path(tmp) / signature.EXPLAIN_ONNX_FILE
-            export_explain_onnx(ckpt.model, explain_path)
-            explain_report = check_explain_parity(ckpt.model, explain_path, batches=rank_batches(real))
-            log(f"exported the explain graph in {time.perf_counter() - started:.1f}s; explain parity max |ort - "
-                f"torch (probs, attention, head weights)| = {explain_report.max_abs_diff:.2e} over "
-                f"{len(explain_report.cases)} batches")
-            if not explain_report.ok:
-                raise ExportError(f"explain parity check failed: max |onnxruntime explain - pytorch| = "
-                                  f"{explain_report.max_abs_diff:.3e} > {PARITY_TOL:g}; nothing was published")
-        if quantize == "int8":                # weights of MatMul/Gemm as int8, activations quantized on the fly
-            onnx_path, report = _int8(onnx_path, lambda path: check_parity(ckpt.model, path, batches=real), log)
-            rank_path, rank_report = _int8(rank_path, lambda path: check_rank_parity(
-                ckpt.model, path, batches=rank_batches(real)), log)
-        elif quantize != "none":
-            raise UserError(f"--quantize {quantize!r}: choose none or int8")
-        files: dict[str, Path | bytes] = {signature.VOCAB_FILE: json.dumps(ckpt.vocab.to_json()).encode(),
-                                          signature.RANK_ONNX_FILE: rank_path}
-        if explain_report is not None:
-            files[signature.EXPLAIN_ONNX_FILE] = explain_path
-        if target.score_file == signature.PLAN_FILE:
-            from export.tensorrt import build_engine
-            plan = Path(tmp) / signature.PLAN_FILE
-            build_engine(onnx_path, plan, window=options.window, max_batch=options.max_batch_size, fp16=options.fp16)
-            files[signature.PLAN_FILE] = plan
-        else:
-            files[signature.ONNX_FILE] = onnx_path
-        if target.model_py:
-            files["model.py"] = MODEL_PY
-        info = ModelInfo(name=name, window=cfg.model.max_len, n_questions=cfg.model.n_questions,
-                         n_skills=cfg.model.n_skills, preset=cfg.preset, backbone=cfg.model.backbone.value,
-                         attention=cfg.model.attention.value, heads=cfg.model.heads.value,
-                         routing_scope=cfg.model.routing_scope.value, backend=options.backend.value,
-                         quantization=quantize, parity_max_abs_diff=report.max_abs_diff,
-                         served_graph=options.graph, rank_parity_max_abs_diff=rank_report.max_abs_diff,
-                         explain_parity_max_abs_diff=(explain_report.max_abs_diff if explain_report
-                                                      else float("nan")),
-                         provenance={**provenance, "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
-        files[signature.INFO_FILE] = info.save_bytes()
+        kinds = [graph for graph in GRAPH_KINDS if graph.kind != "explain" or options.explain]
+        exported = _export_graphs(ckpt, kinds, Path(tmp), fold_dir, fuse_attention, target, options, quantize, log)
+        files = _version_files(ckpt, exported, target, options, Path(tmp))
+        files[signature.INFO_FILE] = _model_info(ckpt, run, name, options, quantize, exported).save_bytes()
         protected = read_named_versions(policy_file).get(name, set())
         version = publish_version(repository, name, files, config_text, version=version, keep_versions=keep_versions,
                                   protected=protected)
-    return ExportResult(name=name, version=version, repository=repository, parity_max_abs_diff=report.max_abs_diff,
-                        parity_cases=report.cases, files=sorted(files),
-                        rank_parity_max_abs_diff=rank_report.max_abs_diff, rank_parity_cases=rank_report.cases,
-                        fused_attention_cores=rank_fusion.fused,
-                        explain_parity_max_abs_diff=explain_report.max_abs_diff if explain_report else float("nan"))
+    score, rank = exported["score"].report, exported["rank"]
+    return ExportResult(name=name, version=version, repository=repository, parity_max_abs_diff=score.max_abs_diff,
+                        parity_cases=score.cases, files=sorted(files),
+                        rank_parity_max_abs_diff=rank.report.max_abs_diff, rank_parity_cases=rank.report.cases,
+                        fused_attention_cores=rank.fusion.fused,
+                        explain_parity_max_abs_diff=_explain_parity(exported))
+
+
+def _serving_options(options: TritonModelOptions | None, backend: Backend, ckpt) -> tuple[TritonModelOptions, Target]:
+    """The options completed from the checkpoint and the backend's target: window, served graph (rank: the
+    gateway's path, one inference per learner; tensorrt: score) and whether the explain graph rides along
+    (on the rank model of the python backend, export/triton_python_model/model.py)."""
+    options = options or TritonModelOptions()
+    options.backend = Backend(backend)
+    target = TARGETS[options.backend]
+    options.window = ckpt.config.model.max_len
+    options.graph = target.graph
+    options.explain = target.explain and options.graph == signature.RANK.name and explainable(ckpt.model)
+    return options, target
+
+
+def _config_text(repository: Path, name: str, options: TritonModelOptions) -> str:
+    """The config.pbtxt to publish: no vocabulary sizes and no provenance (both are in the version's
+    model_info.json, where model.py reads its id bounds), so a retrain whose vocabulary grew renders the
+    same config."""
+    config_text = render_config(name, options)
+    served_config = repository / name / signature.CONFIG_FILE
+    return publish_config(served_config.read_text() if served_config.is_file() else None, config_text)
+
+
+def _require_tensorrt() -> None:
+    from export.tensorrt import tensorrt_available
+    ok, why = tensorrt_available()
+    if not ok:
+        raise UserError(f"--backend tensorrt needs TensorRT and a GPU on this host: {why}; "
+                        "export with --backend onnxruntime here and build the plan on the GPU host "
+                        "(see docs/training.md, 'TensorRT')")
+
+
+def _export_graphs(ckpt, graphs: list[GraphKind], tmp: Path, fold_dir: Path, fuse_attention: bool, target: Target,
+                   options: TritonModelOptions, quantize: str, log) -> dict[str, Exported]:
+    """Every graph exported and checked in turn, then (--quantize int8) the quantizable ones quantized."""
+    real = real_batches(ckpt.config, ckpt.vocab)
+    fuse = fuse_attention and target.fuse_attention
+    if fuse_attention and not fuse:
+        log(f"attention fusion: off for --backend {options.backend.value} ({target.note})")
+    exported = {graph.kind: _export_graph(graph, ckpt.model, tmp / graph.file, real, fuse, fold_dir, log)
+                for graph in graphs}
+    if quantize == "int8":                # weights of MatMul/Gemm as int8, activations quantized on the fly
+        for graph in graphs:
+            if graph.quantizable:
+                _quantize(graph, exported[graph.kind], ckpt.model, _batches(graph, real), log)
+    elif quantize != "none":
+        raise UserError(f"--quantize {quantize!r}: choose none or int8")
+    return exported
+
+
+def _quantize(graph: GraphKind, exported: Exported, model, batches: list, log) -> None:
+    """Replace an exported graph by its int8 quantization, once that passes its parity check."""
+    exported.path, exported.report = _int8(exported.path, lambda path: graph.check(model, path, batches), log)
+
+
+def _batches(graph: GraphKind, real: list) -> list:
+    return rank_batches(real) if graph.per_candidate else real
+
+
+def _export_graph(graph: GraphKind, model, path: Path, real: list, fuse: bool, fold_dir: Path, log) -> Exported:
+    """Export one graph, fuse its attention cores (when asked and it applies), check its parity, log it;
+    ExportError when the parity check fails."""
+    started = time.perf_counter()
+    graph.export(model, path)
+    fusion = FusionReport()
+    if fuse and graph.fusable:
+        fusion = _fuse(path)
+        log(f"{graph.kind} graph: {fusion.describe()}")
+    report = graph.check(model, path, _batches(graph, real))
+    log(f"exported {graph.subject.format(fold_dir=fold_dir)} in {time.perf_counter() - started:.1f}s; "
+        f"{graph.parity} max {graph.measure} = {report.max_abs_diff:.2e} over {len(report.cases)} batches")
+    if not report.ok:
+        raise ExportError(f"{graph.parity} check failed: max {graph.refusal} = {report.max_abs_diff:.3e} "
+                          f"> {PARITY_TOL:g}; nothing was published")
+    return Exported(path, report, fusion)
+
+
+def _version_files(ckpt, exported: dict[str, Exported], target: Target, options: TritonModelOptions,
+                   tmp: Path) -> dict[str, Path | bytes]:
+    """The version folder's files but model_info.json: vocabulary, graphs (the score graph as a TensorRT plan
+    for that backend) and the python backend's model.py."""
+    files: dict[str, Path | bytes] = {signature.VOCAB_FILE: json.dumps(ckpt.vocab.to_json()).encode(),
+                                      signature.RANK_ONNX_FILE: exported["rank"].path}
+    if "explain" in exported:
+        files[signature.EXPLAIN_ONNX_FILE] = exported["explain"].path
+    if target.score_file == signature.PLAN_FILE:
+        from export.tensorrt import build_engine
+        plan = tmp / signature.PLAN_FILE
+        build_engine(exported["score"].path, plan, window=options.window, max_batch=options.max_batch_size,
+                     fp16=options.fp16)
+        files[signature.PLAN_FILE] = plan
+    else:
+        files[signature.ONNX_FILE] = exported["score"].path
+    if target.model_py:
+        files["model.py"] = MODEL_PY
+    return files
+
+
+def _model_info(ckpt, run: Path, name: str, options: TritonModelOptions, quantize: str,
+                exported: dict[str, Exported]) -> ModelInfo:
+    """The version's model_info.json: the model, its graphs' parity and where it came from."""
+    model, meta = ckpt.config.model, ckpt.meta
+    provenance = {"run_id": str(meta.get("run_id", run.name)), "git_sha": str(meta.get("git_sha", "unknown")),
+                  "valid_auc": f"{float(meta.get('valid_auc', float('nan'))):.6f}", "preset": ckpt.config.preset,
+                  "fold": str(meta.get("fold", "")), "epoch": str(meta.get("epoch", "")),
+                  "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    return ModelInfo(name=name, window=model.max_len, n_questions=model.n_questions, n_skills=model.n_skills,
+                     preset=ckpt.config.preset, backbone=model.backbone.value, attention=model.attention.value,
+                     heads=model.heads.value, routing_scope=model.routing_scope.value,
+                     backend=options.backend.value, quantization=quantize,
+                     parity_max_abs_diff=exported["score"].report.max_abs_diff, served_graph=options.graph,
+                     rank_parity_max_abs_diff=exported["rank"].report.max_abs_diff,
+                     explain_parity_max_abs_diff=_explain_parity(exported), provenance=provenance)
+
+
+def _explain_parity(exported: dict[str, Exported]) -> float:
+    return exported["explain"].report.max_abs_diff if "explain" in exported else float("nan")
 
 
 def _fuse(path: Path) -> FusionReport:
