@@ -143,6 +143,14 @@ def gateway_over(repository: Path, triton_url: str, store: Path | None = None, s
 
 
 @pytest.fixture(scope="module")
+def stored_gateway(kt_repository, triton, tmp_path_factory):
+    """`gateway_over` the module's `triton` with a SQLite session store of its own: (gateway, stub)."""
+    store = tmp_path_factory.mktemp("sessions") / "sessions.sqlite3"
+    with gateway_over(kt_repository.path, triton.grpc_url, store) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
 def checkpoint(kt_repository):
     """The PyTorch checkpoint behind the tiny exported routerkt-akt (the reference of e2e tests; a
     module may define its own)."""

@@ -11,20 +11,12 @@ import pytest
 
 from routerkt.contract.signature import UNK_ID
 from serving.api import knowledge_tracing_pb2 as pb
-from tests.e2e.conftest import gateway_over
 
 torch = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.e2e
 
 WINDOW = 20                     # TINY_OVERRIDES in tests/conftest.py
-
-
-@pytest.fixture(scope="module")
-def gateway(kt_repository, triton, tmp_path_factory):
-    store = tmp_path_factory.mktemp("mastery") / "sessions.sqlite3"
-    with gateway_over(kt_repository.path, triton.grpc_url, store, b"e2e-mastery-secret-32-bytes-ok!!") as served:
-        yield served
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +45,8 @@ def interactions(history) -> list[pb.Interaction]:
     return [pb.Interaction(question_id=q, skill_id=s, correct=int(c)) for q, s, c in history]
 
 
-def test_every_skill_equals_pytorch(gateway, checkpoint, history) -> None:
-    _, stub = gateway
+def test_every_skill_equals_pytorch(stored_gateway, checkpoint, history) -> None:
+    _, stub = stored_gateway
     answer = stub.Mastery(pb.MasteryRequest(model="kt", history=interactions(history)), timeout=20)
     skills = sorted(checkpoint.vocab.skills)
     assert [s.skill_id for s in answer.skills] == skills
@@ -63,8 +55,8 @@ def test_every_skill_equals_pytorch(gateway, checkpoint, history) -> None:
                                atol=1e-5, rtol=0)
 
 
-def test_order_of_requested_skills_does_not_matter(gateway, checkpoint, history) -> None:
-    _, stub = gateway
+def test_order_of_requested_skills_does_not_matter(stored_gateway, checkpoint, history) -> None:
+    _, stub = stored_gateway
     skills = sorted(checkpoint.vocab.skills)
     picked = [skills[3], skills[0], skills[-1], skills[5]]
     first = stub.Mastery(pb.MasteryRequest(model="kt", history=interactions(history), skill_ids=picked), timeout=20)
@@ -78,8 +70,8 @@ def test_order_of_requested_skills_does_not_matter(gateway, checkpoint, history)
     np.testing.assert_allclose([one[s] for s in picked], torch_mastery(checkpoint, history, picked), atol=1e-5, rtol=0)
 
 
-def test_a_stored_learner_reads_like_the_explicit_history_and_is_not_tracked(gateway, history) -> None:
-    gw, stub = gateway
+def test_a_stored_learner_reads_like_the_explicit_history_and_is_not_tracked(stored_gateway, history) -> None:
+    gw, stub = stored_gateway
     events = [pb.Event(event_id=f"m{i}", question_id=q, skill_id=s, correct=int(c))
               for i, (q, s, c) in enumerate(history)]
     stub.Observe(pb.ObserveRequest(learner_id="mastery-learner", events=events), timeout=10)
@@ -95,8 +87,8 @@ def test_a_stored_learner_reads_like_the_explicit_history_and_is_not_tracked(gat
     assert "prediction_id" not in pb.MasteryResponse.DESCRIPTOR.fields_by_name
 
 
-def test_http_mirror_and_bad_skills(gateway, checkpoint, history) -> None:
-    gw, stub = gateway
+def test_http_mirror_and_bad_skills(stored_gateway, checkpoint, history) -> None:
+    gw, stub = stored_gateway
     skills = sorted(checkpoint.vocab.skills)
     body = {"model": "kt", "history": [{"question_id": q, "skill_id": s, "correct": int(c)} for q, s, c in history],
             "skill_ids": skills[:3]}

@@ -11,20 +11,12 @@ import numpy as np
 import pytest
 
 from serving.api import knowledge_tracing_pb2 as pb
-from tests.e2e.conftest import gateway_over
 
 torch = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.e2e
 
 WINDOW = 20                     # TINY_OVERRIDES in tests/conftest.py
-
-
-@pytest.fixture(scope="module")
-def gateway(kt_repository, triton, tmp_path_factory):
-    store = tmp_path_factory.mktemp("skill-sets") / "sessions.sqlite3"
-    with gateway_over(kt_repository.path, triton.grpc_url, store, b"e2e-skill-sets-secret-32-bytes!!") as served:
-        yield served
 
 
 def model_set(vocab, question: int, skills) -> list[int]:
@@ -77,8 +69,8 @@ def sample(checkpoint):
     return history, candidates
 
 
-def test_a_two_skill_candidate_answers_through_triton_as_pytorch(gateway, checkpoint, sample) -> None:
-    _, stub = gateway
+def test_a_two_skill_candidate_answers_through_triton_as_pytorch(stored_gateway, checkpoint, sample) -> None:
+    _, stub = stored_gateway
     history, candidates = sample
     response = stub.Predict(request(history, candidates), timeout=10.0)
     expected = torch_probabilities(checkpoint, history, candidates)
@@ -88,8 +80,8 @@ def test_a_two_skill_candidate_answers_through_triton_as_pytorch(gateway, checkp
     assert np.abs(np.asarray(response.probabilities) - first_only).max() > 1e-4    # the sets reached the model
 
 
-def test_the_http_mirror_and_ragged_columns_answer_alike(gateway, sample) -> None:
-    gw, stub = gateway
+def test_the_http_mirror_and_ragged_columns_answer_alike(stored_gateway, sample) -> None:
+    gw, stub = stored_gateway
     history, candidates = sample
     by_messages = np.asarray(stub.Predict(request(history, candidates), timeout=10.0).probabilities)
     lengths = [len(s) if isinstance(s, list) else (1 if s is not None else 0) for _, s, _ in history]
@@ -109,8 +101,8 @@ def test_the_http_mirror_and_ragged_columns_answer_alike(gateway, sample) -> Non
     assert reply.status_code == 400 and reply.json()["error"]["field"] == "candidates[0].skill_ids"
 
 
-def test_observed_skill_sets_predict_as_the_explicit_history(gateway, sample) -> None:
-    _, stub = gateway
+def test_observed_skill_sets_predict_as_the_explicit_history(stored_gateway, sample) -> None:
+    _, stub = stored_gateway
     history, candidates = sample
     learner = "skill-sets-learner"
     events = [pb.Event(event_id=f"e{i}", question_id=q, correct=c, **fields(s)) for i, (q, s, c) in enumerate(history)]

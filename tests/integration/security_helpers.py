@@ -1,8 +1,8 @@
 """Shared by the security tests: certificates made with the `openssl` command inside the test, a
-fake inference backend (Triton is not the point there), and API keys issued into a file."""
+fake inference backend (Triton is not the point there; its lifecycle is tests/fake_backend.py's), and
+API keys issued into a file."""
 from __future__ import annotations
 
-import asyncio
 import shutil
 import socket
 import ssl
@@ -15,6 +15,7 @@ import pytest
 
 from serving.security.api_keys import issue_key
 from serving.security.scopes import SCOPES
+from tests.fake_backend import IdleBackend
 
 
 @dataclass(frozen=True)
@@ -69,24 +70,17 @@ def issue_all(path: Path) -> dict[str, str]:
     return {scope: issue_key(path, scope, [scope]) for scope in SCOPES}
 
 
-class FakeBackend:
+def wrong_secret(token: str) -> str:
+    """An authorization header with `token`'s key id and a secret one character off its own (the first)."""
+    key_id, secret = token.split(".", 1)
+    return f"Bearer {key_id}.{'y' if secret[0] == 'x' else 'x'}{secret[1:]}"
+
+
+class FakeBackend(IdleBackend):
     """An InferenceBackend answering every version of the catalog: P = question id / 100."""
 
     def __init__(self) -> None:
-        self.catalog = None
         self.timeouts: list[float] = []           # timeout_s of each inference
-
-    async def start(self, catalog) -> None:
-        self.catalog = catalog
-
-    async def maintain(self, catalog) -> None:
-        await asyncio.Event().wait()
-
-    def wake(self) -> None:
-        pass
-
-    async def close(self) -> None:
-        pass
 
     @property
     def serving(self) -> bool:
@@ -98,9 +92,6 @@ class FakeBackend:
 
     def ready_models(self) -> dict[str, list[int]]:
         return {"kt": [1]}
-
-    async def ensure_ready(self, model: str, version: int, timeout_s: float) -> bool:
-        return version in self.ready_versions(model)
 
     def unavailable_reason(self, model: str) -> str | None:
         return None

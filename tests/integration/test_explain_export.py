@@ -8,12 +8,13 @@ import json
 import numpy as np
 import pytest
 
-from export.onnx_export import PARITY_TOL, ExportError, ParityReport, rank_inputs
+from export.onnx_export import PARITY_TOL, rank_inputs
 from export.triton_config import PARAM_GRAPH, Backend, TritonModelOptions, render_config
 from routerkt.contract import signature
 from routerkt.contract.onnx_session import cpu_session
 from routerkt.contract.repository import parse_triton_config as parse_config
 from routerkt.errors import UserError
+from tests.integration.export_helpers import assert_a_failed_parity_publishes_nothing
 
 pytestmark = pytest.mark.integration
 
@@ -40,13 +41,7 @@ def test_the_published_version_serves_the_explain_graph(kt_repository):
 
 
 def test_failed_explain_parity_publishes_nothing(kt_repository, tmp_path, monkeypatch):
-    from export import exporter
-    monkeypatch.setattr(exporter, "check_explain_parity",
-                        lambda *args, **kwargs: ParityReport(max_abs_diff=1e-3, cases=[(1, 19, 1, 1e-3)]))
-    repo = tmp_path / "repo"
-    with pytest.raises(ExportError, match="explain parity check failed"):
-        exporter.export_run(kt_repository.run, repo, name="kt", log=lambda *_: None)
-    assert not (repo / "kt").exists()
+    assert_a_failed_parity_publishes_nothing(kt_repository.run, tmp_path / "repo", monkeypatch, "explain")
 
 
 @pytest.mark.parametrize("backend, graph", [(Backend.ONNXRUNTIME, "rank"), (Backend.PYTHON, "score")])

@@ -10,10 +10,12 @@ import onnx
 import pytest
 import torch
 
-from export.onnx_export import (PARITY_TOL, ExportError, ParityReport, candidate_windows, check_rank_parity,
-                                example_inputs, export_onnx, export_rank_onnx, rank_batches, rank_inputs)
+from export.onnx_export import (PARITY_TOL, candidate_windows, check_rank_parity, example_inputs, export_onnx,
+                                export_rank_onnx, rank_batches, rank_inputs)
 from routerkt.contract import signature
 from routerkt.contract.onnx_session import cpu_session
+from tests.integration.export_helpers import assert_a_failed_parity_publishes_nothing
+from tests.tiny_models import random_tiny_model
 from training.models.registry import build_model, preset_config, with_vocab
 
 pytestmark = pytest.mark.integration
@@ -24,18 +26,7 @@ REPRESENTATIVE = ["akt", "alibi-cl4kt", "relative-akt", "routerkt-simplekt", "dk
 
 
 def _tiny(name: str):
-    torch.manual_seed(0)
-    cfg = with_vocab(preset_config(name), NQ, NS)
-    tiny = {"d_model": 16, "n_blocks": 1, "n_heads": 4, "d_ff": 32, "final_fc": 32, "final_fc2": 16,
-            "lstm_hidden": 16, "max_len": WINDOW}
-    for key, value in tiny.items():
-        setattr(cfg, key, value)
-    model = build_model(cfg).eval()
-    with torch.no_grad():
-        for pname, p in model.named_parameters():
-            if any(pname.startswith(z) for z in model.zero_init):
-                p.normal_(0.0, 0.7)                  # a non-zero question-difficulty term
-    return model
+    return random_tiny_model(name, NQ, NS, WINDOW)
 
 
 @pytest.mark.parametrize("name", REPRESENTATIVE)
@@ -87,10 +78,4 @@ def test_published_rank_graph_matches_the_score_graph(kt_repository):
 
 
 def test_failed_rank_parity_publishes_nothing(kt_repository, tmp_path, monkeypatch):
-    from export import exporter
-    monkeypatch.setattr(exporter, "check_rank_parity",
-                        lambda *args, **kwargs: ParityReport(max_abs_diff=1e-3, cases=[(1, 19, 1, 1e-3)]))
-    repo = tmp_path / "repo"
-    with pytest.raises(ExportError, match="rank parity check failed"):
-        exporter.export_run(kt_repository.run, repo, name="kt", log=lambda *_: None)
-    assert not (repo / "kt").exists()
+    assert_a_failed_parity_publishes_nothing(kt_repository.run, tmp_path / "repo", monkeypatch, "rank")

@@ -21,7 +21,7 @@ from serving.sessions.keys import LearnerKeys
 from serving.sessions.sqlite_store import SqliteStore
 from serving.settings import Settings
 from tests.helpers import grpc_status as code
-from tests.integration.security_helpers import FakeBackend, issue_all
+from tests.integration.security_helpers import FakeBackend, issue_all, wrong_secret
 
 pytestmark = pytest.mark.integration
 
@@ -52,7 +52,7 @@ def test_failures_are_counted_and_logged_with_peer_and_key_id_on_both_transports
     caplog.set_level(logging.INFO, logger="routerkt.security")
     gw, tokens = start(handmade_repository, tmp_path, auth_failure_burst=0)
     secret = tokens["admin"].split(".", 1)[1]
-    wrong = "Bearer admin.x" + secret[1:]
+    wrong = wrong_secret(tokens["admin"])
     try:
         with grpc.insecure_channel(f"127.0.0.1:{gw.grpc_port}") as channel, \
                 httpx.Client(base_url=f"http://127.0.0.1:{gw.http_port}", timeout=10, trust_env=False) as http:

@@ -21,7 +21,7 @@ from serving.sessions.keys import LearnerKeys
 from serving.sessions.sqlite_store import SqliteStore
 from serving.settings import Settings
 from serving.transport.http_api import create_app
-from tests.integration.security_helpers import FakeBackend, issue_all
+from tests.integration.security_helpers import FakeBackend, issue_all, wrong_secret
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +43,7 @@ def http_routes() -> list[tuple[str, str]]:
 def callers(tokens: dict[str, str]) -> dict[str, str | None]:
     """caller name -> the authorization header value it sends (None: none)."""
     secret = tokens["admin"].split(".", 1)[1]
-    return {"no key": None, "not bearer": tokens["admin"], "wrong secret": "Bearer admin.x" + secret[1:],
+    return {"no key": None, "not bearer": tokens["admin"], "wrong secret": wrong_secret(tokens["admin"]),
             "unknown id": f"Bearer nobody.{secret}",
             **{f"scope {scope}": f"Bearer {token}" for scope, token in tokens.items()}}
 

@@ -7,6 +7,7 @@ import torch
 
 from routerkt.contract import signature
 from routerkt.contract.signature import CANDIDATE_RESPONSE, PAD_ID, PAD_RESPONSE
+from tests.tiny_models import random_tiny_model
 from training.config import RoutingScope
 from training.models.registry import PRESETS, build_model, preset_config, with_vocab
 
@@ -19,18 +20,7 @@ HISTORY_LENGTHS = (0, 1, 5, WINDOW - 2, WINDOW - 1, WINDOW, WINDOW + 9)   # shor
 
 def _model(name: str, fused: bool = True, seed: int = 0, **opts):
     """A tiny model with random weights and a non-zero question-difficulty term."""
-    torch.manual_seed(seed)
-    cfg = with_vocab(preset_config(name), NQ, NS)
-    tiny = {"d_model": 16, "n_blocks": 1, "n_heads": 4, "d_ff": 32, "final_fc": 32, "final_fc2": 16,
-            "lstm_hidden": 16, "max_len": WINDOW, "fused_attention": fused, **opts}
-    for key, value in tiny.items():
-        setattr(cfg, key, value)
-    model = build_model(cfg).eval()
-    with torch.no_grad():
-        for pname, p in model.named_parameters():
-            if any(pname.startswith(z) for z in model.zero_init):
-                p.normal_(0.0, 0.7)
-    return model
+    return random_tiny_model(name, NQ, NS, WINDOW, seed=seed, fused_attention=fused, **opts)
 
 
 def _histories(seed: int = 1) -> list[list[tuple[int, int, int]]]:

@@ -18,6 +18,7 @@ from serving.core.catalog import ModelVersion
 from serving.metrics import Metrics
 from serving.pipeline.parts import BackendError, FailureKind
 from serving.settings import Settings
+from tests.fake_backend import IdleBackend
 from tests.helpers import triton_answer, triton_rpc_error
 
 pytestmark = pytest.mark.unit
@@ -29,7 +30,7 @@ ROWS = np.zeros((2, 4), dtype=np.int64)
 FEEDS = {"questions": ROWS, "skills": ROWS, "responses": ROWS}
 
 
-class FakeReplica:
+class FakeReplica(IdleBackend):
     """A per-replica InferenceBackend: `ready` says what it serves; `errors` are raised by the next
     inferences (an UNAVAILABLE one also marks it down, as the Triton supervisor does)."""
 
@@ -44,18 +45,6 @@ class FakeReplica:
     def calls(self) -> int:
         return len(self.timeouts)
 
-    async def start(self, catalog) -> None:
-        pass
-
-    async def maintain(self, catalog) -> None:
-        await asyncio.Event().wait()
-
-    def wake(self) -> None:
-        pass
-
-    async def close(self) -> None:
-        pass
-
     @property
     def serving(self) -> bool:
         return any(self.ready.values())
@@ -65,9 +54,6 @@ class FakeReplica:
 
     def ready_models(self) -> dict[str, list[int]]:
         return {m: sorted(v) for m, v in self.ready.items() if v}
-
-    async def ensure_ready(self, model: str, version: int, timeout_s: float) -> bool:
-        return version in self.ready_versions(model)
 
     def unavailable_reason(self, model: str) -> str | None:
         return None if self.serving else "the inference server is not available; retry shortly"
