@@ -40,9 +40,11 @@ from serving.api import knowledge_tracing_pb2 as pb
 from serving.backends import BACKENDS
 from serving.core.catalog import ModelCatalog
 from serving.encoder.window import WindowEncoder
-from serving.metrics import Metrics, MetricsSink
+from serving.metrics import Metrics
+from serving.metrics.sink import MetricsSink
 from serving.outcomes.tracker import OutcomeTracker
-from serving.pipeline.parts import Background, Encoder, HistorySource, InferenceBackend, PredictionSink, SinkChain, VersionPolicy
+from serving.pipeline.parts import (Background, Encoder, HistorySource, InferenceBackend, PredictionSink, SinkChain,
+                                    VersionPolicy)
 from serving.pipeline.prediction import PredictionService
 from serving.queries.recommend import Recommender
 from serving.rollout.kinds.latest import LatestReadyVersion

@@ -1,25 +1,24 @@
 """Every Prometheus metric of the gateway, built on an injectable CollectorRegistry (each test builds
-its own), and the grpc.aio server interceptor that fills the grpc_server_* family.
+its own), declared in groups by concern (the `_declare_*` methods of Metrics). Beside it:
+interceptor.py (the grpc.aio server interceptor that fills the grpc_server_* family), sink.py (the
+pipeline's PredictionSink that counts served probabilities), quality.py (online quality per version).
 
 Names: `grpc_server_started_total`, `grpc_server_handled_total` and `grpc_server_handling_seconds`
 follow go-grpc-prometheus / the common gRPC dashboards (labels grpc_service, grpc_method, grpc_type
 and grpc_code); the domain metrics are `routerkt_*` in base units (seconds, counts). Buckets suit
 millisecond latencies. Labels never carry learner ids, only model names, codes and reasons.
 
-Served by the gateway's HTTP port (serving/transport/http_api.py) at /metrics. Triton's own metrics stay on its
-metrics port; `TRITON_METRICS` lists the ones our Grafana dashboard reads from there.
+Served by the gateway's HTTP port (serving/transport/http_routes.py) at /metrics. Triton's own metrics
+stay on its metrics port; `TRITON_METRICS` lists the ones our Grafana dashboard reads from there.
 """
 from __future__ import annotations
 
-import asyncio
 import functools
-import time
-from typing import Any, Awaitable, Callable
 
-import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from routerkt import build
+from serving.metrics.interceptor import MetricsInterceptor
 from serving.metrics.quality import OutcomeQuality
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5,
@@ -101,207 +100,168 @@ TRITON_METRICS = (
 
 
 class Metrics:
-    """The metric objects, registered on `registry` (a fresh one when None)."""
+    """The metric objects, registered on `registry` (a fresh one when None), by concern: the calls of both
+    transports, what the calls carried, the inference backend (Triton, its replicas), the session store,
+    online outcomes, rollout (shadows, canaries), security and the build."""
 
     def __init__(self, registry: CollectorRegistry | None = None, outcome_window_s: float = 600.0) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
-        r = self.registry
+        self._declare_calls(self.registry)
+        self._declare_call_contents(self.registry)
+        self._declare_backend(self.registry)
+        self._declare_sessions(self.registry)
+        self._declare_outcomes(self.registry, outcome_window_s)
+        self._declare_rollout(self.registry)
+        self._declare_security(self.registry)
+        self._declare_build(self.registry)
+
+    def interceptor(self) -> MetricsInterceptor:
+        return MetricsInterceptor(self)
+
+    def _declare_calls(self, registry: CollectorRegistry) -> None:
+        """The calls of both transports: gRPC's standard family, HTTP requests, errors, slots."""
         grpc_labels = ("grpc_service", "grpc_method", "grpc_type")
         self.grpc_started = Counter(
-            "grpc_server_started", "RPCs started on the server.", grpc_labels, registry=r)
+            "grpc_server_started", "RPCs started on the server.", grpc_labels, registry=registry)
         self.grpc_handled = Counter(
             "grpc_server_handled", "RPCs completed on the server, regardless of success or failure.",
-            grpc_labels + ("grpc_code",), registry=r)
+            grpc_labels + ("grpc_code",), registry=registry)
         self.grpc_handling_seconds = Histogram(
             "grpc_server_handling_seconds", "Response latency of RPCs handled by the server, in seconds.",
-            grpc_labels, buckets=LATENCY_BUCKETS, registry=r)
-        self.triton_seconds = Histogram(
-            "routerkt_triton_request_seconds", "Round trip of one Triton inference request, in seconds.",
-            ("model", "version"), buckets=LATENCY_BUCKETS, registry=r)
-        self.history_length = Histogram(
-            "routerkt_history_length", "Interactions per learner received (before truncation to the window).",
-            buckets=HISTORY_BUCKETS, registry=r)
-        self.candidates = Histogram(
-            "routerkt_candidates_per_call", "Candidate questions per learner.",
-            buckets=CANDIDATE_BUCKETS, registry=r)
-        self.unknown_ids = Counter(
-            "routerkt_unknown_ids", "Ids missing from the model's vocabulary (questions mapped to the "
-            "unknown id; skills likewise: -1, no recorded skill, or an id the version does not know).", ("kind",), registry=r)
+            grpc_labels, buckets=LATENCY_BUCKETS, registry=registry)
+        self.http_requests = Counter(
+            "routerkt_http_requests", "HTTP requests to the gateway's HTTP port.", ("handler", "status"),
+            registry=registry)
         self.errors = Counter(
             "routerkt_errors", "Calls that failed, every RPC and HTTP route (auth refusals included), by gRPC "
             "code: counted once per call where its transport answers it.",
-            ("code",), registry=r)
-        self.inflight = Gauge(
-            "routerkt_inflight_requests", "Predict/PredictBatch calls being served now.", registry=r)
-        self.queued = Gauge(
-            "routerkt_queued_requests", "Predict/PredictBatch calls waiting for a free slot (max_queued).", registry=r)
-        self.reloads = Counter(
-            "routerkt_model_reloads", "Unload + load of a model through Triton's model-control API.",
-            ("model", "reason"), registry=r)
-        self.model_ready = Gauge(
-            "routerkt_model_ready", "1 when the model answers inferences (readiness probe), else 0.",
-            ("model",), registry=r)
-        self.triton_ready = Gauge(
-            "routerkt_triton_ready", "1 when Triton answers as ready, else 0.", registry=r)
-        self.http_requests = Counter(
-            "routerkt_http_requests", "HTTP requests to the gateway's HTTP port.", ("handler", "status"),
-            registry=r)
-        self.predictions = Counter(
-            "routerkt_predictions", "Candidate probabilities returned, by model and version.",
-            ("model", "version"), registry=r)
-        self.store_seconds = Histogram(
-            "routerkt_store_seconds", "Session store calls, by operation (append, history, forget), in seconds.",
-            ("operation",), buckets=LATENCY_BUCKETS, registry=r)
-        self.store_errors = Counter(
-            "routerkt_store_errors", "Session store calls that failed or timed out, by operation.",
-            ("operation",), registry=r)
-        self.store_up = Gauge(
-            "routerkt_store_up", "1 while the session store answers, else 0.", registry=r)
-        self.events = Counter(
-            "routerkt_events", "Observed events: stored, or skipped as duplicates of a stored event id.",
-            ("result",), registry=r)
-        for result in ("stored", "duplicate"):
-            self.events.labels(result=result)
+            ("code",), registry=registry)
         self.undecodable = Counter(
             "routerkt_undecodable_requests", "gRPC request bodies that did not decode (answered INVALID_ARGUMENT).",
-            ("method",), registry=r)
+            ("method",), registry=registry)
+        self.inflight = Gauge(
+            "routerkt_inflight_requests", "Predict/PredictBatch calls being served now.", registry=registry)
+        self.queued = Gauge(
+            "routerkt_queued_requests", "Predict/PredictBatch calls waiting for a free slot (max_queued).",
+            registry=registry)
+
+    def _declare_call_contents(self, registry: CollectorRegistry) -> None:
+        """What the calls carried and got: history lengths, candidates, unknown ids, probabilities served."""
+        self.history_length = Histogram(
+            "routerkt_history_length", "Interactions per learner received (before truncation to the window).",
+            buckets=HISTORY_BUCKETS, registry=registry)
+        self.candidates = Histogram(
+            "routerkt_candidates_per_call", "Candidate questions per learner.",
+            buckets=CANDIDATE_BUCKETS, registry=registry)
+        self.unknown_ids = Counter(
+            "routerkt_unknown_ids", "Ids missing from the model's vocabulary (questions mapped to the "
+            "unknown id; skills likewise: -1, no recorded skill, or an id the version does not know).",
+            ("kind",), registry=registry)
+        for kind in ("question", "skill"):          # expose zeros before the first unknown id
+            self.unknown_ids.labels(kind=kind)
+        self.predictions = Counter(
+            "routerkt_predictions", "Candidate probabilities returned, by model and version.",
+            ("model", "version"), registry=registry)
+
+    def _declare_backend(self, registry: CollectorRegistry) -> None:
+        """The inference backend: Triton's round trips, readiness, reloads, restarts and replicas."""
+        self.triton_seconds = Histogram(
+            "routerkt_triton_request_seconds", "Round trip of one Triton inference request, in seconds.",
+            ("model", "version"), buckets=LATENCY_BUCKETS, registry=registry)
+        self.reloads = Counter(
+            "routerkt_model_reloads", "Unload + load of a model through Triton's model-control API.",
+            ("model", "reason"), registry=registry)
+        self.model_ready = Gauge(
+            "routerkt_model_ready", "1 when the model answers inferences (readiness probe), else 0.",
+            ("model",), registry=registry)
+        self.triton_ready = Gauge(
+            "routerkt_triton_ready", "1 when Triton answers as ready, else 0.", registry=registry)
         self.triton_restarts = Counter(
             "routerkt_triton_restarts", "Restarts of the tritonserver `routerkt serve` started, after it died.",
-            registry=r)
-        self.quality = OutcomeQuality(r, outcome_window_s)
+            registry=registry)
+        self.triton_replica_up = Gauge(
+            "routerkt_triton_replica_up", "1 while the Triton replica (its index in --triton-url) serves at least "
+            "one model, else 0 (only with several replicas).", ("replica",), registry=registry)
+        self.triton_replica_inferences = Counter(
+            "routerkt_triton_replica_inferences", "Inference requests sent to each Triton replica on the request "
+            "path (readiness probes excluded; only with several replicas).", ("replica",), registry=registry)
+        self.triton_replica_retries = Counter(
+            "routerkt_triton_replica_retries", "Inferences retried once on another Triton replica, by the kind "
+            "of the first failure (unavailable, stub_crashed, not_loaded).", ("reason",), registry=registry)
+
+    def _declare_sessions(self, registry: CollectorRegistry) -> None:
+        """The session store: call latencies, failures, its health, and the events observed."""
+        self.store_seconds = Histogram(
+            "routerkt_store_seconds", "Session store calls, by operation (append, history, forget), in seconds.",
+            ("operation",), buckets=LATENCY_BUCKETS, registry=registry)
+        self.store_errors = Counter(
+            "routerkt_store_errors", "Session store calls that failed or timed out, by operation.",
+            ("operation",), registry=registry)
+        self.store_up = Gauge(
+            "routerkt_store_up", "1 while the session store answers, else 0.", registry=registry)
+        self.events = Counter(
+            "routerkt_events", "Observed events: stored, or skipped as duplicates of a stored event id.",
+            ("result",), registry=registry)
+        for result in ("stored", "duplicate"):
+            self.events.labels(result=result)
+
+    def _declare_outcomes(self, registry: CollectorRegistry, outcome_window_s: float) -> None:
+        """Served predictions joined with answers: online quality per version (quality.py) and the joins' losses."""
+        self.quality = OutcomeQuality(registry, outcome_window_s)
         self.served_dropped = Counter(
             "routerkt_served_dropped", "Served predictions not remembered for outcome tracking (the write "
-            "queue was full, or the store failed).", registry=r)
+            "queue was full, or the store failed).", registry=registry)
         self.outcome_join_errors = Counter(
             "routerkt_outcome_join_errors", "Observe / ReportOutcome calls whose join with served predictions "
-            "failed (the store did not answer); the events themselves were stored.", registry=r)
+            "failed (the store did not answer); the events themselves were stored.", registry=registry)
+
+    def _declare_rollout(self, registry: CollectorRegistry) -> None:
+        """Which version answers: shadow scorings, the policy file, canary weights and decisions."""
         self.shadow_predictions = Counter(
             "routerkt_shadow_predictions", "Candidate probabilities computed by a shadow version (never returned).",
-            ("model", "version"), registry=r)
+            ("model", "version"), registry=registry)
         self.shadow_skipped = Counter(
             "routerkt_shadow_skipped", "Learners not shadow-scored because max_shadow_inflight were running.",
-            ("model",), registry=r)
+            ("model",), registry=registry)
         self.shadow_failures = Counter(
             "routerkt_shadow_failures", "Shadow scorings that failed (the caller's answer was not affected).",
-            ("model",), registry=r)
+            ("model",), registry=registry)
         self.rollout_policy_ok = Gauge(
             "routerkt_rollout_policy_ok", "1 when the rollout policy file in force is the file's current "
-            "content; 0 when the file is malformed (the last good policy stays in force).", registry=r)
+            "content; 0 when the file is malformed (the last good policy stays in force).", registry=registry)
+        self.rollout_policy_ok.set(1)
         self.rollout_policy_errors = Counter(
-            "routerkt_rollout_policy_errors", "Rollout policy file changes rejected as malformed.", registry=r)
+            "routerkt_rollout_policy_errors", "Rollout policy file changes rejected as malformed.", registry=registry)
         self.rollout_weight = Gauge(
             "routerkt_rollout_weight", "Share of learners a canary actually sends to its candidate version: the "
             "policy's weight, 1 while its baseline does not answer, 0 while the candidate does not.",
-            ("model",), registry=r)
+            ("model",), registry=registry)
         self.rollout_rollbacks = Counter(
-            "routerkt_rollout_rollbacks", "Canaries rolled back by the guardrail.", ("model",), registry=r)
+            "routerkt_rollout_rollbacks", "Canaries rolled back by the guardrail.", ("model",), registry=registry)
         self.rollout_decisions = Counter(
             "routerkt_rollout_decisions", "Canaries promoted or rolled back by the sequential test.",
-            ("model", "decision"), registry=r)
+            ("model", "decision"), registry=registry)
         self.rollout_difference = Gauge(
             "routerkt_rollout_log_loss_difference", "The sequential test's confidence sequence for candidate - "
             "baseline mean clipped log loss of a running canary (bound: lower, upper).", ("model", "bound"),
-            registry=r)
-        self.rollout_policy_ok.set(1)
-        self.triton_replica_up = Gauge(
-            "routerkt_triton_replica_up", "1 while the Triton replica (its index in --triton-url) serves at least "
-            "one model, else 0 (only with several replicas).", ("replica",), registry=r)
-        self.triton_replica_inferences = Counter(
-            "routerkt_triton_replica_inferences", "Inference requests sent to each Triton replica on the request "
-            "path (readiness probes excluded; only with several replicas).", ("replica",), registry=r)
-        self.triton_replica_retries = Counter(
-            "routerkt_triton_replica_retries", "Inferences retried once on another Triton replica, by the kind "
-            "of the first failure (unavailable, stub_crashed, not_loaded).", ("reason",), registry=r)
+            registry=registry)
+
+    def _declare_security(self, registry: CollectorRegistry) -> None:
+        """API key refusals (serving/security/)."""
         self.auth_failures = Counter(
-            "routerkt_auth_failures", "Calls refused for their API key, by transport and reason (missing, malformed, "
-            "invalid, denied: a key without the scope; limited: a failure over the per-peer / per-key-id limit).",
-            ("transport", "reason"), registry=r)
+            "routerkt_auth_failures", "Calls refused for their API key, by transport and reason (missing, "
+            "malformed, invalid, denied: a key without the scope; limited: a failure over the per-peer / "
+            "per-key-id limit).", ("transport", "reason"), registry=registry)
+
+    def _declare_build(self, registry: CollectorRegistry) -> None:
+        """Which build of the gateway runs."""
         self.build_info = Gauge(
             "routerkt_build_info", "Always 1; the labels say which build of the gateway runs.",
-            ("version", "git_sha"), registry=r)
+            ("version", "git_sha"), registry=registry)
         self.build_info.labels(version=build.version(), git_sha=_git_sha()).set(1)
-        for kind in ("question", "skill"):          # expose zeros before the first unknown id
-            self.unknown_ids.labels(kind=kind)
-
-    def interceptor(self) -> "MetricsInterceptor":
-        return MetricsInterceptor(self)
 
 
 @functools.lru_cache(maxsize=1)
 def _git_sha() -> str:
     """The checkout's commit, read once per process (two git calls; every Metrics() would repeat them)."""
     return build.git_sha()
-
-
-class MetricsSink:
-    """The pipeline's PredictionSink (serving/pipeline/parts.py): counts the probabilities served per model
-    and version (routerkt_predictions_total; shadow scorings: routerkt_shadow_predictions_total)."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        self.metrics = metrics
-
-    def on_prediction(self, prediction) -> None:
-        result = prediction.result
-        counter = self.metrics.shadow_predictions if prediction.shadow else self.metrics.predictions
-        for learner in result.learners:
-            counter.labels(model=result.model, version=str(learner.version)).inc(int(learner.probabilities.shape[0]))
-
-
-def split_method(full_method: str) -> tuple[str, str]:
-    """'/routerkt.v1.KnowledgeTracingService/Predict' -> ('routerkt.v1.KnowledgeTracingService', 'Predict')."""
-    service, _, method = full_method.lstrip("/").rpartition("/")
-    return service or "unknown", method or "unknown"
-
-
-class MetricsInterceptor(grpc.aio.ServerInterceptor):
-    """Counts every unary RPC (ours, health Check) with its final status code, including the
-    INVALID_ARGUMENT / NOT_FOUND / ... aborts of the servicer. Streaming RPCs (health Watch,
-    reflection) pass through uncounted. Messages rejected by gRPC itself before any handler runs
-    (over max_receive_message_length) never reach an interceptor and are not counted here."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        self.metrics = metrics
-
-    async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]],
-                                handler_call_details: grpc.HandlerCallDetails) -> Any:
-        handler = await continuation(handler_call_details)
-        if handler is None or handler.unary_unary is None:
-            return handler
-        service, method = split_method(handler_call_details.method)
-        labels = {"grpc_service": service, "grpc_method": method, "grpc_type": "unary"}
-        inner = handler.unary_unary
-        metrics = self.metrics
-
-        async def observed(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            metrics.grpc_started.labels(**labels).inc()
-            started = time.perf_counter()
-            code = grpc.StatusCode.UNKNOWN
-            try:
-                response = await inner(request, context)
-                code = context.code() or grpc.StatusCode.OK
-                return response
-            except asyncio.CancelledError:
-                remaining = context.time_remaining()
-                code = (grpc.StatusCode.DEADLINE_EXCEEDED if remaining is not None and remaining <= 0
-                        else grpc.StatusCode.CANCELLED)
-                raise
-            except BaseException:
-                code = context.code() or grpc.StatusCode.UNKNOWN     # abort() sets the code first
-                raise
-            finally:
-                metrics.grpc_handled.labels(**labels, grpc_code=_code_name(code)).inc()
-                metrics.grpc_handling_seconds.labels(**labels).observe(time.perf_counter() - started)
-
-        return grpc.unary_unary_rpc_method_handler(
-            observed, request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer)
-
-
-def _code_name(code: Any) -> str:
-    if isinstance(code, grpc.StatusCode):
-        return code.name
-    if isinstance(code, int):                        # some paths report the integer value
-        for member in grpc.StatusCode:
-            if member.value[0] == code:
-                return member.name
-    return "UNKNOWN"

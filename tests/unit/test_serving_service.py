@@ -25,7 +25,7 @@ from serving.core.catalog import ModelCatalog
 from serving.encoder.window import WindowEncoder
 from serving.transport.grpc_api import batch_query, batch_response, predict_query, predict_response
 from serving.sessions.history import RequestHistory
-from serving.metrics import MetricsSink
+from serving.metrics.sink import MetricsSink
 from serving.pipeline.parts import BackendError, FailureKind
 from serving.core.calls import Deadline
 from serving.pipeline.prediction import PredictionService
