@@ -1,4 +1,4 @@
-"""Skill SETS at the gateway's edge (serving/core/calls.py, transport/grpc_api.py, transport/http_api.py,
+"""Skill SETS at the gateway's edge (serving/core/calls.py, transport/grpc_api.py, transport/http_routes.py,
 validation.py, sessions/events.py): `skill_ids` on Interaction, Candidate and Event, the ragged
 HistoryColumns form (skill_lengths + skill_values), rows [N, K] padded with NO_SKILL, and every bad
 input answered INVALID_ARGUMENT naming its field."""
@@ -15,7 +15,8 @@ from serving.core.calls import ABSENT_SKILL, INVALID_SKILL, LearnerQuery
 from serving.sessions.events import validate_observe
 from serving.settings import Settings
 from serving.transport.grpc_api import batch_query, observe_query, predict_query
-from serving.transport.http_api import PredictIn, _learner
+from serving.transport.http_models import PredictIn
+from serving.transport.http_routes import learner_query
 from serving.core.validation import validate_query
 
 pytestmark = pytest.mark.unit
@@ -125,20 +126,20 @@ def test_the_http_mirror_converts_alike():
     body = {"model": "m", "history": [{"question_id": 1, "skill_ids": [3, 17], "correct": 1},
                                       {"question_id": 2, "skill_id": 5, "correct": 0}],
             "candidates": [{"question_id": 9, "skill_ids": [4]}, {"question_id": 8}]}
-    http = _learner(PredictIn.model_validate(body))
+    http = learner_query(PredictIn.model_validate(body))
     grpc_form = predict_query(pb.PredictRequest(**{**body, "history": [pb.Interaction(**h) for h in body["history"]],
                                                    "candidates": [pb.Candidate(**c) for c in body["candidates"]]}))
     for name in ("history_questions", "history_skills", "history_correct", "candidate_questions", "candidate_skills",
                  "history_sets", "candidate_sets"):
         assert getattr(http, name).tolist() == getattr(grpc_form.learners[0], name).tolist(), name
     both = {**body, "history": [{"question_id": 1, "skill_id": 3, "skill_ids": [3], "correct": 1}]}
-    assert rejected(lambda: _learner(PredictIn.model_validate(both))).field == "history[0].skill_ids"
+    assert rejected(lambda: learner_query(PredictIn.model_validate(both))).field == "history[0].skill_ids"
     ragged = {"model": "m", "candidates": [{"question_id": 1}],
               "history_columns": {"question_ids": [1, 2], "correct": [1, 1], "skill_lengths": [2, 2],
                                   "skill_values": [1, 2, 3]}}
-    assert rejected(lambda: _learner(PredictIn.model_validate(ragged), "learners[0].")).field == \
+    assert rejected(lambda: learner_query(PredictIn.model_validate(ragged), "learners[0].")).field == \
         "learners[0].history_columns.skill_lengths"
-    assert rejected(lambda: _learner(PredictIn.model_validate(body), max_skills=1)).field == "history[0].skill_ids"
+    assert rejected(lambda: learner_query(PredictIn.model_validate(body), max_skills=1)).field == "history[0].skill_ids"
 
 
 def observe(events, settings=SETTINGS):
