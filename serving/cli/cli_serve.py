@@ -10,7 +10,7 @@
 With --triton-url A,B,... (several Triton replicas, started elsewhere), inference is spread
 round-robin over the ready ones, a replica failing its probe gets no traffic until it is back, and
 an inference that failed as UNAVAILABLE on one is retried once on another (serving/backends/
-triton_replicas.py). Several gateways can share one --store redis://...: they are interchangeable
+triton/replicas.py). Several gateways can share one --store redis://...: they are interchangeable
 behind a client balancing over them (serving/client.py connect_balanced).
 Without --triton-url, the tritonserver bundled in nvidia-pytriton is started with
 --model-control-mode=explicit, its gRPC on a Unix socket in a private folder (mode 0700), its HTTP
@@ -49,6 +49,13 @@ log = logging.getLogger("routerkt.serve")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = Settings()
+    _add_gateway_arguments(parser, defaults)
+    _add_state_arguments(parser, defaults)
+    _add_security_arguments(parser, defaults)
+
+
+def _add_gateway_arguments(parser: argparse.ArgumentParser, defaults: Settings) -> None:
+    """The repository, the gateway's addresses, its Triton, and its limits."""
     parser.add_argument("--repository", type=Path, required=True, help="Triton model repository (routerkt export)")
     parser.add_argument("--grpc-port", type=int, default=defaults.grpc_port, help="gateway gRPC port (0 = any free)")
     parser.add_argument("--http-port", type=int, default=defaults.http_port,
@@ -70,6 +77,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--triton-log", type=Path, default=None, help="write Triton's log here (default: a temp file)")
     parser.add_argument("--log-format", choices=("auto", "json", "plain"), default="auto",
                         help="log format (auto: JSON when stderr is not a terminal)")
+
+
+def _add_state_arguments(parser: argparse.ArgumentParser, defaults: Settings) -> None:
+    """The state folder, the session store, rollout, outcome tracking and the inference backend."""
     parser.add_argument("--state-dir", type=Path, default=Path(".routerkt"),
                         help="the serving state folder (default SQLite store, store secret)")
     parser.add_argument("--store", default=None, metavar="URL",
@@ -82,7 +93,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store-secret-file", type=Path, default=None,
                         help="file with the HMAC secret for learner keys (default: <state dir>/store.secret)")
     parser.add_argument("--rollout-policy", type=Path, default=None, metavar="FILE",
-                        help="rollout policy file, watched (default: <state dir>/rollout.json; see `routerkt rollout`)")
+                        help="rollout policy file, watched (default: <state dir>/rollout.json; "
+                             "see `routerkt rollout`)")
     parser.add_argument("--no-track-outcomes", action="store_true",
                         help="do not remember served predictions nor join observed answers with them")
     parser.add_argument("--outcome-ttl", type=float, default=defaults.outcome_ttl_s,
@@ -90,6 +102,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=list(BACKENDS), default=defaults.backend,
                         help="inference backend: " + "; ".join(f"{name}: {entry.description}"
                                                                for name, entry in BACKENDS.items()))
+
+
+def _add_security_arguments(parser: argparse.ArgumentParser, defaults: Settings) -> None:
+    """TLS, API keys and their failure limits, Triton's key and TLS, the store's credentials (one group)."""
     security = parser.add_argument_group("security (docs/security.md)")
     security.add_argument("--tls-cert", type=Path, default=None, metavar="PEM",
                           help="TLS certificate (chain) for gRPC and HTTP; re-read when it changes")
@@ -167,7 +183,8 @@ def run(args: argparse.Namespace) -> int:
             from serving.security.triton_access import access_for, serve_key_file
             from serving.tritonserver.launcher import start_beside_gateway
             settings.triton_key_file = serve_key_file(args.triton_key_file, args.state_dir)
-            triton = start_beside_gateway(settings.repository, {settings.grpc_port, settings.http_port}, args.triton_log,
+            gateway_ports = {settings.grpc_port, settings.http_port}
+            triton = start_beside_gateway(settings.repository, gateway_ports, args.triton_log,
                                           access_for(settings.triton_key_file))
             settings.triton_url = triton.grpc_url
         code = asyncio.run(_serve(settings, args, triton))
@@ -225,7 +242,7 @@ async def _refuse_refused_credentials(args: argparse.Namespace) -> None:
     try:
         await store.ping()
     except StoreUnavailable as exc:
-        if getattr(exc, "credentials_refused", False):
+        if exc.credentials_refused:
             raise UserError(f"session store: {str(exc)[:300]}; --store-wait starts anyway and waits") from None
     finally:
         await store.close()

@@ -1,4 +1,5 @@
-"""`routerkt sessions export`: stream a session store's events to the canonical CSV, learner by learner, in bounded memory."""
+"""`routerkt sessions export`: stream a session store's events to the canonical CSV, learner by learner,
+in bounded memory."""
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,10 @@ USER_ID_HEX = 15          # user_id = the first 15 hex digits of the learner's k
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--store", required=True, help="sqlite:///PATH, redis://HOST:PORT/DB or rediss://USER@HOST:PORT/DB")
-    parser.add_argument("--out", type=Path, required=True, help="CSV to write (.gz: gzip); written atomically, mode 0600")
+    parser.add_argument("--store", required=True,
+                        help="sqlite:///PATH, redis://HOST:PORT/DB or rediss://USER@HOST:PORT/DB")
+    parser.add_argument("--out", type=Path, required=True,
+                        help="CSV to write (.gz: gzip); written atomically, mode 0600")
     parser.add_argument("--since", default=None, metavar="T",
                         help="only events with timestamp_ms >= T (ms since the epoch, or ISO 8601; UTC when no zone)")
     parser.add_argument("--until", default=None, metavar="T", help="only events with timestamp_ms < T")
@@ -123,9 +126,8 @@ def export_to_file(url: str, out: Path, since: int | None = None, until: int | N
     if since is not None and until is not None and until <= since:
         raise UserError("--until must be after --since")
     store = open_store(url, password_file=password_file, ca_file=ca_file)
-    path = getattr(store, "path", None)
-    if store.kind == "sqlite" and path is not None and not Path(path).is_file():
-        raise UserError(f"the store {store.kind} is not available: no store file {path}")
+    if store.path is not None and not store.path.is_file():
+        raise UserError(f"the store {store.kind} is not available: no store file {store.path}")
     try:
         target = _TempCsv(Path(out))
     except OSError as exc:

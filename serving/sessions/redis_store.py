@@ -114,7 +114,7 @@ class CredentialsRefused(StoreUnavailable):
     """The server answered but refused this user or password (or the user may not PING): waiting
     does not fix that, so `routerkt serve` exits at start unless --store-wait (cli_serve.py)."""
 
-    credentials_refused = True
+    credentials_refused = True      # StoreUnavailable's flag
 
 
 class RedisStore:
@@ -131,6 +131,11 @@ class RedisStore:
         self._append = self._client.register_script(APPEND)
         self._remember = self._client.register_script(REMEMBER)
         self._take = self._client.register_script(TAKE)
+
+    @property
+    def path(self) -> None:
+        """None: a server keeps the events, not a file of this host."""
+        return None
 
     async def open(self) -> None:
         pass                      # connections are made on first use and remade after a failure

@@ -54,13 +54,18 @@ class SqliteStore:
     kind = "sqlite"
 
     def __init__(self, path: Path, ttl_s: float = 0.0) -> None:
-        self.path = Path(path)
+        self._file = Path(path)
         self.ttl_s = ttl_s
         self._local = threading.local()
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-writer")
         self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-reader")
         self._served = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-served")
         self.served_path = self.path.with_name(f"{self.path.stem}.served{self.path.suffix}")
+
+    @property
+    def path(self) -> Path:
+        """The file of the events (served predictions: `served_path` beside it)."""
+        return self._file
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def open(self) -> None:
@@ -210,8 +215,8 @@ class SqliteStore:
             cutoff = now_ms - int(self.ttl_s * 1000)
             conn.execute("BEGIN IMMEDIATE")
             try:
-                conn.execute("DELETE FROM events WHERE learner IN (SELECT learner FROM learners WHERE last_seen_ms < ?)",
-                             (cutoff,))
+                conn.execute("DELETE FROM events WHERE learner IN "
+                             "(SELECT learner FROM learners WHERE last_seen_ms < ?)", (cutoff,))
                 gone = conn.execute("DELETE FROM learners WHERE last_seen_ms < ?", (cutoff,)).rowcount
                 conn.execute("COMMIT")
             except BaseException:

@@ -25,6 +25,7 @@ imports none of them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import AsyncIterator, Protocol
 
 import numpy as np
@@ -37,6 +38,10 @@ NO_TIMESTAMP = -1
 
 class StoreUnavailable(Exception):
     """The store did not answer (down, unreachable, timed out); str() is for the log only."""
+
+    # True when a server answered but refused the credentials (redis_store.CredentialsRefused): waiting
+    # does not fix that, so `routerkt serve` refuses to start (serving/cli/cli_serve.py)
+    credentials_refused: bool = False
 
 
 @dataclass(frozen=True)
@@ -119,6 +124,10 @@ def parse_skills(text: str) -> tuple[int, ...]:
 
 class SessionStore(Protocol):
     kind: str                # "sqlite" | "redis": for logs, metrics and /readyz
+
+    @property
+    def path(self) -> Path | None:
+        """The file the store keeps its events in (SQLite); None for a server (Redis)."""
 
     async def open(self) -> None: ...
 
