@@ -1,7 +1,7 @@
 """Inference backends (serving/pipeline/parts.py: InferenceBackend): triton/, the production path to one
-or several Triton servers (client, supervisor, backend, replicas); onnxruntime.py, the same ONNX files
-in-process, for development and for tests of the code around the backend (never instead of the e2e
-tests with a real Triton)."""
+or several Triton servers (client, supervisor with model_control and gates, backend, replicas);
+onnxruntime.py, the same ONNX files in-process, for development and for tests of the code around the
+backend (never instead of the e2e tests with a real Triton)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

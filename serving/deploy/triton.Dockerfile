@@ -16,7 +16,7 @@ COPY model_repository/ /models/
 RUN python3 -m compileall -q /models
 # HTTP/REST (KServe v2, /v2/health/*), gRPC, Prometheus metrics
 EXPOSE 8000 8001 8002
-# The flags of serving/tritonserver/launcher.py (explicit model control: the gateway loads and reloads
+# The flags of serving/tritonserver/command.py (explicit model control: the gateway loads and reloads
 # models through the model-control API), listening on every address of the container.
 CMD ["tritonserver", "--model-repository=/models", "--http-port=8000", "--grpc-port=8001", \
      "--metrics-port=8002", "--model-control-mode=explicit", "--load-model=*", \

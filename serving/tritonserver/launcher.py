@@ -20,7 +20,8 @@ listens on a Unix socket in a private folder (mode 0700: no other user of the ho
 its HTTP port is off, and model control, the repository, configs, statistics, shared memory,
 trace and logging answer only calls carrying the key header (Triton's --grpc-restricted-protocol;
 a gRPC client sends the header as `triton-grpc-protocol-<header>`). Only the metrics port stays on
-loopback TCP (read-only numbers).
+loopback TCP (read-only numbers). The command line is built in serving/tritonserver/command.py, the
+wait for readiness (HTTP, or gRPC on the socket) polls serving/tritonserver/readiness.py.
 """
 from __future__ import annotations
 
@@ -34,37 +35,21 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
-from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Sequence
 
 from routerkt.errors import UserError
 from serving.processes import free_port
 from serving.security.triton_access import RESTRICTED_GROUPS, TritonAccess
+from serving.tritonserver.command import HOST, ModelControl, TritonCommand, TritonPorts, socket_path
 from serving.tritonserver.install import STUB_NAME, TritonInstall, backend_dir, find_install, server_env
 from serving.tritonserver.procfs import alive, children, cmdline, mapped_files, start_time, wait_gone
+from serving.tritonserver.readiness import GrpcReadiness, HttpReadiness, ReadinessCheck
 
 log = logging.getLogger("routerkt.serve")
-HOST = "127.0.0.1"
 SHM_PREFIX = "/dev/shm/triton_python_backend_shm_region"
 _PORT_RETRIES = 3            # auto-chosen ports can be taken between choice and bind
 _LIVE: set["TritonServer"] = set()   # started and not yet stopped: stopped at interpreter exit
-
-
-@dataclass
-class TritonPorts:
-    http: int
-    grpc: int
-    metrics: int
-
-
-class ModelControl(str, Enum):
-    EXPLICIT = "explicit"    # --model-control-mode=explicit --load-model=*  (load/unload API on)
-    POLL = "poll"            # Triton rescans the repository every 2 s (load/unload API refused)
-    NONE = "none"            # load everything once at start
 
 
 class TritonServer:
@@ -171,7 +156,7 @@ class TritonServer:
         given), or None on loopback TCP."""
         if self._socket_dir is None:
             return None
-        return self._socket_dir / f"triton.sock:{self.ports.grpc}"
+        return socket_path(self._socket_dir, self.ports.grpc)
 
     @property
     def http_enabled(self) -> bool:
@@ -216,40 +201,9 @@ class TritonServer:
 
     # -- internals -------------------------------------------------------------------------------
     def command(self, install: TritonInstall, backends: Path) -> list[str]:
-        """The tritonserver argv (without starting anything)."""
-        access = self.access
-        if access is not None and access.unix_socket:
-            folder = self._socket_dir or Path(tempfile.gettempdir()) / "routerkt-triton-<private>"
-            listen = [f"--grpc-address=unix:{folder / 'triton.sock'}", f"--grpc-port={self.ports.grpc}",
-                      "--allow-http=false"]
-        else:
-            listen = [f"--http-address={HOST}", f"--grpc-address={HOST}", f"--http-port={self.ports.http}",
-                      f"--grpc-port={self.ports.grpc}"]
-        args = [
-            str(install.server),
-            f"--model-repository={self.repository}",
-            f"--backend-directory={backends}",
-            f"--cache-directory={install.caches}",
-            *listen, f"--metrics-address={HOST}",
-            f"--metrics-port={self.ports.metrics}",
-            "--allow-gpu-metrics=false", "--pinned-memory-pool-byte-size=0",
-            "--metrics-config", "summary_latencies=true",
-            f"--exit-timeout-secs={self.exit_timeout_s}",
-            # Our config.pbtxt files are complete. Auto-complete makes the python backend start an
-            # extra stub per model load just to ask model.py for its config: loading a new version
-            # took 1.7-2.6 s with it and 0.44-0.52 s without (2026-12-01, this 2-core host).
-            "--disable-auto-complete-config",
-        ]
-        if self.model_control is ModelControl.EXPLICIT:
-            args += ["--model-control-mode=explicit", "--load-model=*"]
-        elif self.model_control is ModelControl.POLL:
-            args += ["--model-control-mode=poll", "--repository-poll-secs=2"]
-        if access is not None:
-            restriction = f"{RESTRICTED_GROUPS}:{access.header}={access.key}"
-            args.append(f"--grpc-restricted-protocol={restriction}")
-            if self.http_enabled:
-                args.append(f"--http-restricted-api={restriction}")
-        return args + self.extra_args
+        """The tritonserver argv (without starting anything; serving/tritonserver/command.py)."""
+        return TritonCommand(self.repository, self.ports, self.model_control, self.exit_timeout_s, self.access,
+                             self._socket_dir, self.extra_args).argv(install, backends)
 
     def _spawn(self, install: TritonInstall, backends: Path) -> None:
         if self.log_path is None:
@@ -266,45 +220,19 @@ class TritonServer:
         _LIVE.add(self)
 
     def _wait_ready(self, deadline: float) -> str | None:
-        ready = self._http_ready if self.http_enabled else self._grpc_ready()
+        check: ReadinessCheck = HttpReadiness(self.http_url) if self.http_enabled else GrpcReadiness(self.grpc_url)
         try:
             while time.monotonic() < deadline:
                 code = self._proc.poll()
                 if code is not None:
                     return f"tritonserver exited with code {code}"
                 self._snapshot_shm()               # best effort: a failing load may exit uncleanly
-                if ready():
+                if check.ready():
                     return None
                 time.sleep(0.2)
         finally:
-            getattr(ready, "close", lambda: None)()
+            check.close()
         return "timed out waiting for /v2/health/ready"
-
-    def _http_ready(self) -> bool:
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))   # never via a proxy
-        try:
-            with opener.open(f"http://{self.http_url}/v2/health/ready", timeout=1.0) as response:
-                return response.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
-
-    def _grpc_ready(self):
-        """A callable: True once Triton's gRPC ServerReady says so (HTTP off); .close() ends it."""
-        import grpc
-        from tritonclient.grpc import service_pb2, service_pb2_grpc
-
-        channel = grpc.insecure_channel(self.grpc_url, options=[   # the socket appears late: retry it fast
-            ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
-            ("grpc.max_reconnect_backoff_ms", 200)])
-        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-
-        def ready() -> bool:
-            try:
-                return stub.ServerReady(service_pb2.ServerReadyRequest(), timeout=1.0).ready
-            except grpc.RpcError:
-                return False
-        ready.close = channel.close
-        return ready
 
     def _snapshot_shm(self, stub_pids: Sequence[int] | None = None) -> None:
         """Remember the python-backend shared-memory files our server (and stubs) map."""

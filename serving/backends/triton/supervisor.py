@@ -25,11 +25,12 @@ Facts it is written around (docs/operations.md, "Triton 2.51 facts"):
 
 A version is "ready" when Triton lists it READY and its last probe succeeded. A failure on the
 request path updates the state at once (Triton unreachable -> nothing is ready) and wakes the probe.
+The model-control calls themselves (load, unload, the waits on Triton's states) are
+serving/backends/triton/model_control.py's.
 """
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import math
 import time
@@ -37,20 +38,18 @@ from typing import Mapping
 
 from tritonclient.utils import InferenceServerException
 
-from routerkt.contract.signature import CONFIG_FILE
 from serving.core.catalog import ModelVersion
 from serving.metrics import Metrics
 from serving.pipeline.parts import BackendError, FailureKind
 from serving.settings import Settings
 from serving.backends.triton.client import TritonClient
 from serving.backends.triton.gates import ModelGates
+from serving.backends.triton.model_control import TritonModelControl, first_line
 
 log = logging.getLogger("routerkt.gateway.triton")
 
 LOAD_RETRY_S = 60.0        # how often a failed (or refused) load of one version is retried
-UNLOAD_POLL_S = 0.1        # how often an unload (or a load, before the held calls go) is checked
 ENSURE_POLL_S = 0.1        # how often ensure_loaded looks at Triton's state of the version
-BUSY_STATES = ("READY", "LOADING", "UNLOADING")     # Triton states of a version whose instance still exists
 NO_LOAD_NEEDED = ("READY", "LOADING")               # states of a version a probe round asks no load for
 
 
@@ -61,6 +60,7 @@ class TritonSupervisor:
         self.settings = settings
         self.metrics = metrics
         self.client = client
+        self.control = TritonModelControl(settings, client)
         self._triton_ready = False
         self._ready: dict[str, frozenset[int]] = {}      # model -> versions that answer inferences
         self._failures: dict[str, int] = {}              # model -> consecutive failed probes
@@ -190,7 +190,7 @@ class TritonSupervisor:
         if name not in self._reloading and self._epochs.get(name, 0) == epoch:
             self._set_ready(name, frozenset(good))
             if good and name not in self._configs:
-                self._configs[name] = self._config_digest(name)   # the config of the versions that answer
+                self._configs[name] = self.control.config_digest(name)   # the config of the versions that answer
 
     # -- model control ---------------------------------------------------------------------------
     def request_reload(self, model: str, reason: str) -> None:
@@ -218,7 +218,7 @@ class TritonSupervisor:
             log.warning("reloading model %s through Triton's model-control API (reason: %s)", model, reason)
             started = time.perf_counter()
             try:
-                await asyncio.wait_for(self._unload_then_load(model), self.settings.reload_timeout_s)
+                await asyncio.wait_for(self.control.unload_then_load(model), self.settings.reload_timeout_s)
                 log.info("model %s reloaded in %.1fs", model, time.perf_counter() - started)
                 return True
             except (InferenceServerException, asyncio.TimeoutError) as exc:
@@ -229,13 +229,6 @@ class TritonSupervisor:
                 self._reloading.discard(model)
                 self._failures[model] = 0
                 self._wake.set()
-
-    async def _unload_then_load(self, model: str) -> None:
-        """Unload, then load at once. Not waiting for the unload on purpose: with a dead stub the
-        version stays UNLOADING for 30-40 s (Triton waits for the stub), while a load issued right
-        away brings up a fresh instance in about 1.4 s (measured with Triton 2.51)."""
-        await self.client.unload(model, self.settings.reload_timeout_s)
-        await self.client.load(model, self.settings.reload_timeout_s)
 
     def _maybe_load(self, model: str, versions: list[int]) -> None:
         """Ask Triton (explicit mode) to load `model` because `versions` of the repository are not
@@ -261,13 +254,13 @@ class TritonSupervisor:
         if lock.locked() and not wait:
             return False
         async with lock:
-            if wait and await self._triton_state(model, version, self.settings.probe_timeout_s) == "READY":
+            if wait and await self.control.version_state(model, version, self.settings.probe_timeout_s) == "READY":
                 return True                                      # the load we waited for brought it
-            digest = self._config_digest(model)
+            digest = self.control.config_digest(model)
             if self._ready.get(model) and digest != self._configs.get(model):
                 loaded = await self._config_changing_load(model, version)
             else:
-                loaded = await self._load(model, version)
+                loaded = await self.control.load(model, version)
             if loaded:
                 self._configs[model] = digest
             self._wake.set()
@@ -285,7 +278,7 @@ class TritonSupervisor:
                 if left:
                     log.error("model %s: %d calls still in flight after %.0fs; loading anyway",
                               model, left, self.settings.reload_timeout_s)
-                loaded = await self._unload_and_load(model, version)
+                loaded = await self.control.unload_and_load(model, version)
                 ready = await self._settle(model)
             finally:
                 self._bump(model)                                # before the gate opens: stale rounds skip
@@ -298,16 +291,8 @@ class TritonSupervisor:
         none of its versions LOADING, probe each READY version of the catalog (the gate is closed, so
         the probe goes straight to Triton) and make the ones that answer the model's ready set. Calls
         let go then never meet a version that Triton is still bringing up, nor one it left out."""
-        deadline = time.monotonic() + self.settings.reload_timeout_s
         versions = self._table.get(model, {})
-        while True:
-            try:
-                states = (await self.client.model_states(self.settings.probe_timeout_s) or {}).get(model, {})
-            except BackendError:
-                states = {}
-            if "LOADING" not in states.values() or time.monotonic() >= deadline:
-                break
-            await asyncio.sleep(UNLOAD_POLL_S)
+        states = await self.control.settled_states(model)
         good: set[int] = set()
         for version, served in sorted(versions.items()):
             if states.get(version) != "READY":
@@ -343,7 +328,7 @@ class TritonSupervisor:
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            state = await self._triton_state(model, version, min(self.settings.probe_timeout_s, left))
+            state = await self.control.version_state(model, version, min(self.settings.probe_timeout_s, left))
             served = self._table.get(model, {}).get(version)
             if state == "READY":
                 if served is not None and await self._probe_version(model, served, deadline):
@@ -377,47 +362,6 @@ class TritonSupervisor:
         self._set_ready(model, self._ready.get(model, frozenset()) | {served.version})
         return True
 
-    async def _triton_state(self, model: str, version: int, timeout_s: float) -> str | None:
-        """Triton's state of the version ("READY", "LOADING", "UNAVAILABLE", ...; "" when Triton does not
-        list it), or None when Triton does not answer."""
-        try:
-            states = await self.client.model_states(timeout_s)
-        except BackendError:
-            return None
-        return None if states is None else states.get(model, {}).get(version, "")
-
-    async def _load(self, model: str, version: int) -> bool:
-        log.info("asking Triton to load model %s (version %d is in the repository)", model, version)
-        try:
-            await self.client.load(model, self.settings.reload_timeout_s)
-            return True
-        except InferenceServerException as exc:
-            log.error("Triton did not load model %s: %s", model, first_line(exc.message()))
-            return False
-
-    async def _unload_and_load(self, model: str, version: int) -> bool:
-        """Unload every version, wait until Triton lists none loaded or unloading, then load. A plain
-        load would tear the old instances down about a second after it returns, while calls run again
-        (the crash in gates.py)."""
-        deadline = time.monotonic() + self.settings.reload_timeout_s
-        try:
-            await self.client.unload(model, self.settings.reload_timeout_s)
-            while time.monotonic() < deadline:
-                states = await self.client.model_states(self.settings.probe_timeout_s) or {}
-                if not any(state in BUSY_STATES for state in states.get(model, {}).values()):
-                    break
-                await asyncio.sleep(UNLOAD_POLL_S)
-        except (InferenceServerException, BackendError) as exc:
-            log.error("Triton did not unload model %s: %s", model, first_line(getattr(exc, "detail", str(exc))))
-        return await self._load(model, version)
-
-    def _config_digest(self, model: str) -> str | None:
-        """sha256 of the model's config.pbtxt in the repository (None: unreadable)."""
-        try:
-            return hashlib.sha256((self.settings.repository / model / CONFIG_FILE).read_bytes()).hexdigest()
-        except OSError:
-            return None
-
     # -- internals -------------------------------------------------------------------------------
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
@@ -437,7 +381,3 @@ class TritonSupervisor:
     def _set_ready(self, model: str, versions: frozenset[int]) -> None:
         self._ready[model] = versions
         self.metrics.model_ready.labels(model=model).set(1 if versions else 0)
-
-
-def first_line(text: str | None) -> str:
-    return (text or "").strip().splitlines()[0][:300] if text and text.strip() else ""
