@@ -71,19 +71,23 @@ class Settings:
     max_shadow_inflight: int = 4                  # shadow scorings running at once; beyond: skipped, counted
 
     # -- backpressure and deadlines ----------------------------------------------------------------
-    max_inflight: int = 16                        # Predict/PredictBatch calls served at once; beyond: RESOURCE_EXHAUSTED.
-                                                  # 16, not 64: at 128 callers goodput stayed 18.6 calls/s instead of
-                                                  # 3.7 (docs/benchmarks.md "Overload"); ~ throughput x the latency one accepts
+    max_inflight: int = 16                        # Predict/PredictBatch calls served at once; beyond:
+                                                  # RESOURCE_EXHAUSTED. 16, not 64: at 128 callers goodput
+                                                  # stayed 18.6 calls/s instead of 3.7 (docs/benchmarks.md
+                                                  # "Overload"); ~ throughput x the latency one accepts
     max_call_rows: int = 16_384                   # cost of one call: learners x (window + candidates) rows;
-                                                  # beyond: INVALID_ARGUMENT (split the call; serving/pipeline/admission.py)
-    shed_min_inflight: int = 0                    # >0: with this many calls in flight, a call whose deadline is shorter
-                                                  # than 1.5x its expected service time is refused (RESOURCE_EXHAUSTED);
-                                                  # 0 = off (the default: not shown to raise goodput, docs/benchmarks.md)
+                                                  # beyond: INVALID_ARGUMENT (split the call;
+                                                  # serving/pipeline/admission.py)
+    shed_min_inflight: int = 0                    # >0: with this many calls in flight, a call whose deadline is
+                                                  # shorter than 1.5x its expected service time is refused
+                                                  # (RESOURCE_EXHAUSTED); 0 = off (the default: not shown to
+                                                  # raise goodput, docs/benchmarks.md)
     max_queued: int = 128                         # calls waiting for a slot at once; beyond: RESOURCE_EXHAUSTED at once
-    inflight_wait_s: float = 1.0                  # longest wait for a slot (less when the call's deadline would not cover
-                                                  # its expected service time after it; 0 = no queue). Waiting, not
-                                                  # refusing: at 128 callers refused callers retrying at once cost the
-                                                  # CPU that admitted calls need (docs/benchmarks.md "Overload")
+    inflight_wait_s: float = 1.0                  # longest wait for a slot (less when the call's deadline would not
+                                                  # cover its expected service time after it; 0 = no queue).
+                                                  # Waiting, not refusing: at 128 callers refused callers retrying
+                                                  # at once cost the CPU that admitted calls need
+                                                  # (docs/benchmarks.md "Overload")
     default_deadline_s: float = 5.0               # deadline applied when the caller sets none (HTTP: always,
                                                   # unless the X-Request-Timeout header says otherwise)
     deadline_margin_s: float = 0.005              # kept back from the caller's deadline so the gateway answers
@@ -141,16 +145,17 @@ class Settings:
                 raise UserError(f"settings.{name} must be a port number in [0, 65535], got {value!r}")
         positive_ints = ("max_candidates", "max_history", "max_batch_learners", "max_message_bytes",
                          "max_rows_per_infer", "max_inflight", "probe_failures_before_reload", "max_learner_id_chars",
-                         "max_event_id_chars", "max_observe_events", "store_keep", "rank_rows_per_infer", "rank_candidates_per_infer",
-                         "max_pending_served", "max_shadow_inflight", "max_call_rows", "max_skills_per_interaction")
+                         "max_event_id_chars", "max_observe_events", "store_keep", "rank_rows_per_infer",
+                         "rank_candidates_per_infer", "max_pending_served", "max_shadow_inflight", "max_call_rows",
+                         "max_skills_per_interaction")
         for name in positive_ints:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise UserError(f"settings.{name} must be a positive integer, got {value!r}")
-        positive_floats = ("auth_failure_per_s", "default_deadline_s", "max_deadline_s", "probe_interval_s", "probe_timeout_s", "reload_timeout_s",
-                           "repository_poll_s", "store_probe_s", "store_expiry_s", "http_body_timeout_s",
-                           "outcome_ttl_s", "outcome_window_s", "outcome_flush_s", "rollout_poll_s",
-                           "rollout_load_timeout_s")
+        positive_floats = ("auth_failure_per_s", "default_deadline_s", "max_deadline_s", "probe_interval_s",
+                           "probe_timeout_s", "reload_timeout_s", "repository_poll_s", "store_probe_s",
+                           "store_expiry_s", "http_body_timeout_s", "outcome_ttl_s", "outcome_window_s",
+                           "outcome_flush_s", "rollout_poll_s", "rollout_load_timeout_s")
         for name in positive_floats:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:

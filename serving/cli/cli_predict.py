@@ -37,7 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--candidates", default="", help='candidate questions: "q[:s],q[:s;s]" (not with --mastery)')
     parser.add_argument("--learner-id", default="", help="take the history from the gateway's session store")
     parser.add_argument("--recommend", action="store_true", help="call Recommend instead of Predict")
-    parser.add_argument("--target-probability", type=float, default=None, help="Recommend: target P(correct), default 0.7")
+    parser.add_argument("--target-probability", type=float, default=None,
+                        help="Recommend: target P(correct), default 0.7")
     parser.add_argument("--top-k", type=int, default=None, help="Recommend: how many to return (default: all)")
     parser.add_argument("--exclude-seen", action="store_true", help="Recommend: drop questions already in the history")
     parser.add_argument("--explain", type=int, default=None, metavar="K",
@@ -114,7 +115,8 @@ def build_request(args: argparse.Namespace):
         raise UserError(f"--explain must be >= 1 (interactions per candidate), got {args.explain}")
     explain = {} if args.explain is None else {"explain": pb.ExplainOptions(top_k=args.explain)}
     try:
-        history = [pb.Interaction(question_id=q, correct=c, **skill_fields(s)) for q, s, c in parse_history(args.history)]
+        history = [pb.Interaction(question_id=question, correct=correct, **skill_fields(skills))
+                   for question, skills, correct in parse_history(args.history)]
         if args.mastery:
             if args.candidates.strip() or args.recommend or explain:
                 raise UserError("--mastery takes no --candidates, no --recommend and no --explain")

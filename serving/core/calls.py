@@ -1,7 +1,7 @@
 """The transport-independent request and response types of the serving core.
 
-Transports (serving/transport/grpc_api.py, serving/transport/http_api.py) turn their messages into these plain dataclasses
-and back; nothing below them sees protobuf or JSON. A learner travels as numpy arrays of the
+Transports (serving/transport/grpc_api.py, serving/transport/http_routes.py) turn their messages into
+these plain dataclasses and back; nothing below them sees protobuf or JSON. A learner travels as numpy arrays of the
 platform's raw ids, built once at the edge (no per-interaction Python objects further in):
 
     skills: one row per interaction (or candidate) holding its skill SET, int64 [N, K] (K >= 1, the
@@ -102,17 +102,19 @@ def column_arrays(questions: Sequence[int], skills: Sequence[int], correct: Sequ
         raise errors.invalid_argument(field, "set either history or history_columns, not both")
     n = len(questions)
     if len(correct) != n:
-        raise errors.invalid_argument(f"{field}.correct", f"must have one entry per question id ({n}), got {len(correct)}")
+        raise errors.invalid_argument(f"{field}.correct",
+                                      f"must have one entry per question id ({n}), got {len(correct)}")
     if len(skills) not in (0, n):
         raise errors.invalid_argument(f"{field}.skill_ids", f"must be empty or have one entry per question id "
                                                             f"({n}), got {len(skills)}")
-    q, c = np.fromiter(questions, dtype=np.int64, count=n), np.fromiter(correct, dtype=np.int64, count=n)
+    question_ids = np.fromiter(questions, dtype=np.int64, count=n)
+    answers = np.fromiter(correct, dtype=np.int64, count=n)
     if len(skill_lengths) or len(skill_values):
         rows, as_sets = _ragged_column(n, len(skills), skill_lengths, skill_values, field, max_skills)
-        return q, rows, c, as_sets
+        return question_ids, rows, answers, as_sets
     skill_ids = (skill_array(np.fromiter(skills, dtype=np.int64, count=n), np.ones(n, dtype=bool)) if len(skills)
                  else np.full((n, 1), ABSENT_SKILL, dtype=np.int64))
-    return q, skill_ids, c, None
+    return question_ids, skill_ids, answers, None
 
 
 def _ragged_column(n: int, singles: int, skill_lengths: Sequence[int], skill_values: Sequence[int], field: str,
@@ -155,10 +157,12 @@ class LearnerQuery:
         """From (question, skill, correct) and (question, skill) tuples, a skill being None (not
         set), one id (skill_id) or a list of ids (skill_ids); `prefix` names the learner in errors."""
         history, candidates = list(history), list(candidates)
-        hs, h_sets = value_sets([h[1] for h in history], f"{prefix}history", max_skills)
-        cs, c_sets = value_sets([c[1] for c in candidates], f"{prefix}candidates", max_skills)
-        return cls(np.array([h[0] for h in history], dtype=np.int64), hs, np.array([h[2] for h in history], dtype=np.int64),
-                   np.array([c[0] for c in candidates], dtype=np.int64), cs, learner_id, h_sets, c_sets)
+        history_skills, history_sets = value_sets([h[1] for h in history], f"{prefix}history", max_skills)
+        candidate_skills, candidate_sets = value_sets([c[1] for c in candidates], f"{prefix}candidates", max_skills)
+        return cls(np.array([h[0] for h in history], dtype=np.int64), history_skills,
+                   np.array([h[2] for h in history], dtype=np.int64),
+                   np.array([c[0] for c in candidates], dtype=np.int64), candidate_skills, learner_id,
+                   history_sets, candidate_sets)
 
 
 SkillValue = Union[int, Sequence[int], None]

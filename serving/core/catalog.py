@@ -2,9 +2,10 @@
 gateway side (vocabulary, window, Triton's max batch size), read with routerkt/contract/repository.py.
 
 Per version folder: `vocab.json` (routerkt/contract/vocab.py) and `model_info.json`
-(routerkt/contract/model_info.py); per model: `config.pbtxt` (max_batch_size). `refresh()` rescans the repository and re-reads only
-what changed (file size + mtime), so a newly exported version is picked up without a restart; a
-version whose files are broken is skipped with one log line (until its files change). Lookups
+(routerkt/contract/model_info.py); per model: `config.pbtxt` (max_batch_size). `refresh()` rescans
+the repository and re-reads only what changed (file size + mtime), so a newly exported version is
+picked up without a restart; a version whose files are broken is skipped with one log line (until
+its files change). Lookups
 never touch the disk. `refresh()` may run in a worker thread: it swaps in a new table atomically.
 
 Skill sets: a version's config.pbtxt gives its skill inputs a last axis `skills` (dims [window, -1]),
@@ -26,7 +27,8 @@ import numpy as np
 from routerkt.contract import signature
 from routerkt.contract.repository import (list_models, list_versions, read_model_info, read_served_shape,
                                           read_vocab)
-from routerkt.contract.signature import CONFIG_FILE, SCORE, Graph, graph_with_inputs, served_dims, skill_axis, zero_inputs
+from routerkt.contract.signature import (CONFIG_FILE, SCORE, Graph, graph_with_inputs, served_dims, skill_axis,
+                                         zero_inputs)
 from routerkt.contract.vocab import Vocab
 from routerkt.errors import UserError
 from serving.errors import not_found, shown

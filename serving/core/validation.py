@@ -76,9 +76,9 @@ def validate_query(query: PredictQuery, settings: Settings) -> list[LearnerInput
 
 
 def validate_learner(learner: LearnerQuery, settings: Settings, prefix: str) -> LearnerInput:
-    hq, hs, hc = learner.history_questions, learner.history_skills, learner.history_correct
-    cq, cs = learner.candidate_questions, learner.candidate_skills
-    n_history, n_candidates = int(hq.shape[0]), int(cq.shape[0])
+    questions, skills, correct = learner.history_questions, learner.history_skills, learner.history_correct
+    candidate_questions, candidate_skills = learner.candidate_questions, learner.candidate_skills
+    n_history, n_candidates = int(questions.shape[0]), int(candidate_questions.shape[0])
     if learner.learner_id:
         check_learner_id(learner.learner_id, settings, f"{prefix}learner_id")
         if n_history:
@@ -93,12 +93,14 @@ def validate_learner(learner: LearnerQuery, settings: Settings, prefix: str) -> 
         raise invalid_argument(f"{prefix}candidates",
                                f"at most {settings.max_candidates} candidates, got {n_candidates}")
 
-    _first_bad(hq < 0, f"{prefix}history", "question_id", "must be >= 0")
-    check_skills(hs, learner.history_sets, f"{prefix}history", settings.max_skills_per_interaction)
-    _first_bad((hc != 0) & (hc != 1), f"{prefix}history", "correct", "must be 0 or 1")
-    _first_bad(cq < 0, f"{prefix}candidates", "question_id", "must be >= 0")
-    check_skills(cs, learner.candidate_sets, f"{prefix}candidates", settings.max_skills_per_interaction)
-    return LearnerInput(hq, hs, hc, cq, cs, prefix, learner.learner_id, learner.history_sets, learner.candidate_sets)
+    max_skills = settings.max_skills_per_interaction
+    _first_bad(questions < 0, f"{prefix}history", "question_id", "must be >= 0")
+    check_skills(skills, learner.history_sets, f"{prefix}history", max_skills)
+    _first_bad((correct != 0) & (correct != 1), f"{prefix}history", "correct", "must be 0 or 1")
+    _first_bad(candidate_questions < 0, f"{prefix}candidates", "question_id", "must be >= 0")
+    check_skills(candidate_skills, learner.candidate_sets, f"{prefix}candidates", max_skills)
+    return LearnerInput(questions, skills, correct, candidate_questions, candidate_skills, prefix, learner.learner_id,
+                        learner.history_sets, learner.candidate_sets)
 
 
 def check_skills(skills: np.ndarray, as_sets: np.ndarray | None, list_field: str, max_skills: int) -> None:
@@ -110,7 +112,8 @@ def check_skills(skills: np.ndarray, as_sets: np.ndarray | None, list_field: str
     bad = skills == INVALID_SKILL
     if bad.any():
         i, j = (int(x[0]) for x in np.nonzero(bad))
-        raise invalid_argument(f"{list_field}[{i}].{skill_field(as_sets, i, j)}", "must be >= 0, or -1 for an unknown skill")
+        raise invalid_argument(f"{list_field}[{i}].{skill_field(as_sets, i, j)}",
+                               "must be >= 0, or -1 for an unknown skill")
 
 
 def _first_bad(bad: np.ndarray, list_field: str, item_field: str, problem: str) -> None:

@@ -92,29 +92,31 @@ def encode_learner(learner: LearnerInput, vocab: Vocab, window: int,
     recent window-1 interactions."""
     keep = max(window - 1, 0)
     start = max(learner.history_length - keep, 0)
-    hq_raw = learner.history_questions[start:]
-    hs_raw = learner.history_skills[start:]
-    hq, hs, unknown_q, unknown_s = _map(hq_raw, hs_raw, vocab)
-    cq, cs, cand_unknown_q, cand_unknown_s = _map(learner.candidate_questions, learner.candidate_skills, vocab)
-    if unknown_q + cand_unknown_q:
-        count_unknown("question", unknown_q + cand_unknown_q)
-    if unknown_s + cand_unknown_s:
-        count_unknown("skill", unknown_s + cand_unknown_s)
-    return EncodedLearner(questions=hq, skills=hs, responses=learner.history_correct[start:].astype(np.int64),
-                          candidate_questions=cq, candidate_skills=cs)
+    questions, skills, unknown_questions, unknown_skills = _map(
+        learner.history_questions[start:], learner.history_skills[start:], vocab)
+    candidate_questions, candidate_skills, unknown_candidates, unknown_candidate_skills = _map(
+        learner.candidate_questions, learner.candidate_skills, vocab)
+    if unknown_questions + unknown_candidates:
+        count_unknown("question", unknown_questions + unknown_candidates)
+    if unknown_skills + unknown_candidate_skills:
+        count_unknown("skill", unknown_skills + unknown_candidate_skills)
+    return EncodedLearner(questions=questions, skills=skills,
+                          responses=learner.history_correct[start:].astype(np.int64),
+                          candidate_questions=candidate_questions, candidate_skills=candidate_skills)
 
 
 def build_windows(learner: EncodedLearner, window: int,
                   width: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(questions [C, window], skills [C, window, K], responses [C, window]), int64, one left-padded
     row per candidate; K = `width` (0: the learner's widest set)."""
-    n, c = learner.history_used, learner.n_candidates
-    if n > window - 1:
-        raise ValueError(f"history of {n} interactions does not fit a window of {window}")
+    n_history, n_candidates = learner.history_used, learner.n_candidates
+    if n_history > window - 1:
+        raise ValueError(f"history of {n_history} interactions does not fit a window of {window}")
     width = width or learner.width
     history = history_row(learner, window, width)            # the left-padded history part, [window - 1]
-    questions, responses = np.empty((c, window), dtype=np.int64), np.empty((c, window), dtype=np.int64)
-    skills = np.empty((c, window, width), dtype=np.int64)
+    questions = np.empty((n_candidates, window), dtype=np.int64)
+    responses = np.empty((n_candidates, window), dtype=np.int64)
+    skills = np.empty((n_candidates, window, width), dtype=np.int64)
     for rows, part in zip((questions, skills, responses), history):
         rows[:, :window - 1] = part
     questions[:, window - 1] = learner.candidate_questions
@@ -223,12 +225,12 @@ class WindowEncoder:
         width = candidate_width(max(learner.n_candidates for learner in learners))
         skills = max(learner.width for learner in learners)
         history = [history_row(learner, model.window, skills) for learner in learners]
-        cq = np.full((len(learners), width), PAD_ID, dtype=np.int64)
-        cs = np.full((len(learners), width, skills), PAD_ID, dtype=np.int64)
+        candidate_questions = np.full((len(learners), width), PAD_ID, dtype=np.int64)
+        candidate_skills = np.full((len(learners), width, skills), PAD_ID, dtype=np.int64)
         for k, learner in enumerate(learners):
-            cq[k, :learner.n_candidates] = learner.candidate_questions
-            cs[k, :learner.n_candidates, :learner.candidate_skills.shape[1]] = learner.candidate_skills
-        arrays = [np.stack([h[j] for h in history]) for j in range(3)] + [cq, cs]
+            candidate_questions[k, :learner.n_candidates] = learner.candidate_questions
+            candidate_skills[k, :learner.n_candidates, :learner.candidate_skills.shape[1]] = learner.candidate_skills
+        arrays = [np.stack([h[j] for h in history]) for j in range(3)] + [candidate_questions, candidate_skills]
         return Inference(indices, dict(zip(RANK.input_names, arrays)),
                          [(k, learner.n_candidates) for k, learner in enumerate(learners)], rank=True)
 

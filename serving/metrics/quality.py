@@ -109,10 +109,10 @@ class RollingWindow:
         slot = self.slots[-1]
         auc_bin = min(int(p * AUC_BINS), AUC_BINS - 1)
         (slot.positives if correct else slot.negatives)[auc_bin] += 1
-        b = calibration_bin(p)
-        slot.counts[b] += 1
-        slot.correct[b] += correct
-        slot.prob_sums[b] += p
+        bucket = calibration_bin(p)
+        slot.counts[bucket] += 1
+        slot.correct[bucket] += correct
+        slot.prob_sums[bucket] += p
 
     def _trim(self, now: float) -> None:
         horizon = now - self.slot_s * WINDOW_SLOTS
@@ -231,10 +231,10 @@ class OutcomeQuality:
             totals = dict(self._totals)
         for (model, version), window in items:
             count, loss = totals.get((model, int(version)), (0.0, 0.0))
-            t = window.totals()
+            recent = window.totals()
             out[f"{model}/{version}"] = {"outcomes": int(count), "mean_log_loss": loss / count if count else None,
-                                         "online_auc": _finite(auc_from_bins(t.positives, t.negatives)),
-                                         "online_outcomes": int(t.counts.sum())}
+                                         "online_auc": _finite(auc_from_bins(recent.positives, recent.negatives)),
+                                         "online_outcomes": int(recent.counts.sum())}
         return out
 
     def windows(self) -> list[tuple[tuple[str, str], _Slot]]:

@@ -95,11 +95,11 @@ def explanations(attention: np.ndarray, head_weights: np.ndarray, learner: Learn
 
 
 def _attended(learner: LearnerInput, model: ModelVersion, position: int, weight: float, heads: np.ndarray) -> Attended:
-    q = int(learner.history_questions[position])
+    question = int(learner.history_questions[position])
     skills = [int(s) for s in learner.history_skills[position] if s != NO_SKILL]
     if not skills or learner.history_skills[position][0] == ABSENT_SKILL:
-        skills = [int(s) for s in model.vocab.question_skills.get(q, [])]
-    return Attended(position=position, question_id=q, skill_ids=skills,
+        skills = [int(s) for s in model.vocab.question_skills.get(question, [])]
+    return Attended(position=position, question_id=question, skill_ids=skills,
                     correct=bool(learner.history_correct[position]), weight=weight,
                     head_attention=[float(x) for x in heads])
 

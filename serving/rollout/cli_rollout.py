@@ -159,8 +159,10 @@ class _Gateway:
             except ValueError:
                 message = ""
             raise UserError(f"{method} {url}: HTTP {exc.code} {message or exc.reason}{hint}") from None
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            raise UserError(f"cannot reach {url}: {getattr(exc, 'reason', exc)}") from None
+        except urllib.error.URLError as exc:
+            raise UserError(f"cannot reach {url}: {exc.reason}") from None
+        except (OSError, ValueError) as exc:
+            raise UserError(f"cannot reach {url}: {exc}") from None
 
     def status(self) -> dict[str, object]:
         live = self._call("GET", "/v1/rollout")

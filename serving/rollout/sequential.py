@@ -1,4 +1,5 @@
-"""The canary's online promotion test: an anytime-valid confidence sequence for candidate - baseline mean clipped log loss.
+"""The canary's online promotion test: an anytime-valid confidence sequence for candidate - baseline
+mean clipped log loss.
 
 Method (docs/operations.md, "Online promotion"): each outcome's log loss is clipped to [0, LOSS_CLIP]
 and scaled to [0, 1]. Each arm (baseline, candidate) keeps a predictable plug-in empirical-Bernstein
@@ -125,10 +126,10 @@ class SequentialTest:
 
     def read(self) -> Reading:
         with self._lock:
-            b, c = self.baseline, self.candidate
-            lower, upper = difference(c, b)
-            return Reading((int(b.n), int(c.n)), (_mean(b), _mean(c)), float(lower), float(upper),
-                           decide(c, b, self.min_outcomes))
+            baseline, candidate = self.baseline, self.candidate
+            lower, upper = difference(candidate, baseline)
+            return Reading((int(baseline.n), int(candidate.n)), (_mean(baseline), _mean(candidate)), float(lower),
+                           float(upper), decide(candidate, baseline, self.min_outcomes))
 
 
 def _mean(arm: ArmBounds) -> float | None:

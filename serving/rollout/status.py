@@ -11,7 +11,8 @@ from serving.rollout.readiness import Readiness, routing
 
 
 def policy_status(path: Path | None, error: str | None, policy: RolloutPolicyFile, canaries: Canaries,
-                  readiness: Readiness | None, decided: dict[str, tuple[Rollout, dict[str, object]]]) -> dict[str, object]:
+                  readiness: Readiness | None,
+                  decided: dict[str, tuple[Rollout, dict[str, object]]]) -> dict[str, object]:
     """`decided`: model -> (the pin a test wrote, the test's state then), shown while that pin holds."""
     models = {}
     for name, rollout in policy.models.items():

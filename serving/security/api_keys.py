@@ -115,7 +115,8 @@ class KeyFile:
 def issue_key(path: Path, key_id: str, scopes: list[str]) -> str:
     """Add a key to the file (created 0600 when missing); returns the token, which is stored nowhere."""
     if not KEY_ID.fullmatch(key_id):
-        raise UserError(f"key id {key_id[:40]!r}: use [a-z0-9_-], at most 32 characters, starting with a letter or digit")
+        raise UserError(f"key id {key_id[:40]!r}: use [a-z0-9_-], at most 32 characters, "
+                        "starting with a letter or digit")
     unknown = set(scopes) - set(SCOPES)
     if not scopes or unknown:
         raise UserError(f"--scope: choose from {list(SCOPES)}")

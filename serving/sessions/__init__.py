@@ -10,4 +10,5 @@
 - session_service.py  SessionService (Observe, ForgetLearner, stored histories, store health)
 - history.py          the pipeline's history sources: RequestHistory and SessionHistory
 - cli_import.py       `routerkt sessions import`: bulk-load a canonical CSV into a store
+- cli_export.py       `routerkt sessions export`: stream a store's events to the canonical CSV
 """

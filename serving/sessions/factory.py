@@ -38,8 +38,9 @@ def _redis(url: str, parsed: ParseResult, ttl_s: float, password_file: Path | No
         try:
             password = Path(password_file).read_text(encoding="utf-8").strip()
         except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else None
             raise UserError(f"--store-password-file {password_file}: cannot read it "
-                            f"({getattr(exc, 'strerror', None) or type(exc).__name__})") from None
+                            f"({reason or type(exc).__name__})") from None
     from serving.sessions.redis_store import RedisStore
     return RedisStore(parsed.hostname, parsed.port, int(db), ttl_s=ttl_s, username=parsed.username,
                       password=password, tls=parsed.scheme == "rediss", ca_file=ca_file)

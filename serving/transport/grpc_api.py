@@ -86,24 +86,28 @@ def learner_query(history: Sequence, candidates: Sequence, learner_id: str = "",
     columns: no object per interaction (np.fromiter over each packed column). `prefix` ("" or
     "learners[i].") names the learner in errors; `max_skills`: the most skills one set may have
     (Settings.max_skills_per_interaction)."""
-    h_sets = None
-    c = np.array([(q.question_id, q.skill_id, q.HasField("skill_id"), len(q.skill_ids)) for q in candidates],
-                 dtype=np.int64).reshape(-1, 4)                                   # [C, 4]
+    history_sets = None
+    candidate_rows = np.array([(q.question_id, q.skill_id, q.HasField("skill_id"), len(q.skill_ids))
+                               for q in candidates], dtype=np.int64).reshape(-1, 4)       # [C, 4]
     if columns is not None:
-        hq, hs, hc, h_sets = column_arrays(columns.question_ids, columns.skill_ids, columns.correct,
-                                           f"{prefix}history_columns", len(history), columns.skill_lengths,
-                                           columns.skill_values, max_skills)
+        (history_questions, history_skills, history_correct,
+         history_sets) = column_arrays(columns.question_ids, columns.skill_ids, columns.correct,
+                                       f"{prefix}history_columns", len(history), columns.skill_lengths,
+                                       columns.skill_values, max_skills)
     else:
-        h = np.array([(i.question_id, i.skill_id, i.correct, i.HasField("skill_id"), len(i.skill_ids)) for i in history],
-                     dtype=np.int64).reshape(-1, 5)                               # [H, 5]
-        sets = [i.skill_ids for i in history] if h[:, 4].any() else None
-        hs, h_sets = skill_sets(h[:, 1], h[:, 3].astype(bool), sets, f"{prefix}history", max_skills)
-        hq, hc = h[:, 0].copy(), h[:, 2].copy()
-    cs, c_sets = skill_sets(c[:, 1], c[:, 2].astype(bool), [q.skill_ids for q in candidates] if c[:, 3].any() else None,
-                            f"{prefix}candidates", max_skills)
-    return LearnerQuery(history_questions=hq, history_skills=hs, history_correct=hc,
-                        candidate_questions=c[:, 0].copy(), candidate_skills=cs, learner_id=learner_id,
-                        history_sets=h_sets, candidate_sets=c_sets)
+        history_rows = np.array([(i.question_id, i.skill_id, i.correct, i.HasField("skill_id"), len(i.skill_ids))
+                                 for i in history], dtype=np.int64).reshape(-1, 5)        # [H, 5]
+        sets = [i.skill_ids for i in history] if history_rows[:, 4].any() else None
+        history_skills, history_sets = skill_sets(history_rows[:, 1], history_rows[:, 3].astype(bool), sets,
+                                                  f"{prefix}history", max_skills)
+        history_questions, history_correct = history_rows[:, 0].copy(), history_rows[:, 2].copy()
+    sets = [q.skill_ids for q in candidates] if candidate_rows[:, 3].any() else None
+    candidate_skills, candidate_sets = skill_sets(candidate_rows[:, 1], candidate_rows[:, 2].astype(bool), sets,
+                                                  f"{prefix}candidates", max_skills)
+    return LearnerQuery(history_questions=history_questions, history_skills=history_skills,
+                        history_correct=history_correct, candidate_questions=candidate_rows[:, 0].copy(),
+                        candidate_skills=candidate_skills, learner_id=learner_id,
+                        history_sets=history_sets, candidate_sets=candidate_sets)
 
 
 def _learner(message, prefix: str = "", max_skills: int = DEFAULT_MAX_SKILLS) -> LearnerQuery:

@@ -9,9 +9,9 @@ tritonclient's InferInput objects and request anew (about 30 us less per call); 
 straight from the response's raw output bytes. Control calls (index, load, unload) use
 tritonclient's aio client and carry `control_headers` (the key of Triton's
 --grpc-restricted-protocol for model-repository, from settings.triton_key_file, as the metadata
-`triton-grpc-protocol-<header>` Triton's gRPC server expects). Both channels back off at most 1 s between reconnects, so a restarted
-Triton on the same address is found again quickly. Tensor names and dtypes come from the
-contract's graph the model serves.
+`triton-grpc-protocol-<header>` Triton's gRPC server expects). Both channels back off at most 1 s
+between reconnects, so a restarted Triton on the same address is found again quickly. Tensor names
+and dtypes come from the contract's graph the model serves.
 
 With a TritonTLS (settings.triton_tls_ca / _cert / _key: `routerkt serve --triton-tls-*`) both
 channels are TLS channels built from one set of credentials: the server's certificate is verified

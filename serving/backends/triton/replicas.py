@@ -105,8 +105,8 @@ class TritonReplicaBackend:
             urls = settings.triton_urls
             view = _ReplicaMetrics(metrics)
             headers, tls = control_headers(settings.triton_key_file), tls_of(settings)
-            backends = [TritonInferenceBackend(settings, view, TritonClient(url, view, headers, tls))  # type: ignore[arg-type]
-                        for url in urls]
+            backends = [TritonInferenceBackend(settings, view,  # type: ignore[arg-type]
+                                               TritonClient(url, view, headers, tls)) for url in urls]
             names = urls
         if not backends:
             raise ValueError("TritonReplicaBackend needs at least one replica")

@@ -32,11 +32,11 @@ def _guardrail(value: object, where: str) -> Guardrail | None:
     if value is None:
         return None
     default = Guardrail()
-    m = count_field(value.get("min_outcomes", default.min_outcomes), f"{where}.min_outcomes")
+    min_outcomes = count_field(value.get("min_outcomes", default.min_outcomes), f"{where}.min_outcomes")
     margin = value.get("max_log_loss_increase", default.max_log_loss_increase)
     if not isinstance(margin, (int, float)) or isinstance(margin, bool) or not math.isfinite(margin) or margin < 0:
         raise PolicyError(f"{where}.max_log_loss_increase: must be a number >= 0, got {json.dumps(margin)}")
-    return Guardrail(m, float(margin))
+    return Guardrail(min_outcomes, float(margin))
 
 
 def _promotion(value: object, where: str) -> Promotion | None:
@@ -47,7 +47,8 @@ def _promotion(value: object, where: str) -> Promotion | None:
     alpha = value.get("alpha", default.alpha)
     if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not 0.0 < alpha < 1.0:
         raise PolicyError(f"{where}.alpha: must be a number in (0, 1), got {json.dumps(alpha)}")
-    return Promotion(float(alpha), count_field(value.get("min_outcomes", default.min_outcomes), f"{where}.min_outcomes"))
+    min_outcomes = count_field(value.get("min_outcomes", default.min_outcomes), f"{where}.min_outcomes")
+    return Promotion(float(alpha), min_outcomes)
 
 
 @dataclass(frozen=True)
