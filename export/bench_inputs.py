@@ -1,6 +1,6 @@
 """What the inference benchmarks compare and feed: the attention presets (standard first, the
 reference), assist2009-sized vocabularies and a random batch of full windows. Shared by
-`routerkt bench throughput` (loadtest/bench_throughput.py) and the GPU check (export/gpu_check.py).
+`routerkt bench throughput` (loadtest/bench/throughput.py) and the GPU check (export/gpu_check.py).
 Weights are random in both: speed and parity do not depend on them.
 """
 from __future__ import annotations

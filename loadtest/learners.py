@@ -1,5 +1,7 @@
-"""The parts of the locust load test that do not need locust: the loopback-only target check, the
-model's vocabulary, the simulated learners and the gRPC interceptor that reports each call.
+"""The parts of the locust load test that do not need locust: target check, vocabulary, learners, interceptor.
+
+The loopback-only target check, the model's vocabulary, the simulated learners and the gRPC
+interceptor that reports each call.
 
 They live apart from loadtest/locustfile.py because importing locust monkey-patches the whole
 process with gevent: `routerkt bench load` (which runs the gateway in-process) and the unit tests
@@ -26,7 +28,7 @@ from routerkt.contract.repository import latest_version, list_models, read_vocab
 from routerkt.errors import UserError
 from serving.api import knowledge_tracing_pb2 as pb
 
-# The locustfile's user classes and the RPC each one calls (bench_load.py checks both were exercised).
+# The locustfile's user classes and the RPC each one calls (bench/load.py checks both were exercised).
 USER_RPCS: dict[str, str] = {"LearnerUser": "Predict", "BatchUser": "PredictBatch", "SessionUser": "Observe"}
 DEFAULT_WEIGHTS: dict[str, int] = {"LearnerUser": 3, "BatchUser": 1}   # the default users mix
 REQUEST_TYPE = "grpc"                       # locust's "Type" column for every call
@@ -201,9 +203,11 @@ class Learner:
 
     def observe_request(self, interaction: pb.Interaction) -> pb.ObserveRequest:
         """The answer just given, as the one event of an Observe (event id: its sequence number)."""
+        skills = (skill_fields(tuple(interaction.skill_ids)) if interaction.skill_ids
+                  else {"skill_id": interaction.skill_id})
         return pb.ObserveRequest(learner_id=self.learner_id, events=[pb.Event(
             event_id=str(self.answered), question_id=interaction.question_id, correct=interaction.correct,
-            **(skill_fields(tuple(interaction.skill_ids)) if interaction.skill_ids else {"skill_id": interaction.skill_id}))])
+            **skills)])
 
     def predict_request(self, candidates: Sequence[pb.Candidate]) -> pb.PredictRequest:
         return pb.PredictRequest(model=self.vocabulary.model, history=list(self.history),

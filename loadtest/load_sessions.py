@@ -61,9 +61,9 @@ def run_sessions(args: argparse.Namespace, duration: int, spawn_rate: float, voc
                 rows.append((phase, name, stats))
     print("| phase | RPC | calls/s | p50 ms | p99 ms | failures |")
     print("|---|---|---|---|---|---|")
-    for phase, name, st in rows:
+    for phase, name, stats in rows:
         print(f"| {phase} | {name}{' (by learner_id)' if phase != 'stateless' and name == 'Predict' else ''} | "
-              f"{st.requests_per_s:.1f} | {st.p50_ms:g} | {st.p99_ms:g} | {st.failures} |")
+              f"{stats.requests_per_s:.1f} | {stats.p50_ms:g} | {stats.p99_ms:g} | {stats.failures} |")
     for phase in ("sqlite", "redis"):
         observe = report[phase]["rpcs"].get("Observe")
         if observe:

@@ -20,7 +20,7 @@ SECRET = b"test-secret-of-32-bytes-for-hmac!"
 
 
 def fill(url: str, frame) -> None:
-    from loadtest.bench_retrain import fill_store
+    from loadtest.bench.retrain import fill_store
     asyncio.run(fill_store(url, frame, SECRET))
 
 

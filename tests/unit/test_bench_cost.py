@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from export.triton_config import PARAM_N_QUESTIONS, PARAM_N_SKILLS, TritonModelOptions, render_config
+from loadtest.bench.cost import _ints, setting_repository
 from loadtest.closed_loop import run_phase, summary
-from loadtest.bench_cost import _ints, setting_repository
 from routerkt.contract import signature
 from routerkt.errors import UserError
 

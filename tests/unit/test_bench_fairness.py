@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from loadtest.bench_fairness import parse_vary
+from loadtest.bench.fairness import parse_vary
 from routerkt.errors import UserError
 
 pytestmark = pytest.mark.unit
@@ -24,7 +24,7 @@ def test_vary_refuses_what_it_cannot_compare(spec: str) -> None:
 
 
 def test_pooled_summary_pools_the_rounds_and_gives_each_rounds_ratio() -> None:
-    from loadtest.bench_fairness import pooled
+    from loadtest.bench.fairness import pooled
     rounds = [{"alone": [0.010] * 100, "beside maximal batches": [0.015] * 100, "batches": [2.0]},
               {"alone": [0.020] * 100, "beside maximal batches": [0.020] * 100, "batches": [3.0, 4.0]}]
     line = pooled(rounds)

@@ -15,8 +15,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from loadtest import bench_load as load
 from loadtest import locust_runner
+from loadtest.bench import load
 from loadtest.learners import (DEFAULT_WEIGHTS, GrpcCallError, Learner, LearnerOptions, NotLoopbackError,
                                RequestEventInterceptor, Vocabulary, load_vocabulary, loopback_target,
                                parse_user_mix, resolve_model)
@@ -342,7 +342,7 @@ def test_load_json_is_written_atomically(tmp_path: Path) -> None:
 
 
 def test_bench_load_does_not_import_locust_or_torch() -> None:
-    code = ("import sys, loadtest.bench_load, loadtest.learners; "
+    code = ("import sys, loadtest.bench.load, loadtest.learners; "
             "print(sorted(m for m in ('locust', 'gevent', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -350,7 +350,7 @@ def test_bench_load_does_not_import_locust_or_torch() -> None:
 
 
 def test_throughput_tables_put_fused_beside_plain_and_samples_against_the_peak():
-    from loadtest.bench_throughput import peak_lines, table
+    from loadtest.bench.throughput import peak_lines, table
     results = {"onnxruntime": {"akt-standard": 200.0, "akt": 100.0},
                "onnxruntime-fused": {"akt-standard": 250.0, "akt": 100.0}}
     levels, presets = ["onnxruntime", "onnxruntime-fused"], ["akt-standard", "akt"]
@@ -364,7 +364,7 @@ def test_throughput_tables_put_fused_beside_plain_and_samples_against_the_peak()
 def test_flops_per_sample_counts_the_models_matmuls():
     import torch
     from export.bench_inputs import N_QUESTIONS, N_SKILLS, make_batch
-    from loadtest.bench_throughput import flops_per_sample
+    from loadtest.bench.throughput import flops_per_sample
     from training.models.registry import build_model, preset_config, with_vocab
     cfg = with_vocab(preset_config("akt-standard"), N_QUESTIONS, N_SKILLS)
     cfg.max_len = 20
@@ -377,7 +377,7 @@ def test_flops_per_sample_counts_the_models_matmuls():
 def test_bench_convert_converts_both_forms_to_the_same_arrays_and_prints_both(capsys) -> None:
     import argparse
 
-    from loadtest import bench_convert as convert
+    from loadtest.bench import convert
     from serving.transport.grpc_api import batch_query
     messages, columns = convert.requests(7, 3, 2, batch=True)
     assert len(messages.learners[0].history) == 7 and len(columns.learners[0].history_columns.question_ids) == 7

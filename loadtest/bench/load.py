@@ -128,8 +128,8 @@ def parse_duration(text: str) -> int:
         match = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", text)
         if not text or match is None:
             raise UserError(f"--duration {text!r}: expected e.g. 90, 45s, 2m, 1m30s")
-        h, m, s = (int(g or 0) for g in match.groups())
-        seconds = 3600 * h + 60 * m + s
+        hours, minutes, secs = (int(group or 0) for group in match.groups())
+        seconds = 3600 * hours + 60 * minutes + secs
     if seconds <= 0:
         raise UserError("--duration must be > 0")
     return seconds

@@ -1,5 +1,7 @@
-"""`routerkt bench fairness`: small Predict calls alone, then beside back-to-back maximal legal
-PredictBatch calls (64 learners x 64 candidates x 1,000-interaction histories), in one run.
+"""`routerkt bench fairness`: small Predict calls alone, then beside maximal PredictBatch calls, in one run.
+
+The maximal calls are back-to-back legal PredictBatch calls (64 learners x 64 candidates x
+1,000-interaction histories).
 
     routerkt bench fairness [--repository model_repository] [--model NAME] [--seconds 8] [--callers 4]
                             [--rounds 3] [--vary bulk_pause_ratio=0,2]
@@ -96,11 +98,12 @@ def run(args: argparse.Namespace) -> int:
     if args.seconds <= 0 or args.callers < 1 or args.rounds < 1:
         raise UserError("--seconds must be > 0, --callers and --rounds >= 1")
     vocabulary = load_vocabulary(args.repository, args.model)
-    q = vocabulary.questions
-    history = [pb.Interaction(question_id=q[i % len(q)], correct=i % 2) for i in range(1000)]
+    questions = vocabulary.questions
+    history = [pb.Interaction(question_id=questions[i % len(questions)], correct=i % 2) for i in range(1000)]
     big = pb.PredictBatchRequest(model=vocabulary.model, learners=[pb.LearnerRequest(history=history, candidates=[
-        pb.Candidate(question_id=q[(3 * j) % len(q)]) for j in range(64)]) for _ in range(64)])
-    small = pb.PredictRequest(model=vocabulary.model, history=history[:30], candidates=[pb.Candidate(question_id=q[0])])
+        pb.Candidate(question_id=questions[(3 * j) % len(questions)]) for j in range(64)]) for _ in range(64)])
+    small = pb.PredictRequest(model=vocabulary.model, history=history[:30],
+                              candidates=[pb.Candidate(question_id=questions[0])])
     args.out.mkdir(parents=True, exist_ok=True)
     name, values = parse_vary(args.vary)
     with ExitStack() as stack:

@@ -1,5 +1,6 @@
-"""`routerkt bench convert`: the gateway's two per-call conversions, each with its alternatives
-side by side in one run:
+"""`routerkt bench convert`: the gateway's two per-call conversions beside their alternatives, in one run.
+
+The conversions, each side by side with its alternatives:
 
 1. request -> arrays (serving/transport/grpc_api.py), history sent as `repeated Interaction` messages vs as
    `HistoryColumns`: one Predict (99-interaction history, 1 candidate) and one maximal PredictBatch
@@ -59,7 +60,8 @@ def triton_requests():
     from routerkt.contract.signature import RANK
     from serving.metrics import Metrics
     from serving.backends.triton.client import TritonClient
-    feeds = {spec.name: np.ones((1, 99 if spec.name.startswith("history") else 1), dtype=np.int64) for spec in RANK.inputs}
+    feeds = {spec.name: np.ones((1, 99 if spec.name.startswith("history") else 1), dtype=np.int64)
+             for spec in RANK.inputs}
     client = TritonClient("127.0.0.1:1", Metrics())
 
     def tritonclient_way():
@@ -69,8 +71,9 @@ def triton_requests():
             tensor.set_data_from_numpy(np.ascontiguousarray(feeds[spec.name], dtype=spec.dtype))
             inputs.append(tensor)
         return _get_inference_request(model_name="m", inputs=inputs, model_version="1", request_id="",
-                                      outputs=[grpcclient.InferRequestedOutput(RANK.outputs[0].name)], sequence_id=0,
-                                      sequence_start=False, sequence_end=False, priority=0, timeout=None, parameters=None)
+                                      outputs=[grpcclient.InferRequestedOutput(RANK.outputs[0].name)],
+                                      sequence_id=0, sequence_start=False, sequence_end=False, priority=0,
+                                      timeout=None, parameters=None)
 
     def prepared_way():
         return client.request("m", 1, RANK, feeds)
@@ -83,17 +86,20 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--repeats must be >= 1")
     print("| request | Interaction messages ms | HistoryColumns ms | ratio | bytes (messages / columns) |")
     print("|---|---|---|---|---|")
-    for label, shape, batch, repeats in (("Predict, history 99, 1 candidate", (99, 1, 1), False, args.repeats),
-                                         ("PredictBatch 64 x 1,000 x 64", (1000, 64, 64), True, max(1, args.repeats // 10))):
+    cases = (("Predict, history 99, 1 candidate", (99, 1, 1), False, args.repeats),
+             ("PredictBatch 64 x 1,000 x 64", (1000, 64, 64), True, max(1, args.repeats // 10)))
+    for label, shape, batch, repeats in cases:
         convert = batch_query if batch else predict_query
         messages, columns = requests(*shape, batch=batch)
-        a, b = (_median_ms(lambda r=r: convert(r), repeats) for r in (messages, columns))
-        print(f"| {label} | {a:.3f} | {b:.3f} | {a / b:.1f}x | {messages.ByteSize():,} / {columns.ByteSize():,} |")
+        messages_ms, columns_ms = (_median_ms(lambda r=r: convert(r), repeats) for r in (messages, columns))
+        print(f"| {label} | {messages_ms:.3f} | {columns_ms:.3f} | {messages_ms / columns_ms:.1f}x | "
+              f"{messages.ByteSize():,} / {columns.ByteSize():,} |")
     old, new = triton_requests()
     if old().SerializeToString() != new().SerializeToString():
         raise RuntimeError("the prepared Triton request differs from tritonclient's")
-    a, b = (_median_ms(build, args.repeats * 10) * 1e3 for build in (old, new))
+    old_us, new_us = (_median_ms(build, args.repeats * 10) * 1e3 for build in (old, new))
     print("\n| Triton request of one rank inference | tritonclient us | prepared us | ratio |")
     print("|---|---|---|---|")
-    print(f"| 1 row, history 99, 1 candidate (identical bytes) | {a:.1f} | {b:.1f} | {a / b:.1f}x |")
+    print(f"| 1 row, history 99, 1 candidate (identical bytes) | {old_us:.1f} | {new_us:.1f} | "
+          f"{old_us / new_us:.1f}x |")
     return 0

@@ -1,5 +1,6 @@
-"""`routerkt bench throughput`: inference throughput of the attention variants, side by side, at
-three levels in one run (the RouterKT paper's Table 4 setting: batch 512, history length 100).
+"""`routerkt bench throughput`: inference throughput of the attention variants at three levels, in one run.
+
+Side by side, in the RouterKT paper's Table 4 setting (batch 512, history length 100).
 
 Levels, each measured on the same fixed batch of full-length windows:
   pytorch      eager PyTorch, eval mode, inference_mode
@@ -96,9 +97,9 @@ class TritonLevel:
                     done.set()
         for part in parts:
             inputs = []
-            for key, arr in part.items():
-                tensor = self.module.InferInput(key, list(arr.shape), "INT64")
-                tensor.set_data_from_numpy(arr)
+            for key, array in part.items():
+                tensor = self.module.InferInput(key, list(array.shape), "INT64")
+                tensor.set_data_from_numpy(array)
                 inputs.append(tensor)
             self.client.async_infer(self.name, inputs, finished, client_timeout=120.0,
                                     outputs=[self.module.InferRequestedOutput("probs")])
@@ -119,7 +120,8 @@ def build_repository(presets: list[str], models: dict, onnx: dict[str, Path], re
                                      preferred_batch_sizes=sorted({min(batch, 128), min(batch, 256), batch}),
                                      max_queue_delay_us=5000,
                                      parameters={PARAM_N_QUESTIONS: str(N_QUESTIONS), PARAM_N_SKILLS: str(N_SKILLS)})
-        publish_version(repo, preset, {"model.onnx": onnx[preset], "model.py": MODEL_PY}, render_config(preset, options))
+        publish_version(repo, preset, {"model.onnx": onnx[preset], "model.py": MODEL_PY},
+                        render_config(preset, options))
 
 
 def flops_per_sample(model, feeds: dict[str, np.ndarray]) -> float:
@@ -134,48 +136,51 @@ def flops_per_sample(model, feeds: dict[str, np.ndarray]) -> float:
 
 def peak_lines(results: dict[str, dict[str, float]], presets: list[str], levels: list[str],
                flops: dict[str, float], peak: float) -> list[str]:
-    head = "| preset | MFLOP/sample | " + " | ".join(f"{lv} GFLOP/s (% of peak)" for lv in levels) + " |"
+    head = "| preset | MFLOP/sample | " + " | ".join(f"{level} GFLOP/s (% of peak)" for level in levels) + " |"
     lines = [f"\nfloat32 matmul peak (numpy 2048^2, this run): {peak:.0f} GFLOP/s", "", head,
              "|" + "---|" * (head.count("|") - 1)]
-    for p in presets:
-        cells = [f"{results[lv][p] * flops[p] / 1e9:.1f} ({100 * results[lv][p] * flops[p] / 1e9 / peak:.0f}%)"
-                 for lv in levels]
-        lines.append(f"| {p} | {flops[p] / 1e6:.1f} | " + " | ".join(cells) + " |")
+    for preset in presets:
+        cells = []
+        for level in levels:
+            per_s = results[level][preset]
+            cells.append(f"{per_s * flops[preset] / 1e9:.1f} ({100 * per_s * flops[preset] / 1e9 / peak:.0f}%)")
+        lines.append(f"| {preset} | {flops[preset] / 1e6:.1f} | " + " | ".join(cells) + " |")
     return lines
 
 
 def table(results: dict[str, dict[str, float]], presets: list[str], levels: list[str]) -> list[str]:
-    ref = presets[0]
-    head = "| variant | preset | " + " | ".join(f"{lv} samples/s | {lv} ratio" for lv in levels) + " | paper ratio |"
+    reference = presets[0]
+    head = ("| variant | preset | " + " | ".join(f"{level} samples/s | {level} ratio" for level in levels)
+            + " | paper ratio |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
-    for p in presets:
+    for preset in presets:
         cells = []
-        for lv in levels:
-            v = results[lv].get(p)
-            cells += [f"{v:,.0f}" if v else "-", f"{v / results[lv][ref]:.2f}x" if v and results[lv].get(ref) else "-"]
-        lines.append(f"| {LABELS.get(p, p)} | {p} | " + " | ".join(cells) + f" | {PAPER_RATIO.get(p, '-')} |")
+        for level in levels:
+            value = results[level].get(preset)
+            cells += [f"{value:,.0f}" if value else "-",
+                      f"{value / results[level][reference]:.2f}x" if value and results[level].get(reference) else "-"]
+        lines.append(f"| {LABELS.get(preset, preset)} | {preset} | " + " | ".join(cells)
+                     + f" | {PAPER_RATIO.get(preset, '-')} |")
     if "onnxruntime" in levels and "pytorch" in levels:
-        r = [results["onnxruntime"][p] / results["pytorch"][p] for p in presets]
-        lines.append(f"\nonnxruntime / PyTorch eager: {min(r):.2f}x .. {max(r):.2f}x (target >= 2x)")
+        ratios = [results["onnxruntime"][preset] / results["pytorch"][preset] for preset in presets]
+        lines.append(f"\nonnxruntime / PyTorch eager: {min(ratios):.2f}x .. {max(ratios):.2f}x (target >= 2x)")
     if "onnxruntime-fused" in levels and "onnxruntime" in levels:
         lines.append("fused / plain graph (onnxruntime in-process): " + ", ".join(
-            f"{p} {results['onnxruntime-fused'][p] / results['onnxruntime'][p]:.2f}x" for p in presets))
+            f"{preset} {results['onnxruntime-fused'][preset] / results['onnxruntime'][preset]:.2f}x"
+            for preset in presets))
     if "triton" in levels and "onnxruntime" in levels:
-        r = [results["triton"][p] / results["onnxruntime"][p] for p in presets]
-        lines.append(f"Triton / in-process onnxruntime: {min(r):.2f}x .. {max(r):.2f}x (target >= 0.8x)")
+        ratios = [results["triton"][preset] / results["onnxruntime"][preset] for preset in presets]
+        lines.append(f"Triton / in-process onnxruntime: {min(ratios):.2f}x .. {max(ratios):.2f}x (target >= 0.8x)")
     return lines
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from export.attention_fusion import fuse_attention_file
-    from export.onnx_export import check_parity, export_onnx
     from routerkt.errors import UserError
-    from training.models.registry import build_model, preset_config, with_vocab
 
-    presets = [p.strip() for p in args.presets.split(",") if p.strip()]
-    levels = [lv.strip() for lv in args.levels.split(",") if lv.strip()]
+    presets = [preset.strip() for preset in args.presets.split(",") if preset.strip()]
+    levels = [level.strip() for level in args.levels.split(",") if level.strip()]
     if unknown := set(levels) - set(LEVELS):
         raise UserError(f"unknown level(s) {sorted(unknown)}; choose from {', '.join(LEVELS)}")
     if args.batch < 1 or not 2 <= args.seq_len or args.repeats < 1 or args.triton_requests < 1:
@@ -184,12 +189,54 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     feeds = make_batch(args.batch, args.seq_len)
     work = Path(tempfile.mkdtemp(prefix="routerkt-throughput-"))
+    models, onnx, runners, flops = _in_process_levels(args, presets, levels, feeds, work)
+    with ExitStack() as stack:                  # closes the Triton clients, then stops Triton
+        if "triton" in levels:
+            build_repository(presets, models, onnx, work / "repository", args.batch, args.seq_len, args.threads)
+            server = start_triton(stack, work / "repository", None)
+            for preset in presets:
+                runners[("triton", preset)] = TritonLevel(server.grpc_url, preset, args.triton_requests)
+                stack.callback(runners[("triton", preset)].close)
+        peak = matmul_peak_gflops()
+        samples = _interleaved(runners, [(level, preset) for preset in presets for level in levels], feeds, args)
+    results = {level: {preset: statistics.median(samples[(level, preset)]) for preset in presets} for level in levels}
+    spread = {level: {preset: [min(samples[(level, preset)]), max(samples[(level, preset)])] for preset in presets}
+              for level in levels}
+    settings = {"batch": args.batch, "seq_len": args.seq_len, "repeats": args.repeats, "warmup": args.warmup,
+                "threads": args.threads, "triton_requests": args.triton_requests, "machine": platform.processor()
+                or platform.machine(), "cpus": __import__("os").cpu_count(), "torch": torch.__version__,
+                "date": time.strftime("%Y-%m-%d")}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "throughput.json").write_text(json.dumps({**results, "spread": spread, "settings": settings,
+                                                     "flops_per_sample": flops, "matmul_peak_gflops": peak},
+                                                    indent=2) + "\n")
+    lines = table(results, presets, levels) + peak_lines(results, presets, levels, flops, peak)
+    (out / "throughput.md").write_text("\n".join(lines) + "\n")
+    from training.plots import grouped_bars
+    grouped_bars({level: {LABELS.get(preset, preset): results[level][preset] for preset in presets}
+                  for level in levels}, out / "throughput_chart.png", "samples / s",
+                 f"inference throughput, batch {args.batch}, length {args.seq_len}, {settings['cpus']} CPUs")
+    print("\n".join(lines))
+    print(f"\nwrote {out / 'throughput.json'}, {out / 'throughput.md'}, {out / 'throughput_chart.png'}")
+    return 0
+
+
+def _in_process_levels(args: argparse.Namespace, presets: list[str], levels: list[str],
+                       feeds: dict[str, np.ndarray], work: Path) -> tuple[dict, dict, dict, dict]:
+    """Per preset: the model (random weights, seed 0), its ONNX export (parity checked) in `work`, the
+    runners of the in-process levels and its FLOPs per sample; (models, onnx paths, runners, flops)."""
+    import torch
+
+    from export.attention_fusion import fuse_attention_file
+    from export.onnx_export import check_parity, export_onnx
+    from training.models.registry import build_model, preset_config, with_vocab
+
     models, onnx, runners, flops = {}, {}, {}, {}
     for preset in presets:
-        cfg = with_vocab(preset_config(preset), N_QUESTIONS, N_SKILLS)
-        cfg.max_len = args.seq_len
+        config = with_vocab(preset_config(preset), N_QUESTIONS, N_SKILLS)
+        config.max_len = args.seq_len
         torch.manual_seed(0)
-        models[preset] = build_model(cfg).eval()
+        models[preset] = build_model(config).eval()
         onnx[preset] = work / f"{preset}.onnx"
         export_onnx(models[preset], onnx[preset])
         parity = check_parity(models[preset], onnx[preset], shapes=((4, args.seq_len),))
@@ -203,40 +250,21 @@ def run(args: argparse.Namespace) -> int:
             print(f"{preset}: {report.describe()}; parity {parity.max_abs_diff:.1e}", file=sys.stderr)
             runners[("onnxruntime-fused", preset)] = OrtLevel(fused, args.threads)
         flops[preset] = flops_per_sample(models[preset], feeds)
-    with ExitStack() as stack:                  # closes the Triton clients, then stops Triton
-        if "triton" in levels:
-            build_repository(presets, models, onnx, work / "repository", args.batch, args.seq_len, args.threads)
-            server = start_triton(stack, work / "repository", None)
-            for preset in presets:
-                runners[("triton", preset)] = TritonLevel(server.grpc_url, preset, args.triton_requests)
-                stack.callback(runners[("triton", preset)].close)
-        peak = matmul_peak_gflops()
-        keys = [(lv, p) for p in presets for lv in levels]
+    return models, onnx, runners, flops
+
+
+def _interleaved(runners: dict, keys: list[tuple[str, str]], feeds: dict[str, np.ndarray],
+                 args: argparse.Namespace) -> dict[tuple[str, str], list[float]]:
+    """`--warmup` calls of every (level, preset), then `--repeats` rounds visiting each once, in turn;
+    samples/s of every timed call per (level, preset)."""
+    for key in keys:
+        for _ in range(args.warmup):
+            runners[key](feeds)
+    samples: dict[tuple[str, str], list[float]] = {key: [] for key in keys}
+    for repeat in range(args.repeats):
         for key in keys:
-            for _ in range(args.warmup):
-                runners[key](feeds)
-        samples: dict[tuple[str, str], list[float]] = {k: [] for k in keys}
-        for rep in range(args.repeats):
-            for key in keys:
-                started = time.perf_counter()
-                runners[key](feeds)
-                samples[key].append(args.batch / (time.perf_counter() - started))
-            print(f"repeat {rep + 1}/{args.repeats} done", file=sys.stderr)
-    results = {lv: {p: statistics.median(samples[(lv, p)]) for p in presets} for lv in levels}
-    spread = {lv: {p: [min(samples[(lv, p)]), max(samples[(lv, p)])] for p in presets} for lv in levels}
-    settings = {"batch": args.batch, "seq_len": args.seq_len, "repeats": args.repeats, "warmup": args.warmup,
-                "threads": args.threads, "triton_requests": args.triton_requests, "machine": platform.processor()
-                or platform.machine(), "cpus": __import__("os").cpu_count(), "torch": torch.__version__,
-                "date": time.strftime("%Y-%m-%d")}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "throughput.json").write_text(json.dumps({**results, "spread": spread, "settings": settings,
-                                                     "flops_per_sample": flops, "matmul_peak_gflops": peak},
-                                                    indent=2) + "\n")
-    lines = table(results, presets, levels) + peak_lines(results, presets, levels, flops, peak)
-    (out / "throughput.md").write_text("\n".join(lines) + "\n")
-    from training.plots import grouped_bars
-    grouped_bars({lv: {LABELS.get(p, p): results[lv][p] for p in presets} for lv in levels}, out / "throughput_chart.png",
-                 "samples / s", f"inference throughput, batch {args.batch}, length {args.seq_len}, {settings['cpus']} CPUs")
-    print("\n".join(lines))
-    print(f"\nwrote {out / 'throughput.json'}, {out / 'throughput.md'}, {out / 'throughput_chart.png'}")
-    return 0
+            started = time.perf_counter()
+            runners[key](feeds)
+            samples[key].append(args.batch / (time.perf_counter() - started))
+        print(f"repeat {repeat + 1}/{args.repeats} done", file=sys.stderr)
+    return samples

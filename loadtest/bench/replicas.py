@@ -1,5 +1,6 @@
-"""`routerkt bench replicas`: one gateway over 1 Triton vs one gateway over 2 Triton replicas
-(`--triton-url A,B`), side by side in one run.
+"""`routerkt bench replicas`: one gateway over 1 Triton vs one over 2 Triton replicas, in one run.
+
+The second gateway gets both replicas as `--triton-url A,B`; the two setups run side by side.
 
     routerkt bench replicas [--repository model_repository] [--model NAME] [--seconds 8] [--callers 8]
                             [--rounds 2] [--history 50] [--candidates 4] [--out bench/replicas]
@@ -19,6 +20,7 @@ import os
 import sys
 import time
 from contextlib import ExitStack
+from pathlib import Path
 
 from loadtest.closed_loop import run_phase, summary
 from loadtest.harness import (GatewayProcess, add_common_flags, gateway_over, start_tritons, stop_children_on_sigterm,
@@ -56,11 +58,7 @@ def format_table(results: dict[str, dict]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    import grpc
-
     from serving.api import knowledge_tracing_pb2 as pb
-    from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
-    from serving.client import connect
 
     if args.seconds <= 0 or args.callers < 1 or args.rounds < 1 or args.history < 0 or args.candidates < 1:
         raise UserError("--seconds must be > 0, --callers, --rounds and --candidates >= 1, --history >= 0")
@@ -68,48 +66,23 @@ def run(args: argparse.Namespace) -> int:
     repository = args.repository.resolve()
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    q = vocabulary.questions
+    questions = vocabulary.questions
     request = pb.PredictRequest(
         model=vocabulary.model,
-        history=[pb.Interaction(question_id=q[(7 * i) % len(q)], correct=i % 2) for i in range(args.history)],
-        candidates=[pb.Candidate(question_id=q[(3 * j) % len(q)]) for j in range(args.candidates)])
+        history=[pb.Interaction(question_id=questions[(7 * i) % len(questions)], correct=i % 2)
+                 for i in range(args.history)],
+        candidates=[pb.Candidate(question_id=questions[(3 * j) % len(questions)]) for j in range(args.candidates)])
     with ExitStack() as stack:
         stop_children_on_sigterm(stack)                          # SIGTERM: stop what we started, too
-        tritons = start_tritons(stack, repository, out, ["triton-0", "triton-1"])
-        gateways = {}
-        for setup, urls in zip(SETUPS, (tritons[0].grpc_url, ",".join(t.grpc_url for t in tritons))):
-            gateway = gateway_over(repository, urls, out / f"gateway-{setup.split()[0]}").start()
-            stack.callback(gateway.stop)
-            gateways[setup] = gateway
-        for replicas, gateway in enumerate(gateways.values(), start=1):
-            wait_replicas(gateway, replicas)
-        stubs = {}
-        for setup, gateway in gateways.items():
-            channel = stack.enter_context(connect(gateway.address))
-            stubs[setup] = pb_grpc.KnowledgeTracingServiceStub(channel)
-            try:
-                for _ in range(20):                       # warm-up (connections, first inferences)
-                    stubs[setup].Predict(request, timeout=30.0)
-            except grpc.RpcError as exc:
-                raise UserError(f"warm-up Predict on the gateway ({setup}) failed: {exc.code().name}") from None
+        gateways, stubs = _start_setups(stack, repository, out, request)
         print(f"model {vocabulary.model} v{vocabulary.version}; {args.callers} callers, {args.seconds:g} s per "
               f"phase, {args.rounds} round(s), Predict with {args.history} interactions and {args.candidates} "
               f"candidates; {os.cpu_count()} CPUs", file=sys.stderr)
-        collected: dict[str, tuple[list[float], list[str], float]] = {s: ([], [], 0.0) for s in SETUPS}
         before = replica_inferences(gateways[SETUPS[1]])
-        for round_ in range(args.rounds):
-            for setup in SETUPS:
-                latencies, failures, wall = run_phase(lambda stub=stubs[setup]: stub.Predict(request, timeout=CALL_TIMEOUT_S),
-                                                     args.callers, args.seconds)
-                all_latencies, all_failures, total = collected[setup]
-                all_latencies.extend(latencies)
-                all_failures.extend(failures)
-                collected[setup] = (all_latencies, all_failures, total + wall)
-                print(f"round {round_ + 1} {setup}: {len(latencies) / wall:.1f} calls/s, "
-                      f"{len(failures)} failed", file=sys.stderr)
+        collected = _interleaved(stubs, request, args)
         after = replica_inferences(gateways[SETUPS[1]])
     results = {setup: summary(*collected[setup]) for setup in SETUPS}
-    one, two = (results[s]["calls_per_s"] for s in SETUPS)
+    one, two = (results[setup]["calls_per_s"] for setup in SETUPS)
     ratio = two / one if one else None
     split = {replica: after.get(replica, 0.0) - before.get(replica, 0.0) for replica in sorted(after)}
     report = {"model": vocabulary.model, "version": vocabulary.version, "results": results,
@@ -123,3 +96,47 @@ def run(args: argparse.Namespace) -> int:
     print("2 replicas, inferences per replica: " + ", ".join(f"{k}: {v:.0f}" for k, v in split.items()))
     print(f"wrote {out / 'replicas.json'}")
     return 1 if any(r["failures"] for r in results.values()) else 0
+
+
+def _start_setups(stack: ExitStack, repository: Path, out: Path, request) -> tuple[dict[str, GatewayProcess], dict]:
+    """Two Tritons, a gateway over the first alone and one over both, each with all its replicas ready and
+    warmed up; (the gateways, their stubs) per setup."""
+    import grpc
+
+    from serving.api import knowledge_tracing_pb2_grpc as service
+    from serving.client import connect
+
+    tritons = start_tritons(stack, repository, out, ["triton-0", "triton-1"])
+    gateways = {}
+    for setup, urls in zip(SETUPS, (tritons[0].grpc_url, ",".join(triton.grpc_url for triton in tritons))):
+        gateway = gateway_over(repository, urls, out / f"gateway-{setup.split()[0]}").start()
+        stack.callback(gateway.stop)
+        gateways[setup] = gateway
+    for replicas, gateway in enumerate(gateways.values(), start=1):
+        wait_replicas(gateway, replicas)
+    stubs = {}
+    for setup, gateway in gateways.items():
+        channel = stack.enter_context(connect(gateway.address))
+        stubs[setup] = service.KnowledgeTracingServiceStub(channel)
+        try:
+            for _ in range(20):                       # warm-up (connections, first inferences)
+                stubs[setup].Predict(request, timeout=30.0)
+        except grpc.RpcError as exc:
+            raise UserError(f"warm-up Predict on the gateway ({setup}) failed: {exc.code().name}") from None
+    return gateways, stubs
+
+
+def _interleaved(stubs: dict, request, args: argparse.Namespace) -> dict[str, tuple[list[float], list[str], float]]:
+    """`--rounds` rounds of one phase per setup, in turn; per setup the pooled (latencies, failures, wall s)."""
+    collected: dict[str, tuple[list[float], list[str], float]] = {setup: ([], [], 0.0) for setup in SETUPS}
+    for round_ in range(args.rounds):
+        for setup in SETUPS:
+            latencies, failures, wall = run_phase(
+                lambda stub=stubs[setup]: stub.Predict(request, timeout=CALL_TIMEOUT_S), args.callers, args.seconds)
+            all_latencies, all_failures, total = collected[setup]
+            all_latencies.extend(latencies)
+            all_failures.extend(failures)
+            collected[setup] = (all_latencies, all_failures, total + wall)
+            print(f"round {round_ + 1} {setup}: {len(latencies) / wall:.1f} calls/s, "
+                  f"{len(failures)} failed", file=sys.stderr)
+    return collected

@@ -1,4 +1,7 @@
-"""`routerkt bench retrain`: wall time and peak memory of the store export, training and evaluation of `routerkt retrain`, per store size and kind."""
+"""`routerkt bench retrain`: wall time and peak memory of `routerkt retrain`'s stages, per store size and kind.
+
+The stages: the store export (`routerkt sessions export`), the training and the evaluation.
+"""
 from __future__ import annotations
 
 import argparse
@@ -40,10 +43,12 @@ async def fill_store(url: str, frame, secret: bytes, t0_ms: int = 1_000_000, kee
     try:
         for user, rows in frame.groupby("user_id", sort=False):
             key = keys.learner(f"learner-{user}")
-            batch.append((key, [StoredEvent(keys.event(key, str(o)), int(q), tuple(int(s) for s in str(sk).split(";")),
-                                            int(c), t0_ms + int(o) * 1000 + int(user) % 1000)
-                                for o, q, sk, c in zip(rows["order"], rows["question_id"], rows["skill_id"],
-                                                       rows["correct"])]))
+            events = [StoredEvent(keys.event(key, str(order)), int(question),
+                                  tuple(int(skill) for skill in str(skills).split(";")), int(correct),
+                                  t0_ms + int(order) * 1000 + int(user) % 1000)
+                      for order, question, skills, correct in zip(rows["order"], rows["question_id"],
+                                                                  rows["skill_id"], rows["correct"])]
+            batch.append((key, events))
             if len(batch) == 256:
                 stored += sum(r.stored for r in await store.append_many(batch, keep, 1))
                 batch = []
@@ -118,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
                                               str(out / "events.csv")], args.out / f"export-{size}-{kind}.log")
                 if code != 0:
                     raise UserError(f"sessions export failed (log {args.out / f'export-{size}-{kind}.log'})")
-                row.update(export_s=round(wall, 1), export_peak_mb=round(peak), export_events_per_s=round(events / wall))
+                row.update(export_s=round(wall, 1), export_peak_mb=round(peak),
+                           export_events_per_s=round(events / wall))
                 if repo is not None and size <= args.retrain_up_to:
                     folder = out / f"retrain-{size}-{kind}"
                     command = [*ROUTERKT, "retrain", "--store", url, "--repository", str(repo), "--model", "kt",
@@ -131,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
                     report = json.loads((folder / "report.json").read_text())
                     row.update(retrain_s=round(wall, 1), retrain_peak_mb=round(peak),
                                stages_s=report["seconds"], epochs_run=report["training"]["epochs_run"],
-                               served_auc=round(report["served"]["auc"], 4), new_auc=round(report["candidate"]["auc"], 4))
+                               served_auc=round(report["served"]["auc"], 4),
+                               new_auc=round(report["candidate"]["auc"], 4))
                 results.append(row)
                 print(json.dumps(row), flush=True)
                 atomic_write_json(args.out / "retrain.json", {"preset": args.preset, "cpus": os.cpu_count(),

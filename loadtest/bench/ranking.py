@@ -1,5 +1,6 @@
-"""`routerkt bench ranking`: history-once ranking (the rank graph) vs one window per candidate (the
-score graph), for N candidates, side by side in one interleaved run.
+"""`routerkt bench ranking`: history-once ranking (rank graph) vs one window per candidate (score graph).
+
+For N candidates, side by side in one interleaved run.
 
     routerkt bench ranking [--repository model_repository] [--model NAME] [--n 1,4,16,20,64]
                            [--repeats 30] [--threads 2] [--out bench/ranking] [--mastery]
@@ -26,6 +27,7 @@ import tempfile
 import time
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -52,15 +54,20 @@ def percentile(values: list[float], q: float) -> float:
 
 def ort_inputs(window: int, n: int, n_questions: int, n_skills: int, rng: np.random.Generator):
     """(rank feeds, score feeds) for one learner with a full history and n candidates."""
-    h = window - 1
-    hq, hs = rng.integers(FIRST_ID, n_questions, (1, h)), rng.integers(FIRST_ID, n_skills, (1, h))
-    hr = rng.integers(0, 2, (1, h))
-    cq, cs = rng.integers(FIRST_ID, n_questions, (1, n)), rng.integers(FIRST_ID, n_skills, (1, n))
-    hs, cs = hs[..., None], cs[..., None]                      # one-skill sets [1, h, 1], [1, n, 1]
-    rank = dict(zip(RANK.input_names, (hq, hs, hr, cq, cs)))
-    score = dict(zip(SCORE.input_names, (np.concatenate([np.repeat(hq, n, 0), cq.T], 1),
-                                         np.concatenate([np.repeat(hs, n, 0), cs.transpose(1, 0, 2)], 1),
-                                         np.concatenate([np.repeat(hr, n, 0), np.zeros((n, 1), np.int64)], 1))))
+    length = window - 1
+    history_questions = rng.integers(FIRST_ID, n_questions, (1, length))
+    history_skills = rng.integers(FIRST_ID, n_skills, (1, length))
+    history_correct = rng.integers(0, 2, (1, length))
+    candidate_questions = rng.integers(FIRST_ID, n_questions, (1, n))
+    candidate_skills = rng.integers(FIRST_ID, n_skills, (1, n))
+    # one-skill sets [1, length, 1], [1, n, 1]
+    history_skills, candidate_skills = history_skills[..., None], candidate_skills[..., None]
+    rank = dict(zip(RANK.input_names, (history_questions, history_skills, history_correct,
+                                       candidate_questions, candidate_skills)))
+    windows = (np.concatenate([np.repeat(history_questions, n, 0), candidate_questions.T], 1),
+               np.concatenate([np.repeat(history_skills, n, 0), candidate_skills.transpose(1, 0, 2)], 1),
+               np.concatenate([np.repeat(history_correct, n, 0), np.zeros((n, 1), np.int64)], 1))
+    score = dict(zip(SCORE.input_names, windows))
     return {k: v.astype(np.int64) for k, v in rank.items()}, {k: v.astype(np.int64) for k, v in score.items()}
 
 
@@ -96,6 +103,27 @@ def run(args: argparse.Namespace) -> int:
     folder = version_dir(args.repository, name, version)
     if not (folder / RANK_ONNX_FILE).is_file():
         raise UserError(f"{folder} has no {RANK_ONNX_FILE}: re-export the model")
+    times = _timed_calls(args, name, version, info, counts)
+    rows = _rows(times, counts)
+    _print_rows(rows, counts)
+    atomic_write_json(args.out / "ranking.json", {"model": name, "version": version, "window": info.window,
+                                                  "repeats": args.repeats, "threads": args.threads, "rows": rows,
+                                                  "date": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    _plot(rows, counts, args.out / "ranking.png")
+    print(f"wrote {args.out / 'ranking.json'} and {args.out / 'ranking.png'}")
+    return 0
+
+
+def _timed_calls(args: argparse.Namespace, name: str, version: int, info,
+                 counts: list[int]) -> dict[tuple[str, str, int], list[float]]:
+    """Seconds of every call per (level, method, N) of the model's `version` (`info`: its model_info):
+    each repetition visits every (N, method, level) once, in turn; the gateway's level over a
+    temporary two-model repository and its own Triton."""
+    import grpc
+
+    from serving.api import knowledge_tracing_pb2_grpc as service
+
+    folder = version_dir(args.repository, name, version)
     rng = np.random.default_rng(0)
     sessions = {"rank": cpu_session(folder / RANK_ONNX_FILE, args.threads),
                 "windows": cpu_session(folder / ONNX_FILE, args.threads)}
@@ -103,26 +131,15 @@ def run(args: argparse.Namespace) -> int:
     outputs = {"rank": CANDIDATE_PROBS, "windows": PROBS}
     times: dict[tuple[str, str, int], list[float]] = {}
     args.out.mkdir(parents=True, exist_ok=True)
-
     with ExitStack() as stack:
-        import grpc
-
-        from serving.api import knowledge_tracing_pb2 as pb
-        from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
-
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="routerkt-ranking-")))
         two_model_repository(args.repository, name, version, tmp / "repo")
         triton = start_triton(stack, tmp / "repo", args.out)
         target = start_gateway(stack, tmp / "repo", name, triton.grpc_url)
         deadline = time.monotonic() + 120
         channel = stack.enter_context(grpc.insecure_channel(target))
-        stub = pb_grpc.KnowledgeTracingServiceStub(channel)
-        questions = sorted(read_vocab(args.repository, name, version).questions)
-        history = [pb.Interaction(question_id=questions[(7 * i) % len(questions)], correct=i % 2)
-                   for i in range(info.window - 1)]
-        requests = {(m, n): pb.PredictRequest(model=m, history=history, candidates=[
-            pb.Candidate(question_id=questions[(11 * j) % len(questions)]) for j in range(n)])
-            for m in (name, f"{name}-windows") for n in counts}
+        stub = service.KnowledgeTracingServiceStub(channel)
+        requests = _predict_requests(args.repository, name, version, info.window, counts)
         while True:                                              # both Triton models answering
             try:
                 for request in requests.values():
@@ -144,33 +161,50 @@ def run(args: argparse.Namespace) -> int:
                     started = time.perf_counter()
                     stub.Predict(requests[(model, n)], timeout=30.0)
                     times.setdefault(("gateway", method, n), []).append(time.perf_counter() - started)
+    return times
 
+
+def _predict_requests(repository: Path, name: str, version: int, window: int,
+                      counts: list[int]) -> dict[tuple[str, int], Any]:
+    """One Predict per (Triton model, N): a full history and N candidates, the same for both models."""
+    from serving.api import knowledge_tracing_pb2 as pb
+
+    questions = sorted(read_vocab(repository, name, version).questions)
+    history = [pb.Interaction(question_id=questions[(7 * i) % len(questions)], correct=i % 2)
+               for i in range(window - 1)]
+    return {(model, n): pb.PredictRequest(model=model, history=history, candidates=[
+        pb.Candidate(question_id=questions[(11 * j) % len(questions)]) for j in range(n)])
+        for model in (name, f"{name}-windows") for n in counts}
+
+
+def _rows(times: dict[tuple[str, str, int], list[float]], counts: list[int]) -> list[dict]:
+    """Per level and N: p50 / p99 ms and candidates/s of both methods, and rank's speed-up."""
     rows = []
     for level in ("onnxruntime", "gateway"):
         for n in counts:
-            cells = {m: times[(level, m, n)] for m in ("rank", "windows")}
-            p50 = {m: percentile(v, 50) * 1000 for m, v in cells.items()}
-            p99 = {m: percentile(v, 99) * 1000 for m, v in cells.items()}
-            cps = {m: n / statistics.mean(v) for m, v in cells.items()}
-            rows.append({"level": level, "n": n, "p50_ms": p50, "p99_ms": p99, "candidates_per_s": cps,
-                         "speedup": cps["rank"] / cps["windows"]})
+            cells = {method: times[(level, method, n)] for method in ("rank", "windows")}
+            p50 = {method: percentile(values, 50) * 1000 for method, values in cells.items()}
+            p99 = {method: percentile(values, 99) * 1000 for method, values in cells.items()}
+            per_s = {method: n / statistics.mean(values) for method, values in cells.items()}
+            rows.append({"level": level, "n": n, "p50_ms": p50, "p99_ms": p99, "candidates_per_s": per_s,
+                         "speedup": per_s["rank"] / per_s["windows"]})
+    return rows
+
+
+def _print_rows(rows: list[dict], counts: list[int]) -> None:
     print("| level | N | rank p50 / p99 ms | windows p50 / p99 ms | rank cand/s | windows cand/s | rank / windows |")
     print("|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['level']} | {r['n']} | {r['p50_ms']['rank']:.2f} / {r['p99_ms']['rank']:.2f} | "
-              f"{r['p50_ms']['windows']:.2f} / {r['p99_ms']['windows']:.2f} | {r['candidates_per_s']['rank']:,.0f} | "
-              f"{r['candidates_per_s']['windows']:,.0f} | {r['speedup']:.1f}x |")
+    for row in rows:
+        p50, p99, per_s = row["p50_ms"], row["p99_ms"], row["candidates_per_s"]
+        print(f"| {row['level']} | {row['n']} | {p50['rank']:.2f} / {p99['rank']:.2f} | "
+              f"{p50['windows']:.2f} / {p99['windows']:.2f} | {per_s['rank']:,.0f} | "
+              f"{per_s['windows']:,.0f} | {row['speedup']:.1f}x |")
     for level in ("onnxruntime", "gateway"):
-        base = next(r for r in rows if r["level"] == level and r["n"] == counts[0])["p50_ms"]["rank"]
-        for r in rows:
-            if r["level"] == level and r["n"] != counts[0]:
-                print(f"{level}: rank p50 at N={r['n']} is {r['p50_ms']['rank'] / base:.2f}x that at N={counts[0]}")
-    atomic_write_json(args.out / "ranking.json", {"model": name, "version": version, "window": info.window,
-                                                  "repeats": args.repeats, "threads": args.threads, "rows": rows,
-                                                  "date": time.strftime("%Y-%m-%dT%H:%M:%S")})
-    _plot(rows, counts, args.out / "ranking.png")
-    print(f"wrote {args.out / 'ranking.json'} and {args.out / 'ranking.png'}")
-    return 0
+        base = next(row for row in rows if row["level"] == level and row["n"] == counts[0])["p50_ms"]["rank"]
+        for row in rows:
+            if row["level"] == level and row["n"] != counts[0]:
+                print(f"{level}: rank p50 at N={row['n']} is {row['p50_ms']['rank'] / base:.2f}x "
+                      f"that at N={counts[0]}")
 
 
 def _plot(rows: list[dict], counts: list[int], path: Path) -> None:

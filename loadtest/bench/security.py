@@ -1,5 +1,4 @@
-"""`routerkt bench security`: what TLS + API-key authentication cost, and what the limit on failed
-keys costs the authorised callers, side by side.
+"""`routerkt bench security`: the cost of TLS + API keys, and of the failed-key limit to authorised callers.
 
 One Triton, three in-process gateways over it: `plain`; `secure`, which serves TLS (a certificate
 made for this run with the `openssl` command, under OUT/pki) and checks an API key (a `predict`
@@ -112,7 +111,6 @@ def _phase(channels: list, request, seconds: float, attackers: list | None = Non
 
 def run(args: argparse.Namespace) -> int:
     from serving.api import knowledge_tracing_pb2 as pb
-    from serving.client import connect
     from serving.security.api_keys import issue_key
 
     callers = [int(c) for c in args.callers.split(",") if c.strip()]
@@ -127,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     token = issue_key(keys, "bench", ["predict"])
     request = pb.PredictRequest(model=vocabulary.model, history=[
         pb.Interaction(question_id=questions[i % len(questions)], correct=i % 2) for i in range(50)],
-        candidates=[pb.Candidate(question_id=q) for q in questions[:4]])
+        candidates=[pb.Candidate(question_id=question) for question in questions[:4]])
     results: dict[int, dict[str, dict[str, list]]] = {}
     with ExitStack() as stack:
         stop_children_on_sigterm(stack)
@@ -138,50 +136,70 @@ def run(args: argparse.Namespace) -> int:
                    "secure": start_gateway(stack, repository, vocabulary.model, triton.grpc_url, **secure,
                                            auth_failure_burst=0),
                    "limited": start_gateway(stack, repository, vocabulary.model, triton.grpc_url, **secure)}
-        ca_pem = ca.read_bytes()
-        wrong = token.split(".", 1)[0] + ".not-the-secret"
-        for n in callers:
-            channels = {"plain": [connect(targets["plain"]) for _ in range(n)],
-                        **{m: [connect(targets[m], api_key=token, tls_ca=ca_pem) for _ in range(n)] for m in KEYED}}
-            attackers = {m: [connect(targets[m], api_key=wrong, tls_ca=ca_pem) for _ in range(args.attackers)]
-                         for m in KEYED}
-            for mode in MODES:
-                for channel in channels[mode] + attackers.get(mode, []):
-                    stack.callback(channel.close)
-                _phase(channels[mode], request, 1.0)                       # warm-up: handshakes, first calls
-            results[n] = {mode: {"ms": [], "rate": [], "round_p50": [], "attackers": {}} for mode in MODES}
-            print(f"{n} caller(s), {args.attackers} attacker(s) in the keyed phases: {args.rounds} rounds of "
-                  f"{args.seconds:g} s per mode, rotating", file=sys.stderr)
-            for r in range(args.rounds):
-                for mode in MODES[r % 3:] + MODES[:r % 3]:
-                    ms, rate, refused = _phase(channels[mode], request, args.seconds, attackers.get(mode))
-                    results[n][mode]["ms"].extend(ms)
-                    results[n][mode]["rate"].append(rate)
-                    results[n][mode]["round_p50"].append(float(np.percentile(ms, 50)))
-                    for code, count in refused.items():
-                        results[n][mode]["attackers"][code] = results[n][mode]["attackers"].get(code, 0) + count
-    report = {}
-    print("| callers | mode | p50 ms | p99 ms | calls/s | p50 / plain | calls/s / plain | per-round p50 ms | "
-          "wrong-key calls answered |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for n, modes in results.items():
-        row = {m: {"p50_ms": float(np.percentile(modes[m]["ms"], 50)), "p99_ms": float(np.percentile(modes[m]["ms"], 99)),
-                   "calls_per_s": float(np.mean(modes[m]["rate"])), "calls": len(modes[m]["ms"]),
-                   "round_p50_ms": modes[m]["round_p50"], "attackers": modes[m]["attackers"]} for m in MODES}
-        for m in MODES:
-            p50_ratio = row[m]["p50_ms"] / row["plain"]["p50_ms"]
-            rate_ratio = row[m]["calls_per_s"] / row["plain"]["calls_per_s"]
-            rounds = ", ".join(f"{x:.2f}" for x in row[m]["round_p50_ms"])
-            answered = ", ".join(f"{c} {k}" for c, k in sorted(row[m]["attackers"].items())) or "-"
-            print(f"| {n} | {m} | {row[m]['p50_ms']:.2f} | {row[m]['p99_ms']:.2f} | {row[m]['calls_per_s']:.0f} | "
-                  f"{p50_ratio:.2f} | {rate_ratio:.2f} | {rounds} | {answered} |")
-        limited_over_secure = row["limited"]["p50_ms"] / row["secure"]["p50_ms"]
-        print(f"{n} caller(s): p50 limited/secure {limited_over_secure:.3f}", file=sys.stderr)
-        report[str(n)] = {**row, "p50_secure_over_plain": row["secure"]["p50_ms"] / row["plain"]["p50_ms"],
-                          "rate_secure_over_plain": row["secure"]["calls_per_s"] / row["plain"]["calls_per_s"],
-                          "p50_limited_over_secure": limited_over_secure}
+        for count in callers:
+            results[count] = _rotations(stack, args, targets, token, ca.read_bytes(), request, count)
+    report = _print_table(results)
     (args.out / "security.json").write_text(json.dumps(
         {"callers": report, "seconds": args.seconds, "rounds": args.rounds, "attackers": args.attackers,
          "cpus": os.cpu_count(),
          "date": time.strftime("%Y-%m-%dT%H:%M:%S")}, indent=2) + "\n")
     return 0
+
+
+def _rotations(stack: ExitStack, args: argparse.Namespace, targets: dict[str, str], token: str, ca_pem: bytes,
+               request, count: int) -> dict[str, dict[str, list]]:
+    """`count` callers per mode (and `--attackers` with a wrong key in the keyed ones), warmed up, then
+    `--rounds` rotations of the three modes; per mode the latencies, rates, per-round p50 and the attackers'
+    status counts."""
+    from serving.client import connect
+
+    wrong = token.split(".", 1)[0] + ".not-the-secret"
+    channels = {"plain": [connect(targets["plain"]) for _ in range(count)],
+                **{mode: [connect(targets[mode], api_key=token, tls_ca=ca_pem) for _ in range(count)]
+                   for mode in KEYED}}
+    attackers = {mode: [connect(targets[mode], api_key=wrong, tls_ca=ca_pem) for _ in range(args.attackers)]
+                 for mode in KEYED}
+    for mode in MODES:
+        for channel in channels[mode] + attackers.get(mode, []):
+            stack.callback(channel.close)
+        _phase(channels[mode], request, 1.0)                       # warm-up: handshakes, first calls
+    collected: dict[str, dict] = {mode: {"ms": [], "rate": [], "round_p50": [], "attackers": {}} for mode in MODES}
+    print(f"{count} caller(s), {args.attackers} attacker(s) in the keyed phases: {args.rounds} rounds of "
+          f"{args.seconds:g} s per mode, rotating", file=sys.stderr)
+    for round_ in range(args.rounds):
+        for mode in MODES[round_ % 3:] + MODES[:round_ % 3]:
+            latencies, rate, refused = _phase(channels[mode], request, args.seconds, attackers.get(mode))
+            collected[mode]["ms"].extend(latencies)
+            collected[mode]["rate"].append(rate)
+            collected[mode]["round_p50"].append(float(np.percentile(latencies, 50)))
+            for code, calls in refused.items():
+                collected[mode]["attackers"][code] = collected[mode]["attackers"].get(code, 0) + calls
+    return collected
+
+
+def _print_table(results: dict[int, dict[str, dict[str, list]]]) -> dict[str, dict]:
+    """Prints the table (and limited/secure per caller count on stderr); the report per caller count."""
+    report = {}
+    print("| callers | mode | p50 ms | p99 ms | calls/s | p50 / plain | calls/s / plain | per-round p50 ms | "
+          "wrong-key calls answered |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for count, modes in results.items():
+        row = {mode: {"p50_ms": float(np.percentile(modes[mode]["ms"], 50)),
+                      "p99_ms": float(np.percentile(modes[mode]["ms"], 99)),
+                      "calls_per_s": float(np.mean(modes[mode]["rate"])), "calls": len(modes[mode]["ms"]),
+                      "round_p50_ms": modes[mode]["round_p50"], "attackers": modes[mode]["attackers"]}
+               for mode in MODES}
+        for mode in MODES:
+            cell = row[mode]
+            p50_ratio = cell["p50_ms"] / row["plain"]["p50_ms"]
+            rate_ratio = cell["calls_per_s"] / row["plain"]["calls_per_s"]
+            rounds = ", ".join(f"{p50:.2f}" for p50 in cell["round_p50_ms"])
+            answered = ", ".join(f"{code} {calls}" for code, calls in sorted(cell["attackers"].items())) or "-"
+            print(f"| {count} | {mode} | {cell['p50_ms']:.2f} | {cell['p99_ms']:.2f} | {cell['calls_per_s']:.0f} | "
+                  f"{p50_ratio:.2f} | {rate_ratio:.2f} | {rounds} | {answered} |")
+        limited_over_secure = row["limited"]["p50_ms"] / row["secure"]["p50_ms"]
+        print(f"{count} caller(s): p50 limited/secure {limited_over_secure:.3f}", file=sys.stderr)
+        report[str(count)] = {**row, "p50_secure_over_plain": row["secure"]["p50_ms"] / row["plain"]["p50_ms"],
+                              "rate_secure_over_plain": row["secure"]["calls_per_s"] / row["plain"]["calls_per_s"],
+                              "p50_limited_over_secure": limited_over_secure}
+    return report

@@ -1,5 +1,4 @@
-"""`routerkt bench cost`: what one Predict costs at each layer, and the Triton settings that cut it,
-side by side in one run.
+"""`routerkt bench cost`: what one Predict costs at each layer and the Triton settings that cut it, in one run.
 
     routerkt bench cost [--repository model_repository] [--model NAME] [--candidates 1]
                         [--queue-delays 0,100,500,2000] [--ort-threads 1,2] [--callers 1,8,32]
@@ -27,6 +26,7 @@ import shutil
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -114,12 +114,8 @@ def ort_level(rank_path: Path, feeds: dict[str, np.ndarray], threads: int) -> di
 
 
 def run(args: argparse.Namespace) -> int:
-    import tritonclient.grpc as triton_grpc
-
     from routerkt.contract import signature
     from serving.api import knowledge_tracing_pb2 as pb
-    from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
-    from serving.client import connect
 
     delays = _ints(args.queue_delays, "--queue-delays", 0)
     threads_list = _ints(args.ort_threads, "--ort-threads", 1)
@@ -134,58 +130,28 @@ def run(args: argparse.Namespace) -> int:
     if not rank_path.is_file():
         raise UserError(f"{rank_path} not found: this benchmark needs the rank graph (re-export the model)")
     window = int(json.loads((version_dir / signature.INFO_FILE).read_text())["window"])
-    q = vocabulary.questions
+    questions = vocabulary.questions
     request = pb.PredictRequest(
-        model=vocabulary.model, candidates=[pb.Candidate(question_id=q[(3 * j) % len(q)]) for j in range(args.candidates)],
-        history=[pb.Interaction(question_id=q[(7 * i) % len(q)], correct=i % 2) for i in range(window - 1)])
+        model=vocabulary.model,
+        candidates=[pb.Candidate(question_id=questions[(3 * j) % len(questions)]) for j in range(args.candidates)],
+        history=[pb.Interaction(question_id=questions[(7 * i) % len(questions)], correct=i % 2)
+                 for i in range(window - 1)])
     _, feeds = rank_feeds(source, request, vocabulary.model, vocabulary.version)
 
     print(f"model {vocabulary.model} v{vocabulary.version}, history {window - 1}, {args.candidates} candidate(s); "
           f"{os.cpu_count()} CPUs", file=sys.stderr)
     peak = matmul_peak_gflops()
-    ort = {t: ort_level(rank_path, feeds, t) for t in threads_list}
-    settings = [(d, t) for t in threads_list for d in delays]
-    cells: dict[tuple, tuple[list[float], list[str], float]] = {}
+    ort = {threads: ort_level(rank_path, feeds, threads) for threads in threads_list}
+    settings = [(delay, threads) for threads in threads_list for delay in delays]
     with ExitStack() as stack:
         stop_children_on_sigterm(stack)
-        calls = {}
-        for delay, threads in settings:
-            repo = setting_repository(source, vocabulary.model, out, delay, threads)
-            name = f"d{delay}-t{threads}"
-            triton = start_triton(stack, repo, out, f"triton-{name}")
-            gateway = gateway_over(repo, triton.grpc_url, out / f"gateway-{name}").start()
-            stack.callback(gateway.stop)
-            wait_replicas(gateway, 1)
-            client = triton_grpc.InferenceServerClient(triton.grpc_url)
-            stack.callback(client.close)
-            inputs = []
-            for spec in signature.RANK.inputs:
-                tensor = triton_grpc.InferInput(spec.name, list(feeds[spec.name].shape), spec.onnx_dtype)
-                tensor.set_data_from_numpy(feeds[spec.name])
-                inputs.append(tensor)
-            stub = pb_grpc.KnowledgeTracingServiceStub(stack.enter_context(connect(gateway.address)))
-            model, version = vocabulary.model, str(vocabulary.version)
-            calls[(delay, threads)] = {
-                "triton": lambda c=client, i=inputs: c.infer(model, i, model_version=version,
-                                                             client_timeout=CALL_TIMEOUT_S),
-                "gateway": lambda s=stub: s.Predict(request, timeout=CALL_TIMEOUT_S)}
-            for call in calls[(delay, threads)].values():     # warm-up: connections, first inferences
-                for _ in range(20):
-                    call()
-            print(f"setting {name}: ready", file=sys.stderr)
-        for round_ in range(args.rounds):
-            for setting in settings:
-                for callers in callers_list:
-                    for level in LEVELS:
-                        latencies, failures, wall = run_phase(calls[setting][level], callers, args.seconds)
-                        pooled = cells.get((*setting, callers, level), ([], [], 0.0))
-                        cells[(*setting, callers, level)] = (pooled[0] + latencies, pooled[1] + failures,
-                                                             pooled[2] + wall)
-            print(f"round {round_ + 1}/{args.rounds} done", file=sys.stderr)
-    results = {f"{level} d{d} t{t} c{c}": summary(*cells[(d, t, c, level)])
-               for d, t in settings for c in callers_list for level in LEVELS}
+        calls = {setting: _setting_calls(stack, source, out, vocabulary, setting, request, feeds)
+                 for setting in settings}
+        cells = _interleaved(calls, settings, callers_list, args.rounds, args.seconds)
+    results = {f"{level} d{delay} t{threads} c{callers}": summary(*cells[(delay, threads, callers, level)])
+               for delay, threads in settings for callers in callers_list for level in LEVELS}
     report = {"model": vocabulary.model, "version": vocabulary.version, "matmul_peak_gflops": peak,
-              "onnxruntime": {str(t): v for t, v in ort.items()}, "results": results,
+              "onnxruntime": {str(threads): level for threads, level in ort.items()}, "results": results,
               "settings": {"candidates": args.candidates, "history": window - 1, "seconds": args.seconds,
                            "rounds": args.rounds, "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%dT%H:%M:%S")}}
     atomic_write_json(out / "cost.json", report)
@@ -194,21 +160,77 @@ def run(args: argparse.Namespace) -> int:
     return 1 if any(r["failures"] for r in results.values()) else 0
 
 
+def _setting_calls(stack: ExitStack, source: Path, out: Path, vocabulary, setting: tuple[int, int], request,
+                   feeds: dict[str, np.ndarray]) -> dict[str, Callable[[], object]]:
+    """A Triton over a copy of the repository with `setting` (queue delay us, onnxruntime threads) and a
+    gateway over it, both warmed up; the call of each level: Triton's rank inference, the gateway's Predict."""
+    import tritonclient.grpc as triton_grpc
+
+    from routerkt.contract import signature
+    from serving.api import knowledge_tracing_pb2_grpc as service
+    from serving.client import connect
+
+    delay, threads = setting
+    repo = setting_repository(source, vocabulary.model, out, delay, threads)
+    name = f"d{delay}-t{threads}"
+    triton = start_triton(stack, repo, out, f"triton-{name}")
+    gateway = gateway_over(repo, triton.grpc_url, out / f"gateway-{name}").start()
+    stack.callback(gateway.stop)
+    wait_replicas(gateway, 1)
+    client = triton_grpc.InferenceServerClient(triton.grpc_url)
+    stack.callback(client.close)
+    inputs = []
+    for spec in signature.RANK.inputs:
+        tensor = triton_grpc.InferInput(spec.name, list(feeds[spec.name].shape), spec.onnx_dtype)
+        tensor.set_data_from_numpy(feeds[spec.name])
+        inputs.append(tensor)
+    stub = service.KnowledgeTracingServiceStub(stack.enter_context(connect(gateway.address)))
+    model, version = vocabulary.model, str(vocabulary.version)
+    calls = {"triton": lambda: client.infer(model, inputs, model_version=version, client_timeout=CALL_TIMEOUT_S),
+             "gateway": lambda: stub.Predict(request, timeout=CALL_TIMEOUT_S)}
+    for call in calls.values():                       # warm-up: connections, first inferences
+        for _ in range(20):
+            call()
+    print(f"setting {name}: ready", file=sys.stderr)
+    return calls
+
+
+Cell = tuple[list[float], list[str], float]             # pooled (latencies, failures, wall seconds)
+
+
+def _interleaved(calls: dict[tuple[int, int], dict[str, Callable[[], object]]], settings: list[tuple[int, int]],
+                 callers_list: list[int], rounds: int, seconds: float) -> dict[tuple, Cell]:
+    """Every (setting, callers, level) phase once per round, in turn; per (delay, threads, callers, level)
+    the pooled (latencies, failures, wall seconds)."""
+    cells: dict[tuple, Cell] = {}
+    for round_ in range(rounds):
+        for setting in settings:
+            for callers in callers_list:
+                for level in LEVELS:
+                    latencies, failures, wall = run_phase(calls[setting][level], callers, seconds)
+                    pooled = cells.get((*setting, callers, level), ([], [], 0.0))
+                    cells[(*setting, callers, level)] = (pooled[0] + latencies, pooled[1] + failures,
+                                                         pooled[2] + wall)
+        print(f"round {round_ + 1}/{rounds} done", file=sys.stderr)
+    return cells
+
+
 def format_report(report: dict, settings: list[tuple[int, int]], callers_list: list[int]) -> str:
     lines = [f"float32 matmul peak (numpy 2048^2): {report['matmul_peak_gflops']:.0f} GFLOP/s"]
-    for t, v in report["onnxruntime"].items():
-        lines.append(f"onnxruntime in-process, {t} thread(s): batch 1 p50 {v['batch1_p50_ms']:.2f} ms, "
-                     f"batch 512 {v['batch512_samples_per_s']:.0f} samples/s")
+    for threads, level in report["onnxruntime"].items():
+        lines.append(f"onnxruntime in-process, {threads} thread(s): batch 1 p50 {level['batch1_p50_ms']:.2f} ms, "
+                     f"batch 512 {level['batch512_samples_per_s']:.0f} samples/s")
     head = f"{'delay us':>8} {'threads':>7} {'callers':>7} | {'triton/s':>8} {'p50':>6} {'p99':>6} | " \
            f"{'gateway/s':>9} {'p50':>6} {'p99':>6} | {'gw/triton':>9} {'gw p50/ort':>10}"
     lines += [head, "-" * len(head)]
-    for d, t in settings:
-        ort_p50 = report["onnxruntime"][str(t)]["batch1_p50_ms"]
-        for c in callers_list:
-            tr, gw = (report["results"][f"{level} d{d} t{t} c{c}"] for level in LEVELS)
-            ratio = gw["calls_per_s"] / tr["calls_per_s"] if tr["calls_per_s"] else float("nan")
-            over = (gw["p50_ms"] or float("nan")) / ort_p50
-            lines.append(f"{d:>8} {t:>7} {c:>7} | {tr['calls_per_s']:>8.1f} {tr['p50_ms'] or 0:>6.1f} "
-                         f"{tr['p99_ms'] or 0:>6.1f} | {gw['calls_per_s']:>9.1f} {gw['p50_ms'] or 0:>6.1f} "
-                         f"{gw['p99_ms'] or 0:>6.1f} | {ratio:>8.2f}x {over:>9.2f}x")
+    for delay, threads in settings:
+        ort_p50 = report["onnxruntime"][str(threads)]["batch1_p50_ms"]
+        for callers in callers_list:
+            triton, gateway = (report["results"][f"{level} d{delay} t{threads} c{callers}"] for level in LEVELS)
+            ratio = gateway["calls_per_s"] / triton["calls_per_s"] if triton["calls_per_s"] else float("nan")
+            over = (gateway["p50_ms"] or float("nan")) / ort_p50
+            lines.append(f"{delay:>8} {threads:>7} {callers:>7} | {triton['calls_per_s']:>8.1f} "
+                         f"{triton['p50_ms'] or 0:>6.1f} {triton['p99_ms'] or 0:>6.1f} | "
+                         f"{gateway['calls_per_s']:>9.1f} {gateway['p50_ms'] or 0:>6.1f} "
+                         f"{gateway['p99_ms'] or 0:>6.1f} | {ratio:>8.2f}x {over:>9.2f}x")
     return "\n".join(lines)
