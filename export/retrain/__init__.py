@@ -1,6 +1,7 @@
 """`routerkt retrain` (export/cli_retrain.py), one concept per file.
 
-- run.py       the stages: policy and canary rule, export, split, train, evaluate, gate, publish, report
+- run.py       the stages: policy and canary rule, export, split, train, evaluate, gate, publish
+- report.py    the report: its table, report.json and report.txt
 - commands.py  its calls across the layers as child commands with JSON output (sessions export, rollout)
 - data.py      the forward-in-time split and the grown vocabulary
 - train.py     the training step (the served run's configuration, warm or from scratch)

@@ -1,4 +1,7 @@
-"""The retrain's calls across the layers, as commands with machine-readable output: `routerkt sessions export`, `routerkt rollout status/set/put --json` (through the gateway or on the file), and the gateway's /readyz."""
+"""The retrain's calls across the layers, as commands with machine-readable output.
+
+`routerkt sessions export`, `routerkt rollout status/set/put --json` (through the gateway or on the
+file), and the gateway's /readyz."""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,7 @@
-"""The retrain's data: the exported events split forward in time (train before the cutoff, held out after it) and the grown vocabulary."""
+"""The retrain's data: the exported events split forward in time, and the grown vocabulary.
+
+The rows before the cutoff are trained on; each learner's from its first event at or after the cutoff
+are held out."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -112,11 +115,13 @@ def split_events(events_csv: Path, train_csv: Path, cutoff_ms: int | None) -> Sp
     sizes = split.sizes
     if sizes["train_events"] < MIN_TRAIN_EVENTS or sizes["train_learners"] < MIN_TRAIN_LEARNERS:
         raise UserError(f"too few events for the split: {sizes['train_events']} events of {sizes['train_learners']} "
-                        f"learners before the cutoff {split.cutoff_text} (need {MIN_TRAIN_EVENTS} of {MIN_TRAIN_LEARNERS})")
+                        f"learners before the cutoff {split.cutoff_text} "
+                        f"(need {MIN_TRAIN_EVENTS} of {MIN_TRAIN_LEARNERS})")
     labels = split.correct[heldout]
     if labels.size < MIN_HELDOUT_EVENTS or labels.min() == labels.max():
-        raise UserError(f"too few events for the split: {labels.size} held-out events after the cutoff {split.cutoff_text} "
-                        f"(need {MIN_HELDOUT_EVENTS}, both answers present); choose another --cutoff")
+        raise UserError(f"too few events for the split: {labels.size} held-out events after the cutoff "
+                        f"{split.cutoff_text} (need {MIN_HELDOUT_EVENTS}, both answers present); "
+                        "choose another --cutoff")
     frame[~heldout].to_csv(train_csv, index=False, columns=["user_id", "order", "question_id", "skill_id", "correct"])
     return split
 

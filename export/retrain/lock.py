@@ -1,4 +1,6 @@
-"""One retrain at a time per model repository: an flock on a lock file inside it that names its holder (pid, host, since)."""
+"""One retrain at a time per model repository: an flock on a lock file inside it.
+
+The lock file names its holder (pid, host, since)."""
 from __future__ import annotations
 
 import fcntl

@@ -1,4 +1,6 @@
-"""The retrain's learner-data folder: mode 0700, files 0600, flocked while in use; the next retrain removes one a killed run left."""
+"""The retrain's learner-data folder: mode 0700, files 0600, flocked while in use.
+
+The next retrain removes one a killed run left."""
 from __future__ import annotations
 
 import fcntl

@@ -1,4 +1,7 @@
-"""`retrain`: export the store, split forward in time, train, score both versions on the held-out events, publish only past the offline gate, then canary.
+"""`retrain`, the stages of `routerkt retrain`: export, split, train, score, gate, publish, canary.
+
+The store is exported and split forward in time; the new model is trained, both versions are scored on the
+held-out events, and the new one is published only past the offline gate, then canaried.
 
 A canary still undecided when the retrain starts (docs/learning-loop.md, "An undecided canary"): until its
 candidate has `canary_patience` outcomes the retrain leaves it running and publishes nothing (exit 3); after
@@ -19,7 +22,7 @@ from typing import Iterator
 from export.retrain import commands
 from export.retrain.lock import retrain_lock
 from export.retrain.private import private_data, sweep
-from routerkt.atomic import atomic_write_bytes, atomic_write_json
+from routerkt.atomic import atomic_write_bytes
 from routerkt.contract.repository import latest_version, list_versions, read_model_info, read_vocab, version_dir
 from routerkt.contract.signature import CONFIG_FILE
 from routerkt.errors import UserError
@@ -109,7 +112,8 @@ def check_options(opts: RetrainOptions) -> None:
                         "(it writes the file it watches); give one of them")
     if not Path(opts.repository).is_dir():
         raise UserError(f"--repository {opts.repository}: no such model repository")
-    if not os.access(opts.repository, os.W_OK | os.X_OK) or not os.access(Path(opts.repository).resolve().parent, os.W_OK):
+    writable = os.access(opts.repository, os.W_OK | os.X_OK)
+    if not writable or not os.access(Path(opts.repository).resolve().parent, os.W_OK):
         raise UserError(f"the repository {opts.repository} is not writable (nor staging beside it)")
     if Path(opts.out).exists() and any(Path(opts.out).iterdir()):
         raise UserError(f"--out {opts.out} already holds files; choose a new folder")
@@ -128,10 +132,47 @@ def retrain(opts: RetrainOptions, log=print) -> tuple[int, Report]:
 
 
 def _run(opts: RetrainOptions, report: Report, log) -> int:
-    from export.retrain.data import split_events
-    from export.retrain.score import score_model, score_version
     started = time.perf_counter()
-    repo, out = Path(opts.repository), Path(opts.out)
+    repo = Path(opts.repository)
+    state, served = _served_state(opts, report, log)
+    if report.canary is not None and not report.canary["replace"]:
+        return _finish(report, "canary_undecided", report.canary["text"] + "; nothing published", started, log)
+    info, served_vocab = read_model_info(repo, opts.model, served), read_vocab(repo, opts.model, served)
+    compare = [served] + ([report.canary["candidate"]] if report.canary is not None else [])
+    trained = _train_and_score(opts, report, info, served_vocab, compare, log)
+    reference = min(compare, key=lambda v: report.compared[str(v)]["log_loss"])
+    report.served = report.compared[str(reference)]
+    better = report.candidate["log_loss"] < report.served["log_loss"] - opts.margin
+    if not better:
+        decision = (f"not better: held-out log loss {report.candidate['log_loss']:.4f} is not below version "
+                    f"{reference}'s {report.served['log_loss']:.4f} - margin {opts.margin:g}; nothing published"
+                    + ("; the canary keeps running" if report.canary is not None else ""))
+        return _finish(report, "not_better", decision, started, log)
+    with report.stage("export_candidate", log):
+        from export.exporter import export_run
+        candidate_repo = Path(opts.out) / "candidate"
+        result = export_run(trained.run, candidate_repo, name=opts.model, backend=info.backend or "python",
+                            log=lambda *_: None)
+        candidate_dir = version_dir(candidate_repo, opts.model, result.version)
+    with report.stage("publish", log):
+        report.new_version = _publish_and_canary(opts, state, reference, candidate_repo, candidate_dir, report, log)
+    shutil.rmtree(candidate_repo, ignore_errors=True)
+    decision = f"published version {report.new_version} as a canary at weight {opts.weight:g} over version {reference}"
+    return _finish(report, "published", decision, started, log)
+
+
+def _finish(report: Report, outcome: str, decision: str, started: float, log) -> int:
+    """Record the outcome, its decision and the total time; the exit code (published or not)."""
+    report.outcome, report.decision = outcome, decision
+    report.seconds["total"] = round(time.perf_counter() - started, 2)
+    log(report.decision)
+    return PUBLISHED if outcome == "published" else NOT_PUBLISHED
+
+
+def _served_state(opts: RetrainOptions, report: Report, log) -> tuple[dict, int]:
+    """The model's rollout state (its policy entry, versions, split) and the version it serves; the canary
+    met, if any, into `report`. UserError when the repository holds no served version."""
+    repo = Path(opts.repository)
     status = commands.rollout_status(opts.rollout())
     state = status.get("models", {}).get(opts.model) or {"entry": {"policy": "latest"}, "versions": [],
                                                            "served": None, "split": None}
@@ -142,13 +183,15 @@ def _run(opts: RetrainOptions, report: Report, log) -> int:
     report.served_version = served
     log(f"retrain of {opts.model}: served version {served} ({status.get('source')}: {state['entry'].get('policy')})")
     report.canary = _canary(state, status, opts)
-    if report.canary is not None and not report.canary["replace"]:
-        report.outcome, report.decision = "canary_undecided", report.canary["text"] + "; nothing published"
-        report.seconds["total"] = round(time.perf_counter() - started, 2)
-        log(report.decision)
-        return NOT_PUBLISHED
-    info, served_vocab = read_model_info(repo, opts.model, served), read_vocab(repo, opts.model, served)
-    compare = [served] + ([report.canary["candidate"]] if report.canary is not None else [])
+    return state, served
+
+
+def _train_and_score(opts: RetrainOptions, report: Report, info, served_vocab, compare: list[int], log):
+    """The stages on the learners' data (a private folder, removed after): export the store, split it forward
+    in time, train, then score each version of `compare` and the new model on the held-out events."""
+    from export.retrain.data import split_events
+    from export.retrain.score import score_model, score_version
+    repo, out = Path(opts.repository), Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     with private_data(out, opts.keep_data) as data:
         events_csv, train_csv = data / "events.csv", data / "train.csv"
@@ -166,38 +209,14 @@ def _run(opts: RetrainOptions, report: Report, log) -> int:
         with report.stage("evaluate", log):
             from training.checkpoint import load_checkpoint
             for version in compare:
-                vocab, window = ((served_vocab, info.window) if version == served else
-                                 (read_vocab(repo, opts.model, version), read_model_info(repo, opts.model, version).window))
+                vocab, window = ((served_vocab, info.window) if version == report.served_version else
+                                 (read_vocab(repo, opts.model, version),
+                                  read_model_info(repo, opts.model, version).window))
                 report.compared[str(version)] = score_version(version_dir(repo, opts.model, version), vocab, window,
                                                               split)
             report.candidate = score_model(load_checkpoint(trained.run / "fold-0").model, trained.vocab,
                                            trained.window, split)
-    reference = min(compare, key=lambda v: report.compared[str(v)]["log_loss"])
-    report.served = report.compared[str(reference)]
-    better = report.candidate["log_loss"] < report.served["log_loss"] - opts.margin
-    if not better:
-        report.outcome = "not_better"
-        report.decision = (f"not better: held-out log loss {report.candidate['log_loss']:.4f} is not below version "
-                           f"{reference}'s {report.served['log_loss']:.4f} - margin {opts.margin:g}; nothing published"
-                           + ("; the canary keeps running" if report.canary is not None else ""))
-        report.seconds["total"] = round(time.perf_counter() - started, 2)
-        log(report.decision)
-        return NOT_PUBLISHED
-    with report.stage("export_candidate", log):
-        from export.exporter import export_run
-        candidate_repo = out / "candidate"
-        result = export_run(trained.run, candidate_repo, name=opts.model, backend=info.backend or "python",
-                            log=lambda *_: None)
-        candidate_dir = version_dir(candidate_repo, opts.model, result.version)
-    with report.stage("publish", log):
-        report.new_version = _publish_and_canary(opts, state, reference, candidate_repo, candidate_dir, report, log)
-    shutil.rmtree(candidate_repo, ignore_errors=True)
-    report.outcome = "published"
-    report.decision = (f"published version {report.new_version} as a canary at weight {opts.weight:g} over "
-                       f"version {reference}")
-    report.seconds["total"] = round(time.perf_counter() - started, 2)
-    log(report.decision)
-    return PUBLISHED
+    return trained
 
 
 def _canary(state: dict, status: dict, opts: RetrainOptions) -> dict | None:
@@ -333,48 +352,3 @@ def _restore(opts: RetrainOptions, where: list[str], entry: dict, file_before: b
         commands.put_policy(opts.model, where, entry)
     except UserError as exc:
         raise UserError(f"retrain failed and could not restore the policy of {opts.model} ({entry}): {exc}") from None
-
-
-def write_report(report: Report, out: Path) -> str:
-    """report.json and report.txt in `out`; returns the table."""
-    from dataclasses import asdict
-    table = render(report)
-    atomic_write_json(Path(out) / "report.json", asdict(report))
-    atomic_write_bytes(Path(out) / "report.txt", table.encode())
-    return table
-
-
-def render(report: Report) -> str:
-    s = report.sizes
-    store = f" from the {report.store} store" if report.store else ""
-    lines = [f"retrain of {report.model}{store}; served version {report.served_version}"]
-    if report.canary is not None:
-        lines.append(f"canary: {report.canary['text']}")
-    if s:
-        lines += [f"events {s.get('events', 0):,} of {s.get('learners', 0):,} learners; cutoff {report.cutoff}: "
-                  f"train {s.get('train_events', 0):,} events ({s.get('train_learners', 0):,} learners), held out "
-                  f"{s.get('heldout_events', 0):,} ({s.get('heldout_learners', 0):,} learners)",
-                  f"vocabulary: {report.vocab.get('questions', 0)} questions ({report.vocab.get('new_questions', 0)} "
-                  f"new), {report.vocab.get('skills', 0)} skills ({report.vocab.get('new_skills', 0)} new); warm start: "
-                  f"{_warm_text(report.warm_start)}",
-                  "", f"{'held-out events':<24}{'AUC':>8}{'log loss':>10}{'Brier':>8}"]
-    rows = [(f"served v{v}" if int(v) == report.served_version else f"canary candidate v{v}", m)
-            for v, m in report.compared.items()] + [("new", report.candidate)]
-    for name, m in rows:
-        if m:
-            lines.append(f"{name:<24}{m['auc']:>8.4f}{m['log_loss']:>10.4f}{m['brier']:>8.4f}")
-    lines += ["", "seconds: " + ", ".join(f"{k} {v}" for k, v in report.seconds.items()), report.decision]
-    if report.config:
-        lines.append(f"config.pbtxt: {report.config}")
-    if report.policy:
-        lines.append(f"policy: {report.policy}")
-    return "\n".join(lines) + "\n"
-
-
-def _warm_text(warm: dict | None) -> str:
-    if not warm:
-        return "off"
-    if "note" in warm:
-        return warm["note"]
-    return (f"from run {warm['from']} ({warm['copied']} tensors copied, {warm['row_mapped']} question/skill tables "
-            f"row by row, {len(warm['fresh'])} fresh)")

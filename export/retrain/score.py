@@ -1,4 +1,7 @@
-"""Scoring a model version on the held-out events through its exported score graph (onnxruntime): AUC, log loss, Brier."""
+"""Scoring a model version on the held-out events: AUC, log loss, Brier.
+
+A published version is scored through its exported score graph (onnxruntime), the new model in PyTorch
+on the same windows."""
 from __future__ import annotations
 
 from pathlib import Path

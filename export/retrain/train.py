@@ -1,4 +1,6 @@
-"""The retrain's training step: the served version's configuration (or a preset) on the training rows, with the grown vocabulary, from scratch or warm."""
+"""The retrain's training step: the served version's configuration (or a preset) on the training rows.
+
+It trains with the grown vocabulary, from scratch or warm (export/retrain/warm.py)."""
 from __future__ import annotations
 
 import json

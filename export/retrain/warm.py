@@ -1,4 +1,6 @@
-"""Warm start: find the training run a served version was exported from and copy its weights into a model with a grown vocabulary."""
+"""Warm start: the served version's weights copied into a model with a grown vocabulary.
+
+It finds the training run the served version was exported from and maps its checkpoint onto the new ids."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -39,7 +41,8 @@ def find_served_run(runs: Path, info: ModelInfo) -> Path | None:
 def _index_map(old: dict[int, int], new: dict[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
     """(new rows, old rows) of the raw ids both vocabularies know."""
     shared = sorted(set(old) & set(new))
-    return torch.tensor([new[r] for r in shared], dtype=torch.long), torch.tensor([old[r] for r in shared], dtype=torch.long)
+    new_rows = torch.tensor([new[r] for r in shared], dtype=torch.long)
+    return new_rows, torch.tensor([old[r] for r in shared], dtype=torch.long)
 
 
 def warm_state(fresh: dict[str, torch.Tensor], old_state: dict[str, torch.Tensor], old_vocab: Vocab,
