@@ -12,15 +12,18 @@ from routerkt.errors import UserError
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run", required=True, help="training run directory (holds fold-*/meta.json)")
-    p.add_argument("--repository", default="model_repository", help="Triton model repository (default: model_repository)")
+    p.add_argument("--repository", default="model_repository",
+                   help="Triton model repository (default: model_repository)")
     p.add_argument("--name", default=None, help="model name in the repository (default: the run's preset)")
     p.add_argument("--version", type=int, default=None, help="version number (default: latest + 1)")
     p.add_argument("--backend", default="python", choices=["python", "onnxruntime", "tensorrt"],
                    help="python: Triton's python backend running onnxruntime on CPU (this machine); "
                         "onnxruntime / tensorrt: native backends of a GPU Triton")
-    p.add_argument("--fp16", action="store_true", help="onnxruntime backend: TensorRT accelerator in FP16; tensorrt: FP16 plan")
+    p.add_argument("--fp16", action="store_true",
+                   help="onnxruntime backend: TensorRT accelerator in FP16; tensorrt: FP16 plan")
     p.add_argument("--quantize", default="none", choices=["none", "int8"],
-                   help="int8: dynamic int8 quantization of the weights (about 1.2x faster here; parity within 0.02)")
+                   help="int8: dynamic int8 quantization of the weights (about 1.2x faster here; "
+                        "parity within 0.02)")
     p.add_argument("--fold", type=int, default=None, help="fold checkpoint to export (default: best validation AUC)")
     p.add_argument("--keep-versions", type=int, default=3,
                    help="newest versions kept on disk; older ones are deleted unless the rollout policy names them")
@@ -37,7 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-warmup", action="store_true", help="no warm-up request at model load")
     p.add_argument("--fuse-attention", action="store_true",
                    help="rewrite each attention core into one onnxruntime MultiHeadAttention op where the attention "
-                        "kind allows (faster at batch 32, slower at 512 here: docs/benchmarks.md, 'Fused attention'; off by default)")
+                        "kind allows (faster at batch 32, slower at 512 here: docs/benchmarks.md, "
+                        "'Fused attention'; off by default)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         preferred = [int(x) for x in args.preferred_batch_sizes.split(",") if x.strip()]
     except ValueError:
-        raise UserError(f"--preferred-batch-sizes {args.preferred_batch_sizes!r}: expected integers like 8,32,128") from None
+        raise UserError(f"--preferred-batch-sizes {args.preferred_batch_sizes!r}: "
+                        "expected integers like 8,32,128") from None
     options = TritonModelOptions(max_batch_size=args.max_batch_size, instance_count=args.instances,
                                  ort_intra_op_threads=args.threads, max_queue_delay_us=args.queue_delay_us,
                                  preferred_batch_sizes=preferred, warmup=not args.no_warmup, fp16=args.fp16)

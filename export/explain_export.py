@@ -41,15 +41,16 @@ def export_explain_onnx(model: KTModel, path: Path, quiet: bool = True) -> None:
     export_rank_inputs_graph(ExplainInferenceModel(model), signature.EXPLAIN, path, quiet)
 
 
-def window_attention(model: KTModel, hq, hs, hr, cq, cs) -> np.ndarray:
+def window_attention(model: KTModel, *rank_arrays: np.ndarray) -> np.ndarray:
     """The reference: [B, N, heads, H] attention of the explained layer at the candidate's slot of
-    its own window [history_b, candidate_j] (PyTorch forward with return_attention), over the history."""
-    q, s, r = (torch.from_numpy(a) for a in candidate_windows(hq, hs, hr, cq, cs))
+    its own window [history_b, candidate_j] (PyTorch forward with return_attention), over the history;
+    `rank_arrays`: the rank graph's five inputs (export/onnx_export.py, `candidate_windows`)."""
+    q, s, r = (torch.from_numpy(a) for a in candidate_windows(*rank_arrays))
     with torch.no_grad():
         out = model(q, s, r, return_attention=True)
     probs = out.attention[explained_layer(out.attention_names)]                  # [B*N, heads, L, L]
     rows = probs[:, :, -1, :-1].numpy()                                          # [B*N, heads, H]
-    return rows.reshape(*cq.shape, *rows.shape[1:])
+    return rows.reshape(*rank_arrays[3].shape, *rows.shape[1:])
 
 
 def check_explain_parity(model: KTModel, onnx_path: Path, batches: list[tuple[np.ndarray, ...]] | None = None,

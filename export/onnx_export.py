@@ -108,33 +108,38 @@ def rank_inputs(n_questions: int, n_skills: int, batch: int, history: int, candi
     empty) and real candidates [B, N] (skill sets [.., skills]), the last one of the last row a
     padding candidate."""
     rng = np.random.default_rng(seed)
-    hq, hs, hr = example_inputs(n_questions, n_skills, batch, history, seed=seed, min_len=0, skills=skills)
-    if batch > 1:
-        hq[1], hs[1], hr[1] = signature.PAD_ID, signature.PAD_ID, signature.PAD_RESPONSE
-    cq = rng.integers(signature.FIRST_ID, max(n_questions, signature.FIRST_ID + 1), (batch, candidates))
-    cs = skill_sets(rng, n_skills, (batch, candidates), skills)
+    histories = example_inputs(n_questions, n_skills, batch, history, seed=seed, min_len=0, skills=skills)
+    if batch > 1:                           # row 1: an empty history (questions, skills, responses all padding)
+        for array, pad in zip(histories, (signature.PAD_ID, signature.PAD_ID, signature.PAD_RESPONSE)):
+            array[1] = pad
+    candidate_questions = rng.integers(signature.FIRST_ID, max(n_questions, signature.FIRST_ID + 1),
+                                       (batch, candidates))
+    candidate_skills = skill_sets(rng, n_skills, (batch, candidates), skills)
     if candidates > 1:
-        cq[-1, -1] = cs[-1, -1] = signature.PAD_ID
-    return hq, hs, hr, cq.astype(np.int64), cs
+        candidate_questions[-1, -1] = candidate_skills[-1, -1] = signature.PAD_ID
+    return *histories, candidate_questions.astype(np.int64), candidate_skills
 
 
-def candidate_windows(hq: np.ndarray, hs: np.ndarray, hr: np.ndarray, cq: np.ndarray,
-                      cs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Today's per-candidate rows: [B*N, H+1] windows [history_b, candidate_(b, j)], row b*N + j
-    (skills [B*N, H+1, K])."""
-    N = cq.shape[1]
-    rows = [np.concatenate([np.repeat(h, N, axis=0), c.reshape(-1, 1, *c.shape[2:])], axis=1)
-            for h, c in ((hq, cq), (hs, cs), (hr, np.full_like(cq, signature.CANDIDATE_RESPONSE)))]
+def candidate_windows(*rank_arrays: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Today's per-candidate rows from the rank graph's five inputs (history questions, skills, responses
+    [B, H(, K)]; candidate questions, skills [B, N(, K)]): [B*N, H+1] windows [history_b, candidate_(b, j)],
+    row b*N + j (skills [B*N, H+1, K])."""
+    history_questions, history_skills, history_responses, candidate_questions, candidate_skills = rank_arrays
+    N = candidate_questions.shape[1]
+    candidate_responses = np.full_like(candidate_questions, signature.CANDIDATE_RESPONSE)
+    rows = [np.concatenate([np.repeat(history, N, axis=0), candidate.reshape(-1, 1, *candidate.shape[2:])], axis=1)
+            for history, candidate in ((history_questions, candidate_questions), (history_skills, candidate_skills),
+                                       (history_responses, candidate_responses))]
     return rows[0], rows[1], rows[2]
 
 
-def rank_reference(model: KTModel, hq: np.ndarray, hs: np.ndarray, hr: np.ndarray, cq: np.ndarray,
-                   cs: np.ndarray) -> np.ndarray:
-    """[B, N] P(correct) of each candidate from its own window through the PyTorch model."""
-    q, s, r = (torch.from_numpy(a) for a in candidate_windows(hq, hs, hr, cq, cs))
+def rank_reference(model: KTModel, *rank_arrays: np.ndarray) -> np.ndarray:
+    """[B, N] P(correct) of each candidate from its own window through the PyTorch model (the rank graph's
+    five inputs, as `candidate_windows`)."""
+    q, s, r = (torch.from_numpy(a) for a in candidate_windows(*rank_arrays))
     with torch.no_grad():
         probs = torch.sigmoid(model(q, s, r).logits[:, -1])
-    return probs.numpy().reshape(cq.shape)
+    return probs.numpy().reshape(rank_arrays[3].shape)
 
 
 # PyTorch 2.13 caches the kernel each OpOverload resolves to per dispatch key. The ONNX exporter's
@@ -245,7 +250,8 @@ class ParityReport:
         return self.max_abs_diff <= PARITY_TOL
 
 
-def check_parity(model: KTModel, onnx_path: Path, batches: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None,
+def check_parity(model: KTModel, onnx_path: Path,
+                 batches: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None,
                  shapes: tuple[tuple[int, int], ...] = ((1, 100), (7, 37), (64, 100), (3, 2)),
                  session=None) -> ParityReport:
     """Max |onnxruntime - PyTorch| over random batches of `shapes` (lengths capped at max_len) and

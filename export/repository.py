@@ -13,7 +13,8 @@ its first version) and appears in one rename. For an existing model, config.pbtx
 (temp file + os.replace) after the new version folder is in place, only when its text changed.
 Python files of a version are byte-compiled in staging: Triton's Python stub would otherwise write
 `__pycache__` into the served folder when it first imports model.py. Old versions beyond
-`keep_versions`, unless protected (named by the rollout policy), are then moved out of the repository (one rename) and deleted there.
+`keep_versions`, unless protected (named by the rollout policy), are then moved out of the repository
+(one rename) and deleted there.
 Triton only considers version folders whose names are positive integers without leading zeros.
 """
 from __future__ import annotations

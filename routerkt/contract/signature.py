@@ -111,7 +111,8 @@ EXPLAIN = Graph(           # the rank graph plus the knowledge retriever's last 
     name="explain",
     inputs=RANK.inputs,
     outputs=(RANK.outputs[0],
-             TensorSpec("explain_attention", "float32", "TYPE_FP32", "FP32", ("batch", "candidates", "heads", "history")),
+             TensorSpec("explain_attention", "float32", "TYPE_FP32", "FP32",
+                        ("batch", "candidates", "heads", "history")),
              TensorSpec("explain_head_weights", "float32", "TYPE_FP32", "FP32", ("batch", "candidates", "heads"))),
 )
 EXPLAIN_ATTENTION, EXPLAIN_HEAD_WEIGHTS = (t.name for t in EXPLAIN.outputs[1:])

@@ -92,7 +92,8 @@ class Vocab:
         if question_skills is None:         # one skill per question (format 1, older callers)
             question_skills = {q: (s,) for q, s in (question_skill or {}).items()}
         # raw question id -> raw skill set of its first occurrence with a known skill ((-1,) = none)
-        self.question_skills = {q: tuple(int(s) for s in ss) or (-1,) for q, ss in question_skills.items()}
+        self.question_skills = {q: tuple(int(s) for s in skill_set) or (-1,)
+                                for q, skill_set in question_skills.items()}
         self._tables: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._sets: np.ndarray | None = None
 
@@ -106,12 +107,12 @@ class Vocab:
     @property
     def question_skill(self) -> dict[int, int]:
         """Raw question id -> the first raw skill of its set (-1 = none)."""
-        return {q: ss[0] for q, ss in self.question_skills.items()}
+        return {q: skill_set[0] for q, skill_set in self.question_skills.items()}
 
     @property
     def max_skills(self) -> int:
         """The largest skill set of a question (>= 1)."""
-        return max((len(ss) for ss in self.question_skills.values()), default=1)
+        return max((len(skill_set) for skill_set in self.question_skills.values()), default=1)
 
     # -- sizes --------------------------------------------------------------------------------
     @property
@@ -132,12 +133,12 @@ class Vocab:
         with_q = q != -1
         known = (sets >= 0).any(axis=1)
         # first occurrence of each question among rows with a known skill, then rows without one
-        qs: dict[int, tuple[int, ...]] = {}
+        question_skills: dict[int, tuple[int, ...]] = {}
         for rows in (with_q & known, with_q & ~known):
-            uq, first = np.unique(q[rows], return_index=True)
-            for raw_q, row in zip(uq.tolist(), sets[rows][first]):
-                qs.setdefault(raw_q, set_tuple(row))
-        return cls(questions=_index(q), skills=_index(sets), question_skills=dict(sorted(qs.items())))
+            unique_questions, first = np.unique(q[rows], return_index=True)
+            for raw_q, row in zip(unique_questions.tolist(), sets[rows][first]):
+                question_skills.setdefault(raw_q, set_tuple(row))
+        return cls(questions=_index(q), skills=_index(sets), question_skills=dict(sorted(question_skills.items())))
 
     # -- encoding -----------------------------------------------------------------------------
     def _table(self, name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -163,8 +164,8 @@ class Vocab:
         if self._sets is None:
             table = np.full((len(self.question_skills) + 1, self.max_skills), NO_SKILL, dtype=np.int64)
             table[-1, 0] = -1                                    # the row of unknown questions
-            for i, ss in enumerate(self.question_skills.values()):
-                table[i, :len(ss)] = ss
+            for i, skill_set in enumerate(self.question_skills.values()):
+                table[i, :len(skill_set)] = skill_set
             self._sets = table
             self._tables["question_row"] = _lookup_table({q: i for i, q in enumerate(self.question_skills)})
         rows = _encode(self._tables["question_row"], raw_questions, len(self.question_skills))
