@@ -81,7 +81,8 @@ class SkillRows(str, enum.Enum):
     # model the answer it predicts (assist2009 routerkt-akt: +0.0106 test AUC, all of it leak).
     MERGE = "merge"    # one interaction with the rows' skill SET (default; training/data/skill_rows.py)
     FIRST = "first"    # one interaction with the first row's skill (recorded as collapse_repeats=true)
-    EXPAND = "expand"  # one interaction per row: LEAKS; reproduces numbers of tools that expand (collapse_repeats=false)
+    EXPAND = "expand"  # one interaction per row: LEAKS; reproduces numbers of tools that expand
+                       # (collapse_repeats=false)
 
 
 class Protocol(str, enum.Enum):
@@ -164,16 +165,23 @@ class TrainConfig:
     lr: float = 1e-3
     weight_decay: float = 0.0
     grad_clip: float = 2.0          # max global grad norm
-    patience: int = 10              # stop once this many epochs passed since the best validation AUC (strict ">", as the reference)
-    min_steps: int = 200            # ... but never before this many optimizer steps (a small dataset at batch 512 takes one
-                                    # step per epoch, so patience alone can stop it before it learns); capped by `epochs`; 0 = off
+    patience: int = 10              # stop once this many epochs passed since the best validation AUC
+                                    # (strict ">", as the reference)
+    min_steps: int = 200            # ... but never before this many optimizer steps (a small dataset at batch
+                                    # 512 takes one step per epoch, so patience alone can stop it before it
+                                    # learns); capped by `epochs`; 0 = off
     seed: int = 12405
     threads: int = 0                # torch intra-op threads (0 = all cores)
-    bf16: bool = True               # bfloat16 autocast for training steps, used only on CPUs with bf16 kernels (AVX512-BF16/AMX; loop.bf16_available; never on CUDA); weights, attention and evaluation stay float32
-    batching: Batching = Batching.RANDOM  # batch composition; length_bucketed is an opt-in that changes results (see Batching)
-    device: Device = Device.AUTO    # where training runs (training/device.py); float32 on CUDA (bf16 autocast is CPU-only)
-    trim_padding: bool = True       # drop the columns that are padding in every row of a batch (exact: models are invariant
-                                    # to left padding; speed only); false pads every batch to the full window (the plain path)
+    bf16: bool = True               # bfloat16 autocast for training steps, used only on CPUs with bf16 kernels
+                                    # (AVX512-BF16/AMX; loop.bf16_available; never on CUDA); weights, attention
+                                    # and evaluation stay float32
+    batching: Batching = Batching.RANDOM  # batch composition; length_bucketed is an opt-in that changes
+                                          # results (see Batching)
+    device: Device = Device.AUTO    # where training runs (training/device.py); float32 on CUDA (bf16 autocast
+                                    # is CPU-only)
+    trim_padding: bool = True       # drop the columns that are padding in every row of a batch (exact: models
+                                    # are invariant to left padding; speed only); false pads every batch to
+                                    # the full window (the plain path)
 
 
 @dataclass
@@ -198,36 +206,36 @@ def to_dict(obj: Any) -> Any:
     return obj
 
 
-def _coerce(tp: Any, value: Any, where: str) -> Any:
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+def _coerce(field_type: Any, value: Any, where: str) -> Any:
+    if isinstance(field_type, type) and issubclass(field_type, enum.Enum):
         try:
-            return tp(value)
+            return field_type(value)
         except ValueError:
-            choices = ", ".join(m.value for m in tp)
+            choices = ", ".join(m.value for m in field_type)
             raise ValueError(f"{where}: {value!r} is not one of {choices}") from None
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+    if isinstance(field_type, type) and dataclasses.is_dataclass(field_type):
         if not isinstance(value, dict):
             raise ValueError(f"{where}: expected an object")
-        return from_dict(tp, value, where)
-    if tp is bool:
+        return from_dict(field_type, value, where)
+    if field_type is bool:
         if isinstance(value, bool):
             return value
         if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
             return value.lower() in ("1", "true", "yes", "on")
         raise ValueError(f"{where}: {value!r} is not a boolean")
-    if tp is int:
+    if field_type is int:
         if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
             raise ValueError(f"{where}: {value!r} is not an integer")
         try:
             return int(value)
         except (TypeError, ValueError):
             raise ValueError(f"{where}: {value!r} is not an integer") from None
-    if tp is float:
+    if field_type is float:
         try:
             return float(value)
         except (TypeError, ValueError):
             raise ValueError(f"{where}: {value!r} is not a number") from None
-    if tp is str:
+    if field_type is str:
         return str(value)
     return value
 

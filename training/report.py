@@ -34,13 +34,15 @@ def _published_table() -> list[str]:
     lines = ["| " + " | ".join(data["columns"]) + " |", "|---" * len(data["columns"]) + "|"]
     for row in data["rows"]:
         auc = " / ".join(f"{a:.4f}" for a in row["auc"]) + (f" +- {row['std']:.4f}" if "std" in row else "")
-        lines.append(f"| {row['source']} | {row['protocol']} | {row['dataset']} | {' / '.join(row['models'])} | {auc} |")
+        models = " / ".join(row["models"])
+        lines.append(f"| {row['source']} | {row['protocol']} | {row['dataset']} | {models} | {auc} |")
     return lines
 
 
 def _configs(out: Path) -> dict[Path, RunConfig]:
     """Each run folder's own config.json."""
-    return {path.parent: from_dict(RunConfig, json.loads(path.read_text())) for path in sorted(out.glob("*/*/config.json"))}
+    return {path.parent: from_dict(RunConfig, json.loads(path.read_text()))
+            for path in sorted(out.glob("*/*/config.json"))}
 
 
 def _load(out: Path, configs: dict[Path, RunConfig] | None = None) -> tuple[dict[str, dict[str, dict]], set[str]]:
@@ -194,8 +196,8 @@ def _audit_rows(out: Path) -> list[str]:
         if "auc" in control and "tolerance" in control:
             shown += f" (+-{control['tolerance']:.3f})"
         rows.append(f"| {path.parent.parent.name} | {path.parent.name} | {a.get('fold', '-')} | "
-                    f"{probe.get('max_diff', math.nan):.1e} | {visible.get('visible', '-')} / {visible.get('scored', '-')} | "
-                    f"{shown} | {a.get('verdict', '-')} |")
+                    f"{probe.get('max_diff', math.nan):.1e} | {visible.get('visible', '-')} / "
+                    f"{visible.get('scored', '-')} | {shown} | {a.get('verdict', '-')} |")
     return rows
 
 
@@ -221,59 +223,82 @@ def render_report(out: Path) -> str:
     ablations = [v.folder for v in (BASELINE, *GROUPS["ablations"], *GROUPS["grid"])]
     main = [v.folder for v in GROUPS["all"]]              # every preset, then runs of other names
     main += sorted({v for r in runs.values() for v in r} - set(main) - set(ablations))
+    lines = _preamble(text, out, configs)
+    lines += _metric_tables(text, runs, main)
+    lines += _ablation_tables(text, runs, ablations, leaks)
+    for title, rows in (("paired", _paired_rows(runs, leaks)), ("audit", _audit_rows(out)),
+                        ("stalled", _stalled_folds(out))):
+        if rows:
+            lines += [text[title]] + rows + [""]
+    for diversity in sorted(out.glob("*/diversity/diversity.md")):
+        lines += [text["diversity"].format(dataset=diversity.parent.parent.name, table=diversity.read_text().strip(),
+                                           plots=diversity.parent.relative_to(out)), ""]
+    lines += [text["wall_time"]] + _wall_time_rows(runs)
+    lines += ["", text["published"], ""] + _published_table() + [""]
+    return "\n".join(lines)
+
+
+def _preamble(text: dict[str, str], out: Path, configs: list[RunConfig]) -> list[str]:
+    """The introduction, the warning on biased batches when a run used them, the protocol and how to
+    regenerate the results."""
     lines = [text["intro"], ""]
     if any(c.train.batching is Batching.LENGTH_BUCKETED for c in configs):
         lines += [text["biased"], ""]
     lines += [text["protocol"].format(split=_split(configs)), ""]
     commands = out / "REGENERATE.md"           # this folder's own commands, else those of results/
     lines += [commands.read_text().rstrip("\n") if commands.exists() else text["regenerate"], ""]
+    return lines
+
+
+def _metric_tables(text: dict[str, str], runs: dict[str, dict[str, dict]], main: list[str]) -> list[str]:
+    """AUC, ACC and RMSE of the runs under the usual protocol, then the AUC of the others."""
     usual, other = _by_protocol(runs)
+    lines: list[str] = []
     for key, title, higher in (("auc", "AUC", True), ("acc", "ACC", True), ("rmse", "RMSE", False)):
-        lines += [f"## {title}", ""] + _table(usual, [v for v in main if any(v in r for r in usual.values())], key, higher) + [""]
+        shown = [v for v in main if any(v in r for r in usual.values())]
+        lines += [f"## {title}", ""] + _table(usual, shown, key, higher) + [""]
     if other:
         lines += [text["other_protocols"], ""]
         lines += _table(other, [v for v in main if any(v in r for r in other.values())], "auc", True) + [""]
+    return lines
+
+
+def _ablation_tables(text: dict[str, str], runs: dict[str, dict[str, dict]], ablations: list[str],
+                     leaks: set[str]) -> list[str]:
+    """The ablation table (a leaking variant followed by its history-only row, never ranked) and, where
+    the baseline ran more folds than a variant, the baseline's AUC over the same folds."""
     abl_runs = {d: dict(r) for d, r in runs.items() if any(v in r for v in ablations[1:])}
-    if abl_runs:
-        leaky = [v for v in ablations if v in leaks]
-        rows = list(ablations)
-        for d, r in abl_runs.items():
-            for v in leaky:
-                if v in r and r[v].get("history_only"):
-                    r[v + ", history only"] = {**r[v]["history_only"], "folds": r[v]["folds"]}
+    if not abl_runs:
+        return []
+    leaky = [v for v in ablations if v in leaks]
+    rows = list(ablations)
+    for d, r in abl_runs.items():
         for v in leaky:
-            rows.insert(rows.index(v) + 1, v + ", history only")
-        lines += [text["ablations"], ""]
-        lines += _table(abl_runs, [v for v in rows if any(v in r for r in abl_runs.values())], "auc", True,
-                        unranked=tuple(leaky)) + [""]
-        same_folds = []
-        for d, r in sorted(abl_runs.items()):                 # same folds for a fair look at (Nf) cells
-            base = r.get(ablations[0])
-            for n in sorted({r[v].get("folds", 5) for v in ablations[1:] if v in r}):
-                if base and base.get("folds", 5) > n:
-                    same = base["auc"]["folds"][:n]
-                    same_folds.append(text["same_folds"].format(dataset=d, n=n, baseline=ablations[0],
-                                                                auc=sum(same) / len(same)))
-        lines += (same_folds + [""]) if same_folds else []
-    paired = _paired_rows(runs, leaks)
-    if paired:
-        lines += [text["paired"]] + paired + [""]
-    audits = _audit_rows(out)
-    if audits:
-        lines += [text["audit"]] + audits + [""]
-    stalled = _stalled_folds(out)
-    if stalled:
-        lines += [text["stalled"]] + stalled + [""]
-    for diversity in sorted(out.glob("*/diversity/diversity.md")):
-        lines += [text["diversity"].format(dataset=diversity.parent.parent.name, table=diversity.read_text().strip(),
-                                           plots=diversity.parent.relative_to(out)), ""]
-    lines += [text["wall_time"]]
+            if v in r and r[v].get("history_only"):
+                r[v + ", history only"] = {**r[v]["history_only"], "folds": r[v]["folds"]}
+    for v in leaky:
+        rows.insert(rows.index(v) + 1, v + ", history only")
+    lines = [text["ablations"], ""]
+    lines += _table(abl_runs, [v for v in rows if any(v in r for r in abl_runs.values())], "auc", True,
+                    unranked=tuple(leaky)) + [""]
+    same_folds = []
+    for d, r in sorted(abl_runs.items()):                 # same folds for a fair look at (Nf) cells
+        base = r.get(ablations[0])
+        for n in sorted({r[v].get("folds", 5) for v in ablations[1:] if v in r}):
+            if base and base.get("folds", 5) > n:
+                same = base["auc"]["folds"][:n]
+                same_folds.append(text["same_folds"].format(dataset=d, n=n, baseline=ablations[0],
+                                                            auc=sum(same) / len(same)))
+    return lines + ((same_folds + [""]) if same_folds else [])
+
+
+def _wall_time_rows(runs: dict[str, dict[str, dict]]) -> list[str]:
+    rows = []
     for d in sorted(runs):
         for v, m in sorted(runs[d].items()):
-            secs = m.get("fold_seconds", [])
-            lines.append(f"| {d} | {v} | {m.get('folds')} | {', '.join(f'{s:.0f}' for s in secs)} | {m.get('train_seq_per_s', 0):.0f} |")
-    lines += ["", text["published"], ""] + _published_table() + [""]
-    return "\n".join(lines)
+            secs = ", ".join(f"{s:.0f}" for s in m.get("fold_seconds", []))
+            rows.append(f"| {d} | {v} | {m.get('folds')} | {secs} | {m.get('train_seq_per_s', 0):.0f} |")
+    return rows
 
 
 def write_report(out: Path) -> Path:
