@@ -1,10 +1,12 @@
 """One training run end to end: read the data, build the vocabulary and the folds, train each fold
 (resumable: folds with a result.json are skipped; a fold folder without one is unfinished, removed
 and trained again), and write DIR/metrics.json. In a data-parallel run (training/distributed.py)
-every rank reads the data and trains; only rank 0 writes, and its view of which folds are done decides.
+every rank reads the data and trains; only rank 0 writes, and its view of which folds are done
+decides.
 
 Run directory layout:
-    DIR/config.json            the RunConfig (preset + overrides; data.path portable, training/data/pipeline.py)
+    DIR/config.json            the RunConfig (preset + overrides; data.path portable,
+                               training/data/pipeline.py)
     DIR/vocab.json             the id vocabulary (also inside every meta.json)
     DIR/folds.json             the learner ids of each fold (train / valid / test)
     DIR/fold-K/{model.pt, meta.json, history.json, result.json, tensorboard/}
@@ -77,11 +79,7 @@ def run_training(cfg: RunConfig, out: Path, progress: bool = True) -> dict:
     cfg, vocab, seqs, folds = prepare(cfg, log)
     _check_resume(out, cfg)
     if rank.is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(out / "config.json", to_dict(cfg))
-        vocab.save(out / "vocab.json")
-        atomic_write_json(out / "folds.json", [
-            {"fold": f.index, "train": f.train.tolist(), "valid": f.valid.tolist(), "test": f.test.tolist()} for f in folds])
+        _write_run_files(out, cfg, vocab, folds)
     run_id = f"{out.name}-{cfg.preset or 'custom'}"
     progress = progress and rank.is_main
     log(f"{cfg.preset}: {len(seqs)} sequences of {len(np.unique(seqs.learners))} learners, "
@@ -90,40 +88,66 @@ def run_training(cfg: RunConfig, out: Path, progress: bool = True) -> dict:
     if cfg.data.run_folds:
         folds = folds[: cfg.data.run_folds]
     for fold in tqdm(folds, desc="folds", unit="fold", disable=not progress, file=sys.stderr):
-        fold_dir = out / f"fold-{fold.index}"
-        done = fold_dir / "result.json"
-        if distributed.broadcast_flag(done.exists()):
-            if rank.is_main:
-                results.append(json.loads(done.read_text()))
-                log(f"fold {fold.index}: already done (test auc {results[-1]['test']['auc']:.4f}), skipped")
-            continue
-        if rank.is_main and fold_dir.exists():          # an interrupted fold: its files are complete, the fold is not
-            shutil.rmtree(fold_dir)
-            log(f"fold {fold.index}: unfinished (no result.json), trained again from scratch")
-        data = FoldData(train=seqs.select_learners(fold.train), valid=seqs.select_learners(fold.valid),
-                        test=seqs.select_learners(fold.test))
-        result = train_fold(cfg, vocab, data, fold_dir, fold.index, run_id, log=log, progress=progress)
-        if not rank.is_main:
-            continue
-        results.append(result)
-        log(f"fold {fold.index}: test auc {results[-1]['test']['auc']:.4f} acc {results[-1]['test']['acc']:.4f} "
-            f"rmse {results[-1]['test']['rmse']:.4f}")
+        result = _run_fold(cfg, vocab, seqs, fold, out, run_id, log, progress)
+        if rank.is_main:
+            results.append(result)
     if not rank.is_main:
         return {}
+    metrics = _write_metrics(out, cfg, results, run_id, time.perf_counter() - started)
+    try:
+        from training.plots import training_curves
+        training_curves(out)
+    except ImportError:
+        pass
+    return metrics
+
+
+def _write_run_files(out: Path, cfg: RunConfig, vocab, folds: list[Fold]) -> None:
+    """config.json, vocab.json and folds.json of the run (rank 0)."""
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / "config.json", to_dict(cfg))
+    vocab.save(out / "vocab.json")
+    atomic_write_json(out / "folds.json", [
+        {"fold": f.index, "train": f.train.tolist(), "valid": f.valid.tolist(), "test": f.test.tolist()}
+        for f in folds])
+
+
+def _run_fold(cfg: RunConfig, vocab, seqs, fold: Fold, out: Path, run_id: str, log, progress: bool) -> dict | None:
+    """One fold: its result.json when done already (skipped), else trained (an unfinished fold folder is
+    removed first); every rank trains, and only rank 0 gets the result (None elsewhere)."""
+    rank = distributed.current()
+    fold_dir = out / f"fold-{fold.index}"
+    done = fold_dir / "result.json"
+    if distributed.broadcast_flag(done.exists()):
+        if not rank.is_main:
+            return None
+        result = json.loads(done.read_text())
+        log(f"fold {fold.index}: already done (test auc {result['test']['auc']:.4f}), skipped")
+        return result
+    if rank.is_main and fold_dir.exists():          # an interrupted fold: its files are complete, the fold is not
+        shutil.rmtree(fold_dir)
+        log(f"fold {fold.index}: unfinished (no result.json), trained again from scratch")
+    data = FoldData(train=seqs.select_learners(fold.train), valid=seqs.select_learners(fold.valid),
+                    test=seqs.select_learners(fold.test))
+    result = train_fold(cfg, vocab, data, fold_dir, fold.index, run_id, log=log, progress=progress)
+    if not rank.is_main:
+        return None
+    log(f"fold {fold.index}: test auc {result['test']['auc']:.4f} acc {result['test']['acc']:.4f} "
+        f"rmse {result['test']['rmse']:.4f}")
+    return result
+
+
+def _write_metrics(out: Path, cfg: RunConfig, results: list[dict], run_id: str, seconds: float) -> dict:
+    """DIR/metrics.json: the test metrics over the folds that ran, and how the run went."""
     metrics = aggregate([r["test"] for r in results])
     metrics.update({"preset": cfg.preset, "dataset": cfg.data.dataset, "folds": len(results),
                     "best_epochs": [r["best_epoch"] for r in results],
                     "valid_auc": [r["valid_auc"] for r in results],
                     "train_seq_per_s": float(np.median([r["train_seq_per_s"] for r in results])),
                     "fold_seconds": [round(r["seconds"], 1) for r in results],
-                    "wall_seconds_this_invocation": round(time.perf_counter() - started, 1),
+                    "wall_seconds_this_invocation": round(seconds, 1),
                     "git_sha": git_sha(), "run_id": run_id})
     atomic_write_json(out / "metrics.json", metrics)
-    try:
-        from training.plots import training_curves
-        training_curves(out)
-    except ImportError:
-        pass
     return metrics
 
 
