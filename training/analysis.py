@@ -43,17 +43,18 @@ def prefix_predictions(model: KTModel, seqs: Sequences, batch_size: int = 512) -
     q, s, r, labels = prefix_windows(seqs)
     probs = []
     for i in range(0, len(labels), batch_size):
-        sl = slice(i, i + batch_size)
-        width = int((r[sl] >= 0).sum(1).max())                         # the candidate slot holds 0
+        batch = slice(i, i + batch_size)
+        width = int((r[batch] >= 0).sum(1).max())                      # the candidate slot holds 0
         cols = slice(q.shape[1] - width, None)
-        logits = model(torch.from_numpy(q[sl, cols]), torch.from_numpy(s[sl, cols]),
-                       torch.from_numpy(r[sl, cols])).logits[:, -1]
+        logits = model(torch.from_numpy(q[batch, cols]), torch.from_numpy(s[batch, cols]),
+                       torch.from_numpy(r[batch, cols])).logits[:, -1]
         probs.append(torch.sigmoid(logits).numpy())
     return labels, (np.concatenate(probs) if probs else np.zeros(0))
 
 
 @torch.inference_mode()
-def attention_and_routing(model: KTModel, seqs: Sequences, rows: np.ndarray) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
+def attention_and_routing(model: KTModel, seqs: Sequences,
+                          rows: np.ndarray) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
     """{layer name: [n, H, L, L]} attention maps and per routed layer [n, L, E] weights for `rows`,
     trimmed to the longest of the chosen learners."""
     model.eval()
@@ -74,8 +75,8 @@ def ssim(a: np.ndarray, b: np.ndarray, window: int = 7, data_range: float = 1.0)
     var_a = uniform_filter(a * a, size) - mu_a ** 2
     var_b = uniform_filter(b * b, size) - mu_b ** 2
     cov = uniform_filter(a * b, size) - mu_a * mu_b
-    s = ((2 * mu_a * mu_b + c1) * (2 * cov + c2)) / ((mu_a ** 2 + mu_b ** 2 + c1) * (var_a + var_b + c2))
-    return float(s.mean())
+    similarity = ((2 * mu_a * mu_b + c1) * (2 * cov + c2)) / ((mu_a ** 2 + mu_b ** 2 + c1) * (var_a + var_b + c2))
+    return float(similarity.mean())
 
 
 def spearman(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> float:
@@ -95,22 +96,24 @@ def pairwise_similarity(maps: dict[str, list[np.ndarray]]) -> dict[tuple[str, st
     """Mean Spearman / SSIM between methods: maps[method] is one [L_i, L_i] map per learner (the
     same learners in the same order for every method)."""
     out = {}
-    for m1, m2 in itertools.combinations(maps, 2):
-        sp, ss = [], []
-        for a, b in zip(maps[m1], maps[m2]):
+    for first, second in itertools.combinations(maps, 2):
+        spearmans, ssims = [], []
+        for a, b in zip(maps[first], maps[second]):
             mask = visible_mask(a.shape[0])
-            sp.append(spearman(a, b, mask))
-            ss.append(ssim(a, b))
-        out[(m1, m2)] = {"spearman": float(np.nanmean(sp)), "ssim": float(np.mean(ss)), "n": len(sp)}
+            spearmans.append(spearman(a, b, mask))
+            ssims.append(ssim(a, b))
+        out[(first, second)] = {"spearman": float(np.nanmean(spearmans)), "ssim": float(np.mean(ssims)),
+                                "n": len(spearmans)}
     return out
 
 
 def head_similarity(per_learner_heads: list[np.ndarray]) -> dict[str, float]:
     """Mean Spearman / SSIM between the heads of one model ([H, L, L] per learner): lower = more diverse heads."""
-    sp, ss = [], []
+    spearmans, ssims = [], []
     for heads in per_learner_heads:
         mask = visible_mask(heads.shape[-1])
         for i, j in itertools.combinations(range(heads.shape[0]), 2):
-            sp.append(spearman(heads[i], heads[j], mask))
-            ss.append(ssim(heads[i], heads[j]))
-    return {"spearman": float(np.nanmean(sp)) if sp else float("nan"), "ssim": float(np.mean(ss)) if ss else float("nan")}
+            spearmans.append(spearman(heads[i], heads[j], mask))
+            ssims.append(ssim(heads[i], heads[j]))
+    return {"spearman": float(np.nanmean(spearmans)) if spearmans else float("nan"),
+            "ssim": float(np.mean(ssims)) if ssims else float("nan")}

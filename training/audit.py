@@ -29,8 +29,9 @@ split is recomputed from the config). Three checks, each written to DIR/audit.js
         the skill sets at p and p-1 share no skill
     i.e. the same interaction written again under another skill tag: the rows that expanded
     multi-skill files hold (assist2009), which the default `data.skill_rows=merge` merges into one
-    interaction (training/data/skill_rows.py) and `data.skill_rows=expand` keeps. `visible_share` = visible / scored positions of the test
-    sequences; it must be <= 0.1% (`VISIBLE_MAX_SHARE`, `--visible-threshold`).
+    interaction (training/data/skill_rows.py) and `data.skill_rows=expand` keeps. `visible_share` =
+    visible / scored positions of the test sequences; it must be <= 0.1% (`VISIBLE_MAX_SHARE`,
+    `--visible-threshold`).
     A repeat with the same question, skill set and answer cannot be told from a genuine immediate retry
     (the canonical CSV has no timestamp; `order` strictly increases), and genuine retries are common
     (the synthetic generator: ~5% of rows), so those are reported as `identical_repeat_share`
@@ -49,11 +50,11 @@ split is recomputed from the config). Three checks, each written to DIR/audit.js
     (Hanley-McNeil) on this test set. 0.02 is 3 null stds at roughly 7,500-9,000 scored
     positions; on a smaller test set a fixed 0.02 band fails causal models by chance (700
     positions: null std 0.022, outside +-0.02 about a third of the time), with 3 stds ~0.3% of
-    the time, and a leak still shows (a model reading its own answer scores ~0.9+). (Scored on the REAL test
-    answers instead, a barely trained control is a random function of features that do predict
-    them, above all the learner's past answers, and lands anywhere in roughly 0.44-0.56 on real
-    data: assist2009, the official fold 1, routerkt-akt: 0.4384, with no leak found by (a) or (b).) `--skip-control` leaves
-    it out; the verdict then covers (a) and (b) only and says so.
+    the time, and a leak still shows (a model reading its own answer scores ~0.9+). (Scored on the
+    REAL test answers instead, a barely trained control is a random function of features that do
+    predict them, above all the learner's past answers, and lands anywhere in roughly 0.44-0.56 on
+    real data: assist2009, the official fold 1, routerkt-akt: 0.4384, with no leak found by (a) or
+    (b).) `--skip-control` leaves it out; the verdict then covers (a) and (b) only and says so.
 
 Verdict: PASS when every check run passes; LEAKS BY DESIGN when the model config leaks by design and
 (b), (c) pass; else FAIL with the reasons.
@@ -101,20 +102,22 @@ def perturbation_probe(model, seqs, n_questions: int, n_skills: int, n_windows: 
     real = r >= 0
     flip = real & (pos >= cut[:, None])
     later = real & (pos > cut[:, None])
-    r2 = np.where(flip, 1 - r, r)
-    q2 = np.where(later, rng.integers(FIRST_REAL_ID, max(n_q, FIRST_REAL_ID + 1), q.shape), q)
-    s2 = np.where(later[:, :, None] & (s != PAD_ID), rng.integers(FIRST_REAL_ID, max(n_s, FIRST_REAL_ID + 1), s.shape), s)
+    r_moved = np.where(flip, 1 - r, r)
+    q_moved = np.where(later, rng.integers(FIRST_REAL_ID, max(n_q, FIRST_REAL_ID + 1), q.shape), q)
+    s_moved = np.where(later[:, :, None] & (s != PAD_ID),
+                       rng.integers(FIRST_REAL_ID, max(n_s, FIRST_REAL_ID + 1), s.shape), s)
     model.eval()
     before, after = 0.0, 0.0
     with torch.no_grad():
-        for lo in range(0, rows.size, batch_size):
-            sl = slice(lo, lo + batch_size)
-            base = torch.sigmoid(model(*(torch.from_numpy(a[sl]) for a in (q, s, r))).logits.float()).numpy()
-            moved = torch.sigmoid(model(*(torch.from_numpy(a[sl]) for a in (q2, s2, r2))).logits.float()).numpy()
+        for start in range(0, rows.size, batch_size):
+            batch = slice(start, start + batch_size)
+            base = torch.sigmoid(model(*(torch.from_numpy(a[batch]) for a in (q, s, r))).logits.float()).numpy()
+            moved = torch.sigmoid(model(*(torch.from_numpy(a[batch]) for a in (q_moved, s_moved, r_moved)))
+                                  .logits.float()).numpy()
             diff = np.abs(moved - base)
-            upto = real[sl] & ~later[sl]
+            upto = real[batch] & ~later[batch]
             before = max(before, float(diff[upto].max(initial=0.0)))
-            after = max(after, float(diff[later[sl]].max(initial=0.0)))
+            after = max(after, float(diff[later[batch]].max(initial=0.0)))
     return {"windows": int(rows.size), "max_diff": before, "max_diff_after_cut": after, "tolerance": PROBE_TOL}
 
 
@@ -157,9 +160,11 @@ def permute_labels(seqs, rng: np.random.Generator):
 
 
 def null_auc_std(labels: np.ndarray) -> float:
-    n1 = int((labels >= 0.5).sum())
-    n0 = int(labels.size - n1)
-    return math.sqrt((n0 + n1 + 1) / (12.0 * n0 * n1)) if n0 and n1 else float("nan")
+    positives = int((labels >= 0.5).sum())
+    negatives = int(labels.size - positives)
+    if not (positives and negatives):
+        return float("nan")
+    return math.sqrt((negatives + positives + 1) / (12.0 * negatives * positives))
 
 
 def control_tolerance(null_std: float) -> float:
@@ -189,7 +194,8 @@ def shuffled_control(cfg, vocab, train, valid, test, fold: int, epochs: int, see
 
 # ----------------------------------------------------------------------------------------------
 
-def verdict(leaks_by_design: bool, probe: dict, visible: dict, threshold: float, control: dict | None) -> tuple[str, list[str]]:
+def verdict(leaks_by_design: bool, probe: dict, visible: dict, threshold: float,
+            control: dict | None) -> tuple[str, list[str]]:
     reasons = []
     if not leaks_by_design and not probe["max_diff"] <= PROBE_TOL:
         reasons.append(f"(a) predictions at positions <= t change by {probe['max_diff']:.3g} > {PROBE_TOL:g} "
@@ -206,7 +212,7 @@ def verdict(leaks_by_design: bool, probe: dict, visible: dict, threshold: float,
     return (LEAKS if leaks_by_design else PASS), reasons
 
 
-def _fold_learners(run_dir: Path, index: int, dc, seqs):
+def _fold_learners(run_dir: Path, index: int, data_cfg, seqs):
     from routerkt.errors import UserError
     from training.data.pipeline import split_folds
     path = run_dir / "folds.json"
@@ -219,7 +225,7 @@ def _fold_learners(run_dir: Path, index: int, dc, seqs):
         except (ValueError, KeyError, TypeError) as exc:
             raise UserError(f"{path}: unreadable folds file ({exc})") from None
         raise UserError(f"{path}: no fold {index}")
-    folds = split_folds(dc, seqs)
+    folds = split_folds(data_cfg, seqs)
     if index >= len(folds):
         raise UserError(f"{run_dir}: fold {index} is not among the {len(folds)} folds of its config")
     return folds[index].train, folds[index].valid, folds[index].test
@@ -241,9 +247,9 @@ def audit_run(run_dir: Path, fold: int | None = None, data: str | None = None, p
     ckpt = load_checkpoint(fold_dir)
     index = int(ckpt.meta.get("fold", fold if fold is not None else fold_dir.name.split("-")[-1]))
     data_path = str(data) if data else ckpt.config.data.path
-    dc = dataclasses.replace(ckpt.config.data, path=data_path)
-    _, seqs = load_sequences(dc, ckpt.vocab)
-    train_ids, valid_ids, test_ids = _fold_learners(run_dir, index, dc, seqs)
+    data_cfg = dataclasses.replace(ckpt.config.data, path=data_path)
+    _, seqs = load_sequences(data_cfg, ckpt.vocab)
+    train_ids, valid_ids, test_ids = _fold_learners(run_dir, index, data_cfg, seqs)
     test = seqs.select_learners(test_ids)
     if len(test) == 0:
         raise UserError(f"{data_path}: holds none of fold {index}'s test learners; is it the run's data?")
@@ -257,7 +263,7 @@ def audit_run(run_dir: Path, fold: int | None = None, data: str | None = None, p
     probe["leaks_by_design"] = leaks_by_design
     visible = visible_answers(test)
     visible["threshold"] = visible_threshold
-    visible["skill_rows"] = dc.skill_rows.value
+    visible["skill_rows"] = data_cfg.skill_rows.value
     control = None
     if not skip_control:
         control = shuffled_control(ckpt.config, ckpt.vocab, seqs.select_learners(train_ids),

@@ -1,5 +1,6 @@
-"""`routerkt bench distributed`: data-parallel training throughput (sequences per second) with 1 and
-with N processes (training/launcher.py), in one run, on the same data and config.
+"""`routerkt bench distributed`: data-parallel training throughput (sequences per second), 1 vs N processes.
+
+The process counts (training/launcher.py) run in one invocation, on the same data and config.
 
 Each process count trains a fresh run (fold 0 of a single 80/20 split, --epochs epochs) through the
 same launcher as `routerkt train --nproc N`: the global batch is train.batch_size in every case and
@@ -25,7 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", default=None, help="canonical CSV (default: a synthetic dataset of --learners learners)")
     p.add_argument("--learners", type=int, default=2000, help="learners of the synthetic dataset")
     p.add_argument("--nprocs", default="1,2", help="comma-separated process counts (default 1,2)")
-    p.add_argument("--epochs", type=int, default=3, help="epochs per run (the first is not counted when there are more)")
+    p.add_argument("--epochs", type=int, default=3,
+                   help="epochs per run (the first is not counted when there are more)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="config override for every run, e.g. train.batch_size=128")
     p.add_argument("--out", default=None, help="write the results as JSON here")
@@ -61,8 +63,9 @@ def run(args: argparse.Namespace) -> int:
             rates = [h["train_seq_per_s"] for h in history]
             counted = rates[1:] or rates
             rows.append({"nproc": n, "seq_per_s": statistics.median(counted), "epochs": rates, "wall_seconds": wall})
-            print(f"{n} process(es): {rows[-1]['seq_per_s']:.1f} seq/s (epochs: {', '.join(f'{r:.0f}' for r in rates)}), "
-                  f"{wall:.1f} s wall", file=sys.stderr)
+            epochs = ", ".join(f"{r:.0f}" for r in rates)
+            print(f"{n} process(es): {rows[-1]['seq_per_s']:.1f} seq/s (epochs: {epochs}), {wall:.1f} s wall",
+                  file=sys.stderr)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     reference = next((r["seq_per_s"] for r in rows if r["nproc"] == 1), rows[0]["seq_per_s"])

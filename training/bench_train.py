@@ -1,5 +1,6 @@
-"""`routerkt bench train`: training throughput (sequences per second) per preset on the same data, in
-one run, interleaved so machine drift hits every variant alike.
+"""`routerkt bench train`: training throughput (sequences per second) per preset on the same data.
+
+All presets run in one invocation, interleaved so machine drift hits every variant alike.
 
 Each measurement trains one epoch (or --batches batches) of fold 0's training learners with a fixed
 batch order. Two modes:
@@ -22,8 +23,8 @@ from pathlib import Path
 
 MODES = {
     "optimized": [],
-    "eager": ["model.fused_attention=false", "model.attn_dropout=0.05", "train.batching=random", "train.trim_padding=false",
-              "train.bf16=false"],
+    "eager": ["model.fused_attention=false", "model.attn_dropout=0.05", "train.batching=random",
+              "train.trim_padding=false", "train.bf16=false"],
 }
 DEFAULT_PRESETS = "routerkt-akt,akt-standard,alibi-akt,relative-akt,akt"
 
@@ -48,14 +49,15 @@ def measure(cfg, seqs, batches: int, seed: int = 0) -> float:
     model = build_model(cfg.model).train()
     opt = torch.optim.Adam(model.parameters(), lr=cfg.train.lr)
     # one untimed warm-up step on the first batch
-    tc = cfg.train
-    first = next(iterate(seqs, tc.batch_size, shuffle=True, batching=tc.batching, trim=tc.trim_padding, seed=seed))
+    train_cfg = cfg.train
+    first = next(iterate(seqs, train_cfg.batch_size, shuffle=True, batching=train_cfg.batching,
+                         trim=train_cfg.trim_padding, seed=seed))
     loss, _ = batch_loss(model, first, cfg.train.bf16)
     loss.backward()
     opt.zero_grad()
     n, started = 0, time.perf_counter()
-    for i, batch in enumerate(iterate(seqs, tc.batch_size, shuffle=True, batching=tc.batching, trim=tc.trim_padding,
-                                      seed=seed)):
+    for i, batch in enumerate(iterate(seqs, train_cfg.batch_size, shuffle=True, batching=train_cfg.batching,
+                                      trim=train_cfg.trim_padding, seed=seed)):
         if batches and i >= batches:
             break
         loss, _ = batch_loss(model, batch, cfg.train.bf16)
@@ -102,20 +104,30 @@ def run(args: argparse.Namespace) -> int:
     n_train = len(next(iter(prepared.values()))[1])
     print(f"\ntraining throughput, {n_train} training sequences of {data}, torch threads {torch.get_num_threads()}, "
           f"median of {args.repeats}")
-    header = f"| preset | mode | seq/s (median) | min..max | vs {presets[0]} |" + (" optimized / eager |" if len(modes) > 1 else "")
-    print(header)
-    print("|" + "---|" * (header.count("|") - 1))
-    for (preset, mode), value in median.items():
-        row = (f"| {preset} | {mode} | {value:.0f} | {min(samples[(preset, mode)]):.0f}..{max(samples[(preset, mode)]):.0f} "
-               f"| {value / median[(presets[0], mode)]:.2f}x |")
-        if len(modes) > 1:
-            row += f" {value / median[(preset, 'eager')]:.2f}x |" if (preset, "eager") in median and mode != "eager" else " |"
-        print(row)
+    _print_table(samples, median, presets[0], len(modes) > 1)
     if args.out:
         from routerkt.atomic import atomic_write_json
         from training.data.pipeline import portable_path
-        atomic_write_json(Path(args.out), {"data": portable_path(data), "threads": torch.get_num_threads(), "repeats": args.repeats,
-                                           "batches": args.batches, "reference": reference,
-                                           "results": [{"preset": p, "mode": m, "median_seq_per_s": median[(p, m)],
-                                                        "samples": samples[(p, m)]} for (p, m) in median]})
+        atomic_write_json(Path(args.out), {
+            "data": portable_path(data), "threads": torch.get_num_threads(), "repeats": args.repeats,
+            "batches": args.batches, "reference": reference,
+            "results": [{"preset": p, "mode": m, "median_seq_per_s": median[(p, m)], "samples": samples[(p, m)]}
+                        for (p, m) in median]})
     return 0
+
+
+def _print_table(samples: dict[tuple[str, str], list[float]], median: dict[tuple[str, str], float],
+                 first: str, both_modes: bool) -> None:
+    """One row per (preset, mode): median, range, ratio to the first preset and (both modes) to eager."""
+    header = f"| preset | mode | seq/s (median) | min..max | vs {first} |"
+    header += " optimized / eager |" if both_modes else ""
+    print(header)
+    print("|" + "---|" * (header.count("|") - 1))
+    for (preset, mode), value in median.items():
+        seen = samples[(preset, mode)]
+        row = (f"| {preset} | {mode} | {value:.0f} | {min(seen):.0f}..{max(seen):.0f} "
+               f"| {value / median[(first, mode)]:.2f}x |")
+        if both_modes:
+            against_eager = (preset, "eager") in median and mode != "eager"
+            row += f" {value / median[(preset, 'eager')]:.2f}x |" if against_eager else " |"
+        print(row)

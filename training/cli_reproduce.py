@@ -28,7 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], help="override for every run")
     p.add_argument("--report", action="store_true", help="only write OUT/RESULTS.md from finished runs")
     p.add_argument("--diversity", action="store_true",
-                   help="attention-pattern analysis (Spearman/SSIM, heatmaps) of the finished runs of --datasets x --presets")
+                   help="attention-pattern analysis (Spearman/SSIM, heatmaps) of the finished runs of "
+                        "--datasets x --presets")
     p.add_argument("--learners", type=int, default=50, help="learners for --diversity")
     p.add_argument("--dry-run", action="store_true", help="list the jobs and exit")
     p.add_argument("--nproc", type=int, default=1, metavar="N",

@@ -1,6 +1,7 @@
 """`routerkt train`: train a preset on a canonical CSV with K-fold cross-validation.
 
-Example: routerkt train --data ../shared/datasets/assist2009/interactions.csv.gz --preset routerkt-akt --folds 1 --epochs 3
+Example:
+    routerkt train --data ../shared/datasets/assist2009/interactions.csv.gz --preset routerkt-akt --folds 1 --epochs 3
 Data-parallel (training/launcher.py): add --nproc N, or run under torchrun with --out:
     torchrun --nproc-per-node 2 -m routerkt.cli train --data ... --preset routerkt-akt --out runs/x
 """
@@ -17,11 +18,14 @@ from training.config import RunConfig
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", required=True, help="canonical CSV user_id,order,question_id,skill_id,correct (.csv or .csv.gz)")
+    p.add_argument("--data", required=True,
+                   help="canonical CSV user_id,order,question_id,skill_id,correct (.csv or .csv.gz)")
     p.add_argument("--preset", required=True, help="model preset, e.g. routerkt-akt, akt, alibi-akt, dkt")
-    p.add_argument("--folds", type=int, default=5, help="K of K-fold cross-validation over learners (1 = one 80/20 split)")
+    p.add_argument("--folds", type=int, default=5,
+                   help="K of K-fold cross-validation over learners (1 = one 80/20 split)")
     p.add_argument("--epochs", type=int, default=None, help="maximum epochs per fold (default 300, early stopping)")
-    p.add_argument("--out", default=None, help="run directory (default runs/<preset>-<timestamp>); an existing run resumes")
+    p.add_argument("--out", default=None,
+                   help="run directory (default runs/<preset>-<timestamp>); an existing run resumes")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a config field, e.g. model.n_selected=4, train.lr=3e-4, data.protocol=chunks")
     p.add_argument("--folds-file", default=None, help="JSON {fold: [learner ids]} giving each fold's test learners")
@@ -59,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     metrics = launcher.train(cfg, out, args.nproc, progress=not args.no_progress and sys.stderr.isatty())
     if metrics is None:                      # a torchrun rank other than 0: rank 0 reports
         return 0
-    summary = {k: {"mean": round(metrics[k]["mean"], 4), "std": round(metrics[k]["std"], 4)} for k in ("auc", "acc", "rmse")}
+    summary = {k: {"mean": round(metrics[k]["mean"], 4), "std": round(metrics[k]["std"], 4)}
+               for k in ("auc", "acc", "rmse")}
     print(json.dumps({"run": str(out), **summary}))
     return 0

@@ -56,8 +56,9 @@ def _print_mastery(m: dict) -> None:
           f"(counting {_num(b['counting_spearman'])}) over {b['pairs']} pairs")
     d = m["dependent_skills"]
     print(f"  dependent skills {d['skills']}, mean P(correct) after / before the unlock: model "
-          f"{_num(d['model_mean_unlocked'])} / {_num(d['model_mean_locked'])}, truth {_num(d['truth_mean_unlocked'])} / "
-          f"{_num(d['truth_mean_locked'])} ({d['learners_unlocked']} learners unlocked)")
+          f"{_num(d['model_mean_unlocked'])} / {_num(d['model_mean_locked'])}, "
+          f"truth {_num(d['truth_mean_unlocked'])} / {_num(d['truth_mean_locked'])} "
+          f"({d['learners_unlocked']} learners unlocked)")
 
 
 def _print_explanations(e: dict, top_k: int) -> None:

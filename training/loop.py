@@ -95,8 +95,8 @@ def predict(model: KTModel, seqs: Sequences, batch_size: int) -> tuple[np.ndarra
     labels, probs = [], []
     # evaluation only: length-sorted batches change no prediction (no gradient, scores are per position)
     for batch in iterate(seqs, batch_size, shuffle=False, batching=Batching.LENGTH_BUCKETED):
-        on = batch.to(device)
-        logits = model(on.questions, on.skills, on.responses).logits.float().cpu()
+        moved = batch.to(device)
+        logits = model(moved.questions, moved.skills, moved.responses).logits.float().cpu()
         scored = batch.responses >= 0
         labels.append(batch.responses[scored].numpy())
         probs.append(torch.sigmoid(logits)[scored].numpy())
@@ -113,17 +113,17 @@ def train_fold(cfg: RunConfig, vocab: Vocab, data: FoldData, fold_dir: Path, fol
                log: Callable[[str], None] = lambda m: tqdm.write(m, file=sys.stderr),
                progress: bool = True, init_state: dict | None = None) -> dict | None:
     """`init_state`: the model's initial weights (a warm start) instead of fresh ones."""
-    tc = cfg.train
+    train_cfg = cfg.train
     rank = distributed.current()      # data-parallel: rank 0 validates, records and decides; the others train
-    device = devices.resolve(tc.device, rank.local_rank)
-    torch.manual_seed(tc.seed + fold)
+    device = devices.resolve(train_cfg.device, rank.local_rank)
+    torch.manual_seed(train_cfg.seed + fold)
     model = build_model(cfg.model)   # built on the CPU (same initial weights everywhere), then moved
     if init_state is not None:
         model.load_state_dict(init_state)
     model = model.to(device)
-    distributed.seed_rank(tc.seed + fold)
+    distributed.seed_rank(train_cfg.seed + fold)
     net = distributed.wrap(model)     # DDP in a data-parallel run; evaluate and save `model`
-    optimizer = torch.optim.Adam(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
+    optimizer = torch.optim.Adam(model.parameters(), lr=train_cfg.lr, weight_decay=train_cfg.weight_decay)
     if not rank.is_main:
         return _follow(cfg, data, net, optimizer, fold)
     fold_dir.mkdir(parents=True, exist_ok=True)
@@ -131,14 +131,16 @@ def train_fold(cfg: RunConfig, vocab: Vocab, data: FoldData, fold_dir: Path, fol
     writer = SummaryWriter(log_dir=str(fold_dir / "tensorboard"))
     history: list[dict] = []
     best_auc, best_epoch, started, steps = -math.inf, -1, time.perf_counter(), 0
-    bar = tqdm(range(tc.epochs), desc=f"fold {fold}", unit="epoch", leave=False, disable=not progress, file=sys.stderr)
+    bar = tqdm(range(train_cfg.epochs), desc=f"fold {fold}", unit="epoch", leave=False, disable=not progress,
+               file=sys.stderr)
     for epoch in bar:
-        t0 = time.perf_counter()
+        epoch_started = time.perf_counter()
         taken, seen, totals = _train_epoch(cfg, data, net, optimizer, fold, epoch)
         steps += taken
-        train_seconds = time.perf_counter() - t0
-        valid = evaluate(model, data.valid, tc.batch_size)
-        row = {"epoch": epoch, "steps": steps, "train_seconds": train_seconds, "train_seq_per_s": seen / max(train_seconds, 1e-9),
+        train_seconds = time.perf_counter() - epoch_started
+        valid = evaluate(model, data.valid, train_cfg.batch_size)
+        row = {"epoch": epoch, "steps": steps, "train_seconds": train_seconds,
+               "train_seq_per_s": seen / max(train_seconds, 1e-9),
                **{f"train_{k}": v / max(seen, 1) for k, v in totals.items()},
                **{f"valid_{k}": v for k, v in valid.items()}}
         history.append(row)
@@ -155,15 +157,15 @@ def train_fold(cfg: RunConfig, vocab: Vocab, data: FoldData, fold_dir: Path, fol
         log(f"fold {fold} epoch {epoch}: loss {row.get('train_bce', float('nan')):.4f} valid auc {valid['auc']:.4f} "
             f"acc {valid['acc']:.4f} ({row['train_seq_per_s']:.0f} seq/s){' *' if improved else ''}")
         # the reference code: stop after patience+1 flat epochs; here only once min_steps steps were taken
-        if distributed.broadcast_flag(epoch - best_epoch > tc.patience and steps >= tc.min_steps):
+        if distributed.broadcast_flag(epoch - best_epoch > train_cfg.patience and steps >= train_cfg.min_steps):
             break
     writer.close()
     best = load_checkpoint(fold_dir)                 # onto the CPU
-    test = evaluate(best.model.to(device), data.test, tc.batch_size)
+    test = evaluate(best.model.to(device), data.test, train_cfg.batch_size)
     result = {"fold": fold, "best_epoch": best_epoch, "epochs_run": len(history), "steps": steps, "valid_auc": best_auc,
               "test": test, "seconds": time.perf_counter() - started,
               "train_seq_per_s": float(np.median([h["train_seq_per_s"] for h in history])),
-              "bf16_autocast": bf16_used(tc.bf16, device)}    # hardware-dependent: recorded per fold
+              "bf16_autocast": bf16_used(train_cfg.bf16, device)}    # hardware-dependent: recorded per fold
     atomic_write_json(fold_dir / "result.json", result)
     return result
 
@@ -172,17 +174,17 @@ def _train_epoch(cfg: RunConfig, data: FoldData, net: torch.nn.Module, optimizer
                  fold: int, epoch: int) -> tuple[int, int, dict[str, float]]:
     """One epoch of optimizer steps; returns the steps, the sequences seen and the loss parts summed over them.
     Every rank draws the same global batches and trains on its shard (distributed.shard)."""
-    tc = cfg.train
+    train_cfg = cfg.train
     net.train()
     steps, seen, totals = 0, 0, {}
-    for batch in iterate(data.train, tc.batch_size, shuffle=True, batching=tc.batching, trim=tc.trim_padding,
-                         seed=tc.seed * 1000 + fold * 100003 + epoch):
+    for batch in iterate(data.train, train_cfg.batch_size, shuffle=True, batching=train_cfg.batching,
+                         trim=train_cfg.trim_padding, seed=train_cfg.seed * 1000 + fold * 100003 + epoch):
         piece = distributed.shard(batch)             # the batch itself for one process
-        loss, parts = batch_loss(net, piece.batch, tc.bf16, tokens=piece.tokens)
+        loss, parts = batch_loss(net, piece.batch, train_cfg.bf16, tokens=piece.tokens)
         optimizer.zero_grad(set_to_none=True)
         (loss * piece.grad_scale).backward()          # DDP all-reduces (averages) the gradients here
-        if tc.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(net.parameters(), tc.grad_clip)
+        if train_cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(net.parameters(), train_cfg.grad_clip)
         optimizer.step()
         distributed.step_hook()
         steps += 1

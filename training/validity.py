@@ -191,8 +191,8 @@ def forward(model, h: Histories, candidate_questions: np.ndarray, candidate_skil
     with torch.inference_mode():
         if not explain:
             return Forward(torch.sigmoid(model.rank(*inputs)).numpy(), None, None)
-        ex = explain_rank(model, *inputs)
-        return Forward(torch.sigmoid(ex.logits).numpy(), ex.attention.numpy(), ex.head_weights.numpy())
+        out = explain_rank(model, *inputs)
+        return Forward(torch.sigmoid(out.logits).numpy(), out.attention.numpy(), out.head_weights.numpy())
 
 
 def has_attention(model, length: int) -> bool:
@@ -304,15 +304,15 @@ def counting_rates(truth: LearnerTruth, start: int, skills: np.ndarray) -> np.nd
 # The measurement
 
 def _batches(items: list, size: int):
-    for lo in range(0, len(items), size):
-        yield items[lo:lo + size]
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
 
 
 def _next_question_cases(truths: list[LearnerTruth], cuts: int, seed: int) -> list[tuple[LearnerTruth, int]]:
     """Per learner, up to `cuts` seeded steps t >= 1 whose actual interaction is the candidate."""
     rng = np.random.default_rng([seed, 1])
-    return [(tr, int(t)) for tr in truths if tr.length > 1
-            for t in np.sort(rng.choice(np.arange(1, tr.length), min(cuts, tr.length - 1), replace=False))]
+    return [(truth, int(t)) for truth in truths if truth.length > 1
+            for t in np.sort(rng.choice(np.arange(1, truth.length), min(cuts, truth.length - 1), replace=False))]
 
 
 def measure(ckpt: Checkpoint, truths: list[LearnerTruth], cfg: ValidityConfig) -> dict:
@@ -327,30 +327,30 @@ def measure(ckpt: Checkpoint, truths: list[LearnerTruth], cfg: ValidityConfig) -
     mastery = MasteryTally(dependent=dependent)
 
     for batch in _batches(truths, cfg.batch_size):              # the Mastery forward: (UNK_ID, {s}) after it all
-        h = histories([(tr, tr.length) for tr in batch], vocab, length)
+        h = histories([(truth, truth.length) for truth in batch], vocab, length)
         cands = np.broadcast_to(skill_ids, (len(batch), skill_ids.size)).copy()
         out = forward(model, h, np.full_like(cands, UNK_ID), cands, explain)
-        for i, tr in enumerate(batch):
+        for i, truth in enumerate(batch):
             start, n = int(h.starts[i]), int(h.used[i])
-            mastery.add(out.probs[i].astype(np.float64), tr.mastery[raw_skills],
-                        counting_rates(tr, start, raw_skills), truth_unlocked(tr))
+            mastery.add(out.probs[i].astype(np.float64), truth.mastery[raw_skills],
+                        counting_rates(truth, start, raw_skills), truth_unlocked(truth))
             for j, s in enumerate(raw_skills if explain else []):
-                tally_case(tallies[AT_END], tr, int(s), tr.length, start, n, out.attention[i, j],
+                tally_case(tallies[AT_END], truth, int(s), truth.length, start, n, out.attention[i, j],
                            out.head_weights[i, j], cfg.top_k)
 
     for batch in _batches(_next_question_cases(truths, cfg.cuts, cfg.seed) if explain else [], cfg.batch_size):
         h = histories(batch, vocab, length)
-        questions = vocab.encode_questions(np.array([tr.questions[t] for tr, t in batch])).reshape(-1, 1)
-        skills = vocab.encode_skills(np.array([tr.skills[t] for tr, t in batch])).reshape(-1, 1)
+        questions = vocab.encode_questions(np.array([truth.questions[t] for truth, t in batch])).reshape(-1, 1)
+        skills = vocab.encode_skills(np.array([truth.skills[t] for truth, t in batch])).reshape(-1, 1)
         out = forward(model, h, questions, skills, True)
-        for i, (tr, t) in enumerate(batch):
-            tally_case(tallies[NEXT], tr, int(tr.skills[t]), t, int(h.starts[i]), int(h.used[i]),
+        for i, (truth, t) in enumerate(batch):
+            tally_case(tallies[NEXT], truth, int(truth.skills[t]), t, int(h.starts[i]), int(h.used[i]),
                        out.attention[i, 0], out.head_weights[i, 0], cfg.top_k)
 
     report = mastery.report()
     report["skills"] = int(raw_skills.size)
     report["dependent_skills"].update(skills=[int(x) for x in raw_skills[dependent]],
-                                      learners_unlocked=sum(truth_unlocked(tr) for tr in truths))
+                                      learners_unlocked=sum(truth_unlocked(truth) for truth in truths))
     explanations = ({kind: {name: t.report() for name, t in targets.items()} for kind, targets in tallies.items()}
                     if explain else {"skipped": f"{type(model).__name__} has no attention layer to explain"})
     return {"mastery": report, "explanations": explanations}
@@ -375,8 +375,9 @@ def validity_run(cfg: ValidityConfig) -> dict:
     ckpt = load_checkpoint(fold_dir)
     if ckpt.config.model.leaks_future:
         raise UserError(f"{fold_dir}: the model routes over the whole window (leaks_future): no history-once ranking")
-    if not 1 <= cfg.top_k <= ckpt.config.data.window - 1:
-        raise UserError(f"--top-k must be in 1..{ckpt.config.data.window - 1} (the model's window - 1), got {cfg.top_k}")
+    length = ckpt.config.data.window - 1
+    if not 1 <= cfg.top_k <= length:
+        raise UserError(f"--top-k must be in 1..{length} (the model's window - 1), got {cfg.top_k}")
     data_path = resolve_data_path(cfg.data or ckpt.config.data.path)
     truths = _regenerate(data_path, cfg.synth)
     fold = int(ckpt.meta.get("fold", cfg.fold if cfg.fold is not None else fold_dir.name.split("-")[-1]))

@@ -48,12 +48,13 @@ def _routerkt_akt(*overrides: str) -> tuple[Variant, ...]:
 DKT_SMALL_BATCH = Variant("dkt", ("train.batch_size=64",))
 BASELINE = Variant("routerkt-akt")          # what the ablations and the grid change one thing of
 GROUPS: dict[str, tuple[Variant, ...]] = {
-    "main": _presets("akt", "akt-standard", "alibi-akt", "folibi-akt", "relative-akt", "routerkt-akt", "cl4kt", "routerkt-cl4kt",
-                     "simplekt", "routerkt-simplekt", "dkt") + (DKT_SMALL_BATCH,),
+    "main": _presets("akt", "akt-standard", "alibi-akt", "folibi-akt", "relative-akt", "routerkt-akt", "cl4kt",
+                     "routerkt-cl4kt", "simplekt", "routerkt-simplekt", "dkt") + (DKT_SMALL_BATCH,),
     "all": _presets("akt", "akt-standard", "alibi-akt", "folibi-akt", "relative-akt", "routerkt-akt",
                     "cl4kt", "cl4kt-standard", "alibi-cl4kt", "folibi-cl4kt", "routerkt-cl4kt", "routerkt-cl4kt-qn",
                     "simplekt", "alibi-simplekt", "routerkt-simplekt", "dkt") + (DKT_SMALL_BATCH,),   # every preset
-    "akt-family": _presets("akt", "akt-standard", "alibi-akt", "folibi-akt", "relative-akt", "routerkt-akt", "dkt") + (DKT_SMALL_BATCH,),
+    "akt-family": _presets("akt", "akt-standard", "alibi-akt", "folibi-akt", "relative-akt", "routerkt-akt",
+                           "dkt") + (DKT_SMALL_BATCH,),
     "ablations": _routerkt_akt(
         "model.routing_scope=token",          # person-wise (prefix) vs token-wise
         "model.experts=ffn",                  # heads vs FFN experts

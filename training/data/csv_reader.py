@@ -255,7 +255,8 @@ def _check_sets(ids: np.ndarray, counts: np.ndarray, problems: list[tuple[int, i
     used = np.arange(ids.shape[1])[None, :] < counts[:, None]
     i = _first((used & (ids < -1)).any(axis=1))
     if i is not None:
-        problems.append((i, 1, k, f"column 'skill_id' must be >= 0 or -1 (unknown), got {ids[i][used[i] & (ids[i] < -1)][0]}"))
+        bad = ids[i][used[i] & (ids[i] < -1)][0]
+        problems.append((i, 1, k, f"column 'skill_id' must be >= 0 or -1 (unknown), got {bad}"))
     if ids.shape[1] > 1:
         ordered = np.sort(np.where(used, ids, NO_SKILL - 1 - np.arange(ids.shape[1])[None, :]), axis=1)
         i = _first((ordered[:, 1:] == ordered[:, :-1]).any(axis=1))

@@ -67,10 +67,10 @@ def dataset_name(path: str | os.PathLike) -> str:
     return p.name.removesuffix(".gz").removesuffix(".csv")
 
 
-def portable_data(dc: DataConfig) -> DataConfig:
-    """`dc` with a portable `path` and `dataset` filled in (kept when already set)."""
-    found = resolve_data_path(dc.path)
-    return dataclasses.replace(dc, path=portable_path(found), dataset=dc.dataset or dataset_name(found))
+def portable_data(data: DataConfig) -> DataConfig:
+    """`data` with a portable `path` and `dataset` filled in (kept when already set)."""
+    found = resolve_data_path(data.path)
+    return dataclasses.replace(data, path=portable_path(found), dataset=data.dataset or dataset_name(found))
 
 
 def resolve_data_path(path: str | os.PathLike) -> Path:
@@ -84,36 +84,36 @@ def resolve_data_path(path: str | os.PathLike) -> Path:
 # ----------------------------------------------------------------------------------------------
 # Data
 
-def load_interactions(dc: DataConfig) -> Interactions:
-    """The interactions of `dc.path`, the rows of multi-skill interactions handled by `dc.skill_rows`."""
-    return skill_rows.apply(read_interactions(resolve_data_path(dc.path)), dc.skill_rows)
+def load_interactions(data: DataConfig) -> Interactions:
+    """The interactions of `data.path`, the rows of multi-skill interactions handled by `data.skill_rows`."""
+    return skill_rows.apply(read_interactions(resolve_data_path(data.path)), data.skill_rows)
 
 
-def _sequences(dc: DataConfig, vocab: Vocab | None) -> tuple[Vocab, Sequences, str]:
-    inter = load_interactions(dc)
+def _sequences(data: DataConfig, vocab: Vocab | None) -> tuple[Vocab, Sequences, str]:
+    inter = load_interactions(data)
     vocab = vocab if vocab is not None else Vocab.build(inter)
-    seqs = make_sequences(inter, vocab, dc.protocol, dc.window, dc.min_interactions)
+    seqs = make_sequences(inter, vocab, data.protocol, data.window, data.min_interactions)
     if len(seqs) == 0:
-        raise UserError(f"{dc.path}: no learner has >= {dc.min_interactions} interactions")
-    return vocab, seqs, skill_rows.describe(inter, dc.skill_rows)
+        raise UserError(f"{data.path}: no learner has >= {data.min_interactions} interactions")
+    return vocab, seqs, skill_rows.describe(inter, data.skill_rows)
 
 
-def load_sequences(dc: DataConfig, vocab: Vocab | None = None) -> tuple[Vocab, Sequences]:
-    """Read `dc.path` and cut it into windows; the vocabulary is built from the data unless given
+def load_sequences(data: DataConfig, vocab: Vocab | None = None) -> tuple[Vocab, Sequences]:
+    """Read `data.path` and cut it into windows; the vocabulary is built from the data unless given
     (evaluation and export map ids with the run's own). Raises UserError on unusable data."""
-    vocab, seqs, _ = _sequences(dc, vocab)
+    vocab, seqs, _ = _sequences(data, vocab)
     return vocab, seqs
 
 
-def split_folds(dc: DataConfig, seqs: Sequences) -> list[Fold]:
-    """The run's folds over the learners of `seqs`: from `dc.folds_file`, else K-fold by `dc.seed`."""
+def split_folds(data: DataConfig, seqs: Sequences) -> list[Fold]:
+    """The run's folds over the learners of `seqs`: from `data.folds_file`, else K-fold by `data.seed`."""
     learners = np.unique(seqs.learners)
-    if dc.folds_file:
-        return load_folds_file(dc.folds_file, learners)
-    return make_folds(learners, dc.folds, dc.valid_ratio, dc.seed)
+    if data.folds_file:
+        return load_folds_file(data.folds_file, learners)
+    return make_folds(learners, data.folds, data.valid_ratio, data.seed)
 
 
-def load_run_data(dc: DataConfig, vocab: Vocab | None = None) -> RunData:
+def load_run_data(data: DataConfig, vocab: Vocab | None = None) -> RunData:
     """Vocabulary, sequences and folds of a run's data, and the line saying how its rows were read."""
-    vocab, seqs, note = _sequences(dc, vocab)
-    return RunData(vocab=vocab, sequences=seqs, folds=split_folds(dc, seqs), note=note)
+    vocab, seqs, note = _sequences(data, vocab)
+    return RunData(vocab=vocab, sequences=seqs, folds=split_folds(data, seqs), note=note)

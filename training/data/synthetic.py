@@ -212,16 +212,16 @@ def simulate_traces(cfg: SyntheticConfig) -> tuple[World, list[LearnerTrace]]:
 
 def interactions(world: World, traces: list[LearnerTrace], cfg: SyntheticConfig) -> pd.DataFrame:
     """The traces' interactions in the canonical columns, sorted by user then order (user i = traces[i])."""
-    users, orders, qs, ss, cs = [], [], [], [], []
+    users, orders, questions, skills, answers = [], [], [], [], []
     for user, trace in enumerate(traces):
         users.extend([user] * len(trace.rows))
         orders.extend(range(len(trace.rows)))
         for q, s, c in trace.rows:
-            qs.append(q)
-            ss.append(s)
-            cs.append(c)
-    df = pd.DataFrame({"user_id": users, "order": orders, "question_id": qs, "skill_id": ss, "correct": cs},
-                      columns=list(COLUMNS)).astype(np.int64)
+            questions.append(q)
+            skills.append(s)
+            answers.append(c)
+    df = pd.DataFrame({"user_id": users, "order": orders, "question_id": questions, "skill_id": skills,
+                       "correct": answers}, columns=list(COLUMNS)).astype(np.int64)
     if cfg.multi_skill > 0:
         df = _second_skills(df, world.question_skill, cfg)
     return df
