@@ -1,5 +1,6 @@
-"""`routerkt export`: export a training run to ONNX and publish it as a new version in the Triton
-model repository (python backend by default; onnxruntime / tensorrt configs for GPU hosts)."""
+"""`routerkt export`: export a training run to ONNX and publish it as a new version in the Triton repository.
+
+The python backend by default; onnxruntime / tensorrt configs for GPU hosts."""
 from __future__ import annotations
 
 import argparse
