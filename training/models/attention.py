@@ -191,6 +191,7 @@ class MultiHeadAttention(nn.Module):
         q = qp.view(B, L, H, dk).transpose(1, 2)                              # [B, H, L, dk]
         k = kp.view(B, L, H, dk).transpose(1, 2)
         v = self.v(value).view(B, L, H, dk).transpose(1, 2)
+        k, v = ctx.extend(self.name, k, v)                                    # a step context's cached keys first
         drop = self.dropout if self.training else 0.0
 
         with _float32():

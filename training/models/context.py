@@ -23,7 +23,9 @@ Two layouts:
   `history()` is the window context of the history alone, for value streams that only PAST-masked
   queries read (a candidate's own value is never visible to anyone there, so it needs no encoding).
 Layers read index-dependent facts only through the context (`distance`, `table`, `key_table`,
-`restrict`, `prefix_sum`, `scores`, `apply`, `later_keys`), so they work unchanged on both layouts.
+`restrict`, `prefix_sum`, `scores`, `apply`, `later_keys`) and get their key columns from it
+(`extend`), so they work unchanged on both layouts and on the step layout of
+training/models/step_context.py (new rows against a learner's cached columns).
 """
 from __future__ import annotations
 
@@ -117,6 +119,12 @@ class SequenceContext:
     @property
     def length(self) -> int:
         return self.valid.shape[1]
+
+    def extend(self, name: str, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """The key and value columns of attention layer `name` from its projected k, v [B, h, L, d]:
+        these layouts have no others (unchanged); a step context (training/models/step_context.py)
+        puts the cached columns of earlier positions before them."""
+        return k, v
 
     # -- index-dependent tables ------------------------------------------------------------------
     def table(self, full: Tensor) -> Tensor:

@@ -5,7 +5,8 @@ a linear layer scores every skill; the logit for position t is the mean score of
 set s_t. Left-padded inputs are rotated so each learner starts at index 0 (the LSTM never sees padding before the real
 interactions), then rotated back: predictions do not depend on the amount of padding.
 `rank` runs the LSTM over the history once: every candidate's logit is read from the state after
-the last history interaction (the state at t never depends on the question at t).
+the last history interaction (the state at t never depends on the question at t); its inputs
+(`history_inputs`) also start the step path's LSTM state (training/models/step.py).
 """
 from __future__ import annotations
 
@@ -45,7 +46,20 @@ class DKT(KTModel):
 
     def rank(self, history_questions: Tensor, history_skills: Tensor, history_responses: Tensor,
              candidate_questions: Tensor, candidate_skills: Tensor) -> Tensor:
-        history_skills, candidate_skills = as_sets(history_skills), as_sets(candidate_skills)
+        candidate_skills = as_sets(candidate_skills)
+        inputs, seen = self.history_inputs(history_skills, history_responses)   # [B, H+1, d], [B, 1]
+        h, _ = self.lstm(inputs)                                             # [B, H+1, hidden]
+        seen = seen.unsqueeze(-1).expand(-1, 1, h.shape[-1])                 # [B, 1, hidden]: index n
+        state = h.gather(1, seen)                                            # after start + n interactions
+        scores = self.out(self.drop(state))                                  # [B, 1, n_skills]
+        n = candidate_skills.shape[1]
+        return set_scores(scores.expand(-1, n, -1), candidate_skills).float()   # [B, N]
+
+    def history_inputs(self, history_skills: Tensor, history_responses: Tensor) -> tuple[Tensor, Tensor]:
+        """The LSTM inputs [B, H+1, d] of a left-padded history [B, H] (skills [B, H] or [B, H, K]):
+        the start vector, then the learner's n interactions, padding after them; and n [B, 1], the
+        index of the state after the last one."""
+        history_skills = as_sets(history_skills)
         B = history_skills.shape[0]
         valid = present(history_skills)                                      # [B, H]
         steps, length, pad = _rotation(valid)
@@ -54,12 +68,7 @@ class DKT(KTModel):
         r = history_responses.clamp(0, 1).gather(1, to_right)
         e = embed_set(self.interaction, s, 2 * s + r.unsqueeze(-1))          # [B, H, d]
         inputs = torch.cat([self.start.expand(B, 1, -1), e], dim=1)          # [B, H+1, d]
-        h, _ = self.lstm(inputs)                                             # [B, H+1, hidden]
-        seen = (length - pad).unsqueeze(-1).expand(-1, 1, h.shape[-1])       # [B, 1, hidden]: index n
-        state = h.gather(1, seen)                                            # after start + n interactions
-        scores = self.out(self.drop(state))                                  # [B, 1, n_skills]
-        n = candidate_skills.shape[1]
-        return set_scores(scores.expand(-1, n, -1), candidate_skills).float()   # [B, N]
+        return inputs, length - pad
 
 
 def _rotation(valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
