@@ -1,6 +1,6 @@
 """Torch CPU time of the incremental step path (training/models/step.py) against the full rank forward, and state sizes.
 
-    python -m training.bench_step [--preset routerkt-akt] [--threads 1] [--repeats 200] [--batches 1,32]
+    routerkt bench step [--preset routerkt-akt] [--threads 1] [--repeats 200] [--batches 1,32]
 
 At the default config (window W = max_len = 100), for B learners at once (B = 1: per-call overheads
 dominate in eager PyTorch; larger B: the arithmetic): `step` (k = 1) from a kept history of
@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from routerkt.errors import UserError
 from training.models.registry import PRESETS, build_model, preset_config, with_vocab
 from training.models.step import predict_next, start_state, step
 
@@ -77,15 +78,22 @@ def state_bytes() -> dict[str, dict[str, int]]:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="routerkt-akt")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=200)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", default="routerkt-akt", choices=sorted(PRESETS))
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--repeats", type=int, default=200, help="interleaved repeats per operation")
     parser.add_argument("--batches", default="1,32", help="learners per call, comma-separated")
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        batches = [int(b) for b in args.batches.split(",")]
+    except ValueError:
+        raise UserError(f"--batches: comma-separated integers expected, got {args.batches!r}") from None
+    if min(batches) < 1 or args.repeats < 1 or args.threads < 1:
+        raise UserError("--batches, --repeats and --threads must be positive")
     torch.set_num_threads(args.threads)
-    for B in (int(b) for b in args.batches.split(",")):
+    for B in batches:
         print(f"{args.preset}, default config, B={B} learner(s) per call, torch {torch.__version__}, "
               f"{args.threads} thread(s), median of {args.repeats}")
         results = timings(args.preset, args.repeats, B)
@@ -97,7 +105,4 @@ def main() -> None:
     print("state bytes per learner at a history of W - 1 = 99 (cache | kept history ids):")
     for preset, sizes in state_bytes().items():
         print(f"  {preset:20s} {sizes['cache']:9d} | {sizes['history']:6d}")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -126,10 +126,12 @@ def write_tables(out: Path, rows: list[dict], meta: dict) -> Path:
         speed = fast["train_seq_per_s"] / eager["train_seq_per_s"] if fast and eager else None
         same = "yes" if fast and eager and fast.get("valid_auc_curve") == eager.get("valid_auc_curve") else "no"
         lines.append(
-            f"| {r['dataset']} | {r['preset']} | {_f(fast.get('test_auc'), '.4f')} | {_f(eager.get('test_auc'), '.4f')} "
+            f"| {r['dataset']} | {r['preset']} "
+            f"| {_f(fast.get('test_auc'), '.4f')} | {_f(eager.get('test_auc'), '.4f')} "
             f"| {_f(diff, '+.5f')} | {_f(noise.get('auc_sample_std'), '.4f')} | {_f(noise.get('fold0_auc'), '.4f')} "
             f"| {_f(fast.get('fold_seconds'), '.0f')} | {_f(eager.get('fold_seconds'), '.0f')} | {_f(wall, '.2f')} "
-            f"| {_f(fast.get('train_seq_per_s'), '.0f')} | {_f(eager.get('train_seq_per_s'), '.0f')} | {_f(speed, '.2f')} "
+            f"| {_f(fast.get('train_seq_per_s'), '.0f')} | {_f(eager.get('train_seq_per_s'), '.0f')} "
+            f"| {_f(speed, '.2f')} "
             f"| {fast.get('epochs_run', '')} ({fast.get('best_epoch', '')}) | {eager.get('epochs_run', '')} "
             f"({eager.get('best_epoch', '')}) | {same if fast and eager else ''} |")
     (out / "ab.md").write_text("\n".join(lines) + "\n")

@@ -50,7 +50,8 @@ class CL4KT(KTModel):
 
     def encode_interactions(self, skills: Tensor, responses: Tensor, collect: Collector | None = None) -> Tensor:
         ctx = SequenceContext.build(skills)
-        return self._encode(self.interaction_encoder, self._interactions(skills, responses), ctx, collect or Collector())
+        interactions = self._interactions(skills, responses)
+        return self._encode(self.interaction_encoder, interactions, ctx, collect or Collector())
 
     def _interactions(self, skills: Tensor, responses: Tensor) -> Tensor:
         """skills [B, L, K], responses [B, L] -> [B, L, d]: row s + (n+1) r per skill, averaged."""

@@ -17,7 +17,7 @@ class Collector:
     attention: list[Tensor] = field(default_factory=list)   # [B, H, L, L] per attention layer, in call order
     routing: list[Tensor] = field(default_factory=list)     # [B, L, E] aggregated weights per routed layer
     names: list[str] = field(default_factory=list)          # layer name of each attention map
-    head_routing: dict[str, Tensor] = field(default_factory=dict)  # routed attention layer name -> [B, L, E] head weights
+    head_routing: dict[str, Tensor] = field(default_factory=dict)  # routed layer name -> [B, L, E] head weights
 
     def balance_loss(self, device: torch.device) -> Tensor:
         return torch.stack(self.balance).sum() if self.balance else torch.zeros((), device=device)

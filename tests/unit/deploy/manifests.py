@@ -1,7 +1,7 @@
 """Shared by the tests of serving/deploy/ (tests/unit/deploy/): the paths, the ports and flags the
 deployments must agree on, the loaders of the YAML files and Dockerfiles, and the checks that parse
 the deployments' command lines with the real `routerkt serve` / `routerkt retrain` parsers and
-compare Triton's with serving/tritonserver/launcher.py."""
+compare Triton's with serving/tritonserver/command.py (through TritonServer.command)."""
 from __future__ import annotations
 
 import argparse
@@ -65,7 +65,7 @@ def parsed(command: str, add_arguments, argv: list[str]) -> argparse.Namespace:
 
 
 def launcher_flags() -> set[str]:
-    """The tritonserver flags of serving/tritonserver/launcher.py, less paths and loopback addresses."""
+    """The tritonserver flags serving/tritonserver/command.py builds, less paths and loopback addresses."""
     fake = Path("unused")
     install = TritonInstall(server=fake / "tritonserver", python_backend=fake, stub=fake, libs=fake, caches=fake)
     server = TritonServer("unused", ports=TritonPorts(http=TRITON_HTTP, grpc=TRITON_GRPC, metrics=TRITON_METRICS))

@@ -4,7 +4,7 @@ parses, every Kubernetes object is validated against the Kubernetes JSON schemas
 checked by hand), the kustomizations list every manifest, and the workloads, Services, probes and
 scrape annotations agree with the code: ports and flags from serving.settings.Settings and the real
 `routerkt serve` parser, probe and metrics paths from the gateway's FastAPI routes, Triton's flags
-from serving/tritonserver/launcher.py."""
+from serving/tritonserver/command.py."""
 from __future__ import annotations
 
 from pathlib import Path
