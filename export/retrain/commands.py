@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 from routerkt.errors import UserError
+from routerkt.urls import gateway_url
 
 COMMAND_TIMEOUT_S = 3600
 
@@ -77,7 +78,7 @@ def _json(stdout: str, command: str) -> dict:
 
 def wait_loaded(gateway: str, model: str, version: int, timeout_s: float, ca_file: Path | None = None) -> float:
     """Seconds until the gateway's /readyz lists `version` of `model` as ready; UserError after `timeout_s`."""
-    url = gateway.rstrip("/") + "/readyz"
+    url = gateway_url(gateway, tls=ca_file is not None) + "/readyz"
     context = ssl.create_default_context(cafile=str(ca_file)) if ca_file else None
     started = time.monotonic()
     while time.monotonic() - started < timeout_s:

@@ -28,6 +28,7 @@ import urllib.request
 from pathlib import Path
 
 from routerkt.errors import UserError
+from routerkt.urls import gateway_url
 from serving.security.client_flags import add_client_flags, api_key, https_context
 from serving.rollout.kinds import KINDS
 from serving.rollout.kinds.base import Rollout
@@ -66,8 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action.add_argument("model")
     for action in sub.choices.values():
         action.add_argument("--gateway", default=None, metavar="URL",
-                            help="a gateway's HTTP base URL: read (and change, with an admin key) its policy through "
-                                 "its API")
+                            help="a gateway's HTTP base URL (HOST:PORT alone: http://, https:// with --tls-ca): "
+                                 "read (and change, with an admin key) its policy through its API")
         action.add_argument("--file", type=Path, default=None,
                             help=f"policy file (default {DEFAULT_FILE}; a change takes --gateway or --file, not both)")
         action.add_argument("--json", action="store_true", help="print one JSON object")
@@ -134,13 +135,14 @@ class _File:
                 "models": {name: describe(r) for name, r in sorted(policy.models.items())}}
 
 
+
 class _Gateway:
     """A gateway's rollout API: GET /v1/rollout, PUT /v1/rollout/MODEL."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        self.base = args.gateway.rstrip("/")
-        self.name = f"gateway {args.gateway}"
         self.key, self.context = api_key(args), https_context(args)
+        self.base = gateway_url(args.gateway, tls=self.context is not None)
+        self.name = f"gateway {args.gateway}"
 
     def _call(self, method: str, path: str, body: object = None) -> dict:
         url = self.base + path
