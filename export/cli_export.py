@@ -43,6 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="rewrite each attention core into one onnxruntime MultiHeadAttention op where the attention "
                         "kind allows (faster at batch 32, slower at 512 here: docs/benchmarks.md, "
                         "'Fused attention'; off by default)")
+    p.add_argument("--step-graphs", action="store_true",
+                   help="also write the step graphs (step_start / step_append / step_next.onnx: a learner's state "
+                        "appended one interaction at a time; docs/training.md, 'Step graphs'); off by default")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,8 +60,12 @@ def run(args: argparse.Namespace) -> int:
                                  preferred_batch_sizes=preferred, warmup=not args.no_warmup, fp16=args.fp16)
     result = export_run(args.run, args.repository, name=args.name, version=args.version, backend=args.backend,
                         fold=args.fold, keep_versions=args.keep_versions, options=options, quantize=args.quantize,
-                        fuse_attention=args.fuse_attention, policy_file=args.policy_file)
-    print(json.dumps({"model": result.name, "version": result.version, "repository": str(result.repository),
-                      "parity_max_abs_diff": result.parity_max_abs_diff, "files": result.files,
-                      "fused_attention_cores": result.fused_attention_cores}))
+                        fuse_attention=args.fuse_attention, policy_file=args.policy_file,
+                        step_graphs=args.step_graphs)
+    summary = {"model": result.name, "version": result.version, "repository": str(result.repository),
+               "parity_max_abs_diff": result.parity_max_abs_diff, "files": result.files,
+               "fused_attention_cores": result.fused_attention_cores}
+    if args.step_graphs:
+        summary["step_parity_max_abs_diff"] = result.step_parity_max_abs_diff
+    print(json.dumps(summary))
     return 0

@@ -10,10 +10,12 @@ is readable; the rank graph (rank.onnx) against one PyTorch window per candidate
 attention is the model's; config.pbtxt then also declares its outputs) likewise. Then (TensorRT plan
 of the score graph on a GPU host) -> render config.pbtxt -> publish the version atomically. Any parity
 failing refuses the export; any failure leaves the repository untouched. With --quantize int8 the
-score and rank graphs are quantized and each must stay within INT8_TOL.
+score and rank graphs are quantized and each must stay within INT8_TOL. With step_graphs (`--step-graphs`)
+the step graphs (export/step_export.py) are exported and checked too, and model_info.json names them.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import tempfile
 import time
@@ -28,6 +30,7 @@ from export.explain_export import check_explain_parity, explainable, export_expl
 from export.onnx_export import (PARITY_TOL, ExportError, check_parity, check_rank_parity, export_onnx,
                                 ParityReport, export_rank_onnx, rank_batches)
 from export.repository import publish_version
+from export.step_export import export_step_graphs
 from export.triton_python_model import MODEL_PY
 from export.triton_config import TARGETS, Backend, Target, TritonModelOptions, publish_config, render_config
 from routerkt.contract import signature
@@ -50,6 +53,7 @@ class ExportResult:
     rank_parity_cases: list = field(default_factory=list)
     fused_attention_cores: int = 0        # attention cores of the served graph as one fused op each
     explain_parity_max_abs_diff: float = float("nan")   # nan: no explain graph exported
+    step_parity_max_abs_diff: float = float("nan")      # nan: no step graphs exported
 
 
 @dataclass(frozen=True)
@@ -122,9 +126,10 @@ def real_batches(config, vocab, n: int = 48) -> list[tuple[np.ndarray, np.ndarra
 def export_run(run: Path, repository: Path, name: str | None = None, version: int | None = None,
                backend: Backend = Backend.PYTHON, fold: int | None = None, keep_versions: int = 3,
                options: TritonModelOptions | None = None, quantize: str = "none", fuse_attention: bool = False,
-               log=print, policy_file: Path | None = None) -> ExportResult:
+               log=print, policy_file: Path | None = None, step_graphs: bool = False) -> ExportResult:
     """Export `run` and publish it in `repository`; versions beyond `keep_versions` are pruned except those the
-    rollout policy file `policy_file` names (a canary's baseline must stay loaded)."""
+    rollout policy file `policy_file` names (a canary's baseline must stay loaded). `step_graphs`: the
+    step graphs too, where the model can be stepped."""
     from training.checkpoint import load_checkpoint
     from training.run import best_fold_dir
 
@@ -145,7 +150,13 @@ def export_run(run: Path, repository: Path, name: str | None = None, version: in
         kinds = [graph for graph in GRAPH_KINDS if graph.kind != "explain" or options.explain]
         exported = _export_graphs(ckpt, kinds, Path(tmp), fold_dir, fuse_attention, target, options, quantize, log)
         files = _version_files(ckpt, exported, target, options, Path(tmp))
-        files[signature.INFO_FILE] = _model_info(ckpt, run, name, options, quantize, exported).save_bytes()
+        step = export_step_graphs(ckpt.model, Path(tmp) / "step", log) if step_graphs else None
+        files.update(step.files if step else {})
+        info = _model_info(ckpt, run, name, options, quantize, exported)
+        if step:
+            info = dataclasses.replace(info, step_graphs=step.names(),
+                                       step_parity_max_abs_diff=step.report.max_abs_diff)
+        files[signature.INFO_FILE] = info.save_bytes()
         protected = read_named_versions(policy_file).get(name, set())
         version = publish_version(repository, name, files, config_text, version=version, keep_versions=keep_versions,
                                   protected=protected)
@@ -154,7 +165,8 @@ def export_run(run: Path, repository: Path, name: str | None = None, version: in
                         parity_cases=score.cases, files=sorted(files),
                         rank_parity_max_abs_diff=rank.report.max_abs_diff, rank_parity_cases=rank.report.cases,
                         fused_attention_cores=rank.fusion.fused,
-                        explain_parity_max_abs_diff=_explain_parity(exported))
+                        explain_parity_max_abs_diff=_explain_parity(exported),
+                        step_parity_max_abs_diff=step.report.max_abs_diff if step else float("nan"))
 
 
 def _serving_options(options: TritonModelOptions | None, backend: Backend, ckpt) -> tuple[TritonModelOptions, Target]:

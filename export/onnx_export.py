@@ -167,8 +167,10 @@ def _check_dynamic(model_proto, graph: signature.Graph, dynamic: dict) -> None:
                                   f"{dims[axis].dim_value} instead of keeping it dynamic; nothing was written")
 
 
-def _trace(wrapper: nn.Module, inputs: tuple[Tensor, ...], graph: signature.Graph, dynamic: dict,
-           path: Path, quiet: bool) -> None:
+def trace_graph(wrapper: nn.Module, inputs: tuple[Tensor, ...], graph: signature.Graph, dynamic: dict,
+                path: Path, quiet: bool) -> None:
+    """Export `wrapper` on example `inputs` as `graph` (its tensor names) with the `dynamic` axes to `path`
+    (single file, weights embedded); ExportError when the exporter fails or fixes a dynamic axis."""
     path = Path(path)
     _clear_recurrent_dispatch_caches()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -192,7 +194,8 @@ def _trace(wrapper: nn.Module, inputs: tuple[Tensor, ...], graph: signature.Grap
         program.save(str(tmp))
 
 
-def _prepare(model: KTModel) -> None:
+def prepare_model(model: KTModel) -> None:
+    """Before any trace: refuse a non-servable model, eval mode, learner-independent biases frozen."""
     check_servable(model)
     model.eval()
     model.freeze_biases()
@@ -200,7 +203,7 @@ def _prepare(model: KTModel) -> None:
 
 def export_onnx(model: KTModel, path: Path, quiet: bool = True) -> None:
     """Freeze biases and write the score graph to `path` (single file, weights embedded)."""
-    _prepare(model)
+    prepare_model(model)
     cfg = model.config
     L = min(cfg.max_len, 16)
     inputs = tuple(torch.from_numpy(a) for a in example_inputs(cfg.n_questions, cfg.n_skills, 2, L))
@@ -209,7 +212,7 @@ def export_onnx(model: KTModel, path: Path, quiet: bool = True) -> None:
     skills = torch.export.Dim("skills", min=1, max=MAX_SKILLS)
     dynamic = {spec.name: {0: batch, 1: seq, **({2: skills} if signature.skill_axis(spec) else {})}
                for spec in signature.SCORE.inputs}
-    _trace(InferenceModel(model).eval(), inputs, signature.SCORE, dynamic, path, quiet)
+    trace_graph(InferenceModel(model).eval(), inputs, signature.SCORE, dynamic, path, quiet)
 
 
 def export_rank_onnx(model: KTModel, path: Path, quiet: bool = True) -> None:
@@ -221,10 +224,10 @@ def export_rank_inputs_graph(served: nn.Module, graph: signature.Graph, path: Pa
     """Freeze the biases of `served.model` and trace `served`, a module over the rank graph's inputs
     (the rank and explain graphs), with the rank graph's dynamic axes."""
     model = served.model
-    _prepare(model)
+    prepare_model(model)
     cfg = model.config
     arrays = rank_inputs(cfg.n_questions, cfg.n_skills, 2, min(cfg.max_len - 1, 15), 3)
-    _trace(served.eval(), tuple(torch.from_numpy(a) for a in arrays), graph,
+    trace_graph(served.eval(), tuple(torch.from_numpy(a) for a in arrays), graph,
            rank_dynamic_axes(cfg.max_len, graph), path, quiet)
 
 

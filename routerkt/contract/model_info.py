@@ -10,7 +10,9 @@
 
 This dataclass owns the schema: `to_json` writes it, `from_json` checks it and raises
 ModelInfoError naming the file and the field. Format 1 (before the contract existed) had flat
-"inputs"/"outputs" lists for the one graph; it is still read.
+"inputs"/"outputs" lists for the one graph; it is still read. A version exported with --step-graphs
+also has "step_graphs" (the step graphs' names -> inputs/outputs, routerkt/contract/step_signature.py)
+and "step_parity_max_abs_diff"; both keys are absent otherwise (and in older files).
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from typing import Any
 
 from routerkt.contract.json_file import read_json
 from routerkt.contract.signature import GRAPHS, SCORE
+from routerkt.contract.step_signature import state_kind_of
 from routerkt.errors import UserError
 
 FORMAT = "routerkt-model-info/2"
@@ -58,9 +61,19 @@ class ModelInfo:
     rank_parity_max_abs_diff: float = math.nan
     explain_parity_max_abs_diff: float = math.nan   # nan: no explain graph (explain.onnx) in the version
     provenance: dict[str, str] = field(default_factory=dict)
+    step_graphs: dict[str, dict[str, list[str]]] = field(default_factory=dict)   # empty: no step graphs
+    step_parity_max_abs_diff: float = math.nan
+
+    @property
+    def step_state(self) -> str | None:
+        """The state kind of the version's step graphs (attention | recurrent), None without them."""
+        return state_kind_of(self.step_graphs) if self.step_graphs else None
 
     def to_json(self) -> dict[str, Any]:
-        return {"format": FORMAT, **asdict(self)}
+        d = {"format": FORMAT, **asdict(self)}
+        if not self.step_graphs:                  # a version without step graphs: the file as before them
+            del d["step_graphs"], d["step_parity_max_abs_diff"]
+        return d
 
     def save_bytes(self) -> bytes:
         return (json.dumps(self.to_json(), indent=2) + "\n").encode()
@@ -100,16 +113,27 @@ class ModelInfo:
             raise ModelInfoError(f"{where}: served_graph must be one of {sorted(GRAPHS)}")
         if kwargs.get("padding", "left") != "left":
             raise ModelInfoError(f"{where}: padding is {kwargs['padding']!r}; this code serves left padding only")
-        for key in ("parity_max_abs_diff", "rank_parity_max_abs_diff", "explain_parity_max_abs_diff"):
+        for key in ("parity_max_abs_diff", "rank_parity_max_abs_diff", "explain_parity_max_abs_diff",
+                    "step_parity_max_abs_diff"):
             value = d.get(key, math.nan)
             kwargs[key] = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
         provenance = d.get("provenance", {})
         if not isinstance(provenance, dict):
             raise ModelInfoError(f"{where}: 'provenance' must be an object")
         kwargs["provenance"] = {str(k): str(v) for k, v in provenance.items()}
+        kwargs.update(_step_fields(d, where))
         return cls(**kwargs)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> ModelInfo:
         d = read_json(path, ModelInfoError)
         return cls.from_json(d, str(path))
+
+
+def _step_fields(d: dict, where: str) -> dict[str, Any]:
+    """`step_graphs` checked: absent or empty, or exactly one state kind's step graphs."""
+    step_graphs = d.get("step_graphs", {})
+    if not isinstance(step_graphs, dict) or (step_graphs and state_kind_of(step_graphs) is None):
+        raise ModelInfoError(f"{where}: 'step_graphs' must name the step graphs of one state kind "
+                             "(routerkt/contract/step_signature.py)")
+    return {"step_graphs": step_graphs}

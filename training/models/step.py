@@ -139,7 +139,7 @@ def start_state(model: KTModel, questions: Tensor, skills: Tensor, responses: Te
     kind = stepping(model)
     if kind is Stepping.ATTENTION:
         empty = LayerCache(valid=valid[:, :0])
-        state.layers = empty if state.questions.shape[1] == 0 else _append_rows(
+        state.layers = empty if state.questions.shape[1] == 0 else append_rows(
             model, empty, state.questions, state.skills, state.responses)
     elif kind is Stepping.RECURRENT:
         inputs, seen = model.history_inputs(state.skills, state.responses)       # [B, P+1, d], [B, 1]
@@ -148,10 +148,11 @@ def start_state(model: KTModel, questions: Tensor, skills: Tensor, responses: Te
     return state
 
 
-def _append_rows(model: KTModel, cache: LayerCache, questions: Tensor, skills: Tensor,
-                 responses: Tensor) -> LayerCache:
+def append_rows(model: KTModel, cache: LayerCache, questions: Tensor, skills: Tensor,
+                responses: Tensor) -> LayerCache:
     """The cache grown by rows questions, responses [B, k], skills [B, k, K] (the model's own
-    compute on those rows alone; its logits, all at history positions, are not computed)."""
+    compute on those rows alone; its logits, all at history positions, are not computed). Rows
+    without an interaction are allowed before the first one (left padding: never visible)."""
     ctx = StepContext.append(cache, present(skills))
     model.compute(questions, skills, responses.clamp(0, 1), ctx, Collector(), read_from=questions.shape[1])
     return ctx.stored
@@ -174,11 +175,17 @@ def step(model: KTModel, state: StepState, questions: Tensor, skills: Tensor, re
     grown = StepState(all_q, all_s, all_r, state.window, rebuilt=False)
     kind = stepping(model)
     if kind is Stepping.ATTENTION:
-        grown.layers = _append_rows(model, state.layers, questions, _widen(skills, width), responses)
+        grown.layers = append_rows(model, state.layers, questions, _widen(skills, width), responses)
     elif kind is Stepping.RECURRENT:
-        e = embed_set(model.interaction, skills, 2 * skills + responses.clamp(0, 1).unsqueeze(-1))   # [B, k, d]
-        _, grown.recurrent = model.lstm(e, state.recurrent)
+        grown.recurrent = append_recurrent(model, state.recurrent, skills, responses)
     return grown
+
+
+def append_recurrent(model: DKT, recurrent: tuple[Tensor, Tensor], skills: Tensor,
+                     responses: Tensor) -> tuple[Tensor, Tensor]:
+    """The LSTM state (h, c) [1, B, hidden] moved on by interactions skills [B, k, K], responses [B, k]."""
+    e = embed_set(model.interaction, skills, 2 * skills + responses.clamp(0, 1).unsqueeze(-1))   # [B, k, d]
+    return model.lstm(e, recurrent)[1]
 
 
 @torch.no_grad()
@@ -189,16 +196,26 @@ def predict_next(model: KTModel, state: StepState, candidate_questions: Tensor, 
     candidate_skills = as_sets(candidate_skills)
     kind = stepping(model)
     if kind is Stepping.ATTENTION:
-        ctx = StepContext.candidates(state.layers, present(candidate_skills))
-        responses = torch.full_like(candidate_questions, CANDIDATE_RESPONSE)
-        logits, _ = model.compute(candidate_questions, candidate_skills, responses, ctx, Collector())   # [B, C]
+        logits = cached_logits(model, state.layers, candidate_questions, candidate_skills)
     elif kind is Stepping.RECURRENT:
-        h = state.recurrent[0][-1]                                                # [B, hidden]
-        scores = model.out(model.drop(h)).unsqueeze(1)                           # [B, 1, n_skills]
-        logits = set_scores(scores.expand(-1, candidate_questions.shape[1], -1), candidate_skills)
+        logits = recurrent_logits(model, state.recurrent[0][-1], candidate_skills)
     else:
         logits = _recompute(model, state, candidate_questions, candidate_skills)
     return torch.sigmoid(logits.float())
+
+
+def cached_logits(model: KTModel, layers: LayerCache, candidate_questions: Tensor,
+                  candidate_skills: Tensor) -> Tensor:
+    """Logits [B, C] of candidates (questions [B, C], skill sets [B, C, K]) against a learner's cached layers."""
+    ctx = StepContext.candidates(layers, present(candidate_skills))
+    responses = torch.full_like(candidate_questions, CANDIDATE_RESPONSE)
+    return model.compute(candidate_questions, candidate_skills, responses, ctx, Collector())[0]   # [B, C]
+
+
+def recurrent_logits(model: DKT, hidden: Tensor, candidate_skills: Tensor) -> Tensor:
+    """Logits [B, C] of candidate skill sets [B, C, K] from the LSTM's last hidden state [B, hidden]."""
+    scores = model.out(model.drop(hidden)).unsqueeze(1)                          # [B, 1, n_skills]
+    return set_scores(scores.expand(-1, candidate_skills.shape[1], -1), candidate_skills)
 
 
 def _recompute(model: KTModel, state: StepState, candidate_questions: Tensor, candidate_skills: Tensor) -> Tensor:

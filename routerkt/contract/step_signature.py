@@ -1,0 +1,112 @@
+"""The step graphs (issue 50): a learner's state that a server holds, one interaction appended at a time, and
+candidates scored against it; torch-free like signature.py, whose conventions hold here (left padding, skill sets
+with a last axis `skills`, int64 ids, float32 probabilities).
+
+Three graphs, one ONNX file each in the version folder (beside rank.onnx, written by `routerkt export
+--step-graphs`; model_info.json's `step_graphs` names them and their tensors):
+- `step_start`: history_questions, history_responses int64 [batch, history] and history_skills int64
+  [batch, history, skills], a left-padded history of up to W - 1 interactions (W = the model's window;
+  serve history = W - 1, which fixes the state's `history` axis; a new learner: all padding) -> the state.
+- `step_append`: the state + ONE new interaction per learner, append_question, append_response int64
+  [batch] and append_skills int64 [batch, skills] (a real interaction: a non-empty skill set) -> the
+  updated state: the same tensors, each named `updated_<name>`, the same shapes (feed them back as
+  <name>). The oldest column is dropped and the new interaction enters at the last one, so the call is
+  exact only while the learner's kept history is shorter than W - 1 (state_length < history axis).
+- `step_next`: the state + candidate_questions int64 [batch, candidates] and candidate_skills int64
+  [batch, candidates, skills] -> candidate_probs float32 [batch, candidates], equal (within 1e-5) to the
+  rank graph's candidate_probs on the learner's kept history (its last W - 1 interactions).
+
+The window edge (training/models/step.py): a served prediction reads the last W - 1 interactions, so once
+a learner has W - 1 kept, every cached value changes with the next answer. The caller then REBUILDS: it
+runs step_start on the learner's last W - 1 interactions (it keeps the raw history for this) instead of
+step_append. Learners of one batch may hold different kept lengths (the state is right-aligned): each
+one appends or is rebuilt on its own.
+
+The state, per learner (all axes but `batch` and `history` are fixed by the model; `history` = W - 1):
+- ATTENTION (AKT, CL4KT, SimpleKT backbones, every attention kind, dense or routed heads):
+  state_length int64 [batch]: the learner's kept interactions n (0 .. W - 1);
+  state_keys, state_values float32 [batch, layers, heads, history, head_dim]: each attention layer's
+  projected keys and values of the history columns, right-aligned (the last column is the most recent
+  interaction, the first history - n columns are padding and never read), layers in the model's order;
+  state_sums float32 [batch, sums]: the running sums of the routers' prefix means (RouterKT's prefix
+  scope: per routed layer its numerator [E or D] and count [1]); sums = 0 for unrouted models.
+  Bytes per learner: 8 + 8 * layers * heads * head_dim * (W - 1) + 4 * sums (routerkt-akt default,
+  W = 100: 304,352).
+- RECURRENT (DKT): state_length int64 [batch] as above; state_hidden, state_cell float32 [batch,
+  hidden]: the LSTM's (h, c) after the start vector and the kept history (8 + 8 * hidden bytes).
+Models the step path cannot step (RouterKT's whole-window `sequence` routing scope: no causal state) get
+no step graphs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from routerkt.contract.signature import RANK, Graph, TensorSpec
+
+STEP_START_ONNX_FILE = "step_start.onnx"
+STEP_APPEND_ONNX_FILE = "step_append.onnx"
+STEP_NEXT_ONNX_FILE = "step_next.onnx"
+
+ATTENTION = "attention"      # state kinds
+RECURRENT = "recurrent"
+UPDATED = "updated_"         # step_append's outputs: UPDATED + the state tensor's name
+
+
+def _int64(name: str, *axes: str) -> TensorSpec:
+    return TensorSpec(name, "int64", "TYPE_INT64", "INT64", axes)
+
+
+def _float32(name: str, *axes: str) -> TensorSpec:
+    return TensorSpec(name, "float32", "TYPE_FP32", "FP32", axes)
+
+
+STATE_LENGTH = _int64("state_length", "batch")
+ATTENTION_STATE = (STATE_LENGTH,
+                   _float32("state_keys", "batch", "layers", "heads", "history", "head_dim"),
+                   _float32("state_values", "batch", "layers", "heads", "history", "head_dim"),
+                   _float32("state_sums", "batch", "sums"))
+RECURRENT_STATE = (STATE_LENGTH, _float32("state_hidden", "batch", "hidden"), _float32("state_cell", "batch", "hidden"))
+APPENDED = (_int64("append_question", "batch"), _int64("append_skills", "batch", "skills"),
+            _int64("append_response", "batch"))
+HISTORY, CANDIDATES = RANK.inputs[:3], RANK.inputs[3:]
+
+
+def updated(spec: TensorSpec) -> TensorSpec:
+    """step_append's output for the state tensor `spec`."""
+    return replace(spec, name=UPDATED + spec.name)
+
+
+@dataclass(frozen=True)
+class StepGraphs:
+    """The three step graphs of one state kind."""
+
+    state_kind: str
+    state: tuple[TensorSpec, ...]
+    start: Graph
+    append: Graph
+    next: Graph
+
+    @property
+    def graphs(self) -> tuple[Graph, Graph, Graph]:
+        return self.start, self.append, self.next
+
+
+def _step_graphs(kind: str, state: tuple[TensorSpec, ...]) -> StepGraphs:
+    return StepGraphs(kind, state, start=Graph("step_start", HISTORY, state),
+                      append=Graph("step_append", state + APPENDED, tuple(updated(t) for t in state)),
+                      next=Graph("step_next", state + CANDIDATES, RANK.outputs))
+
+
+STEP_GRAPHS: dict[str, StepGraphs] = {ATTENTION: _step_graphs(ATTENTION, ATTENTION_STATE),
+                                      RECURRENT: _step_graphs(RECURRENT, RECURRENT_STATE)}
+STEP_FILES: dict[str, str] = {"step_start": STEP_START_ONNX_FILE, "step_append": STEP_APPEND_ONNX_FILE,
+                              "step_next": STEP_NEXT_ONNX_FILE}
+
+
+def state_kind_of(graph_names: dict[str, dict[str, list[str]]]) -> str | None:
+    """The state kind whose step graphs have exactly these inputs and outputs (model_info's `step_graphs`), or None."""
+    for kind, graphs in STEP_GRAPHS.items():
+        if graph_names == {g.name: {"inputs": list(g.input_names), "outputs": list(g.output_names)}
+                           for g in graphs.graphs}:
+            return kind
+    return None
