@@ -52,9 +52,11 @@ def _key(name: str, model) -> str:
 
 
 @pytest.fixture(scope="module")
-def exported(request):
-    """name -> (model, folder holding its step graphs and rank.onnx), exported once per content key."""
-    cache = Path(request.config.cache.mkdir("step-graphs"))
+def exported(request, tmp_path_factory):
+    """name -> (model, folder holding its step graphs and rank.onnx), exported once per content key
+    (kept across runs in pytest's cache folder; in a temporary one under `-p no:cacheprovider`, as in CI)."""
+    kept = getattr(request.config, "cache", None)
+    cache = Path(kept.mkdir("step-graphs")) if kept is not None else tmp_path_factory.mktemp("step-graphs")
     done: dict = {}
 
     def get(name: str):
