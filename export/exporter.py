@@ -154,7 +154,7 @@ def export_run(run: Path, repository: Path, name: str | None = None, version: in
         files.update(step.files if step else {})
         info = _model_info(ckpt, run, name, options, quantize, exported)
         if step:
-            info = dataclasses.replace(info, step_graphs=step.names(),
+            info = dataclasses.replace(info, step_graphs=step.graphs.names(),
                                        step_parity_max_abs_diff=step.report.max_abs_diff)
         files[signature.INFO_FILE] = info.save_bytes()
         protected = read_named_versions(policy_file).get(name, set())

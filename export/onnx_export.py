@@ -207,12 +207,8 @@ def export_onnx(model: KTModel, path: Path, quiet: bool = True) -> None:
     cfg = model.config
     L = min(cfg.max_len, 16)
     inputs = tuple(torch.from_numpy(a) for a in example_inputs(cfg.n_questions, cfg.n_skills, 2, L))
-    batch = torch.export.Dim("batch", min=1, max=1 << 16)
-    seq = torch.export.Dim("seq", min=2, max=cfg.max_len)
-    skills = torch.export.Dim("skills", min=1, max=MAX_SKILLS)
-    dynamic = {spec.name: {0: batch, 1: seq, **({2: skills} if signature.skill_axis(spec) else {})}
-               for spec in signature.SCORE.inputs}
-    trace_graph(InferenceModel(model).eval(), inputs, signature.SCORE, dynamic, path, quiet)
+    trace_graph(InferenceModel(model).eval(), inputs, signature.SCORE, dynamic_axes(cfg.max_len, signature.SCORE),
+                path, quiet)
 
 
 def export_rank_onnx(model: KTModel, path: Path, quiet: bool = True) -> None:
@@ -227,20 +223,19 @@ def export_rank_inputs_graph(served: nn.Module, graph: signature.Graph, path: Pa
     prepare_model(model)
     cfg = model.config
     arrays = rank_inputs(cfg.n_questions, cfg.n_skills, 2, min(cfg.max_len - 1, 15), 3)
-    trace_graph(served.eval(), tuple(torch.from_numpy(a) for a in arrays), graph,
-           rank_dynamic_axes(cfg.max_len, graph), path, quiet)
+    trace_graph(served.eval(), tuple(torch.from_numpy(a) for a in arrays), graph, dynamic_axes(cfg.max_len, graph),
+                path, quiet)
 
 
-def rank_dynamic_axes(max_len: int, graph: signature.Graph) -> dict:
-    """The dynamic axes of a graph with the rank graph's inputs: batch, history (1 .. max_len - 1),
-    candidates and skills."""
-    batch = torch.export.Dim("batch", min=1, max=1 << 16)
-    history = torch.export.Dim("history", min=1, max=max_len - 1)
-    candidates = torch.export.Dim("candidates", min=1, max=1 << 16)
-    skills = torch.export.Dim("skills", min=1, max=MAX_SKILLS)
-    return {spec.name: {0: batch, 1: history if spec.axes[1] == "history" else candidates,
-                        **({2: skills} if signature.skill_axis(spec) else {})}
-            for spec in graph.inputs}
+def dynamic_axes(max_len: int, graph: signature.Graph) -> dict:
+    """Each input's dynamic axes, by axis name: batch, seq (2 .. max_len), history (1 .. max_len - 1),
+    candidates, skills (every graph; any other axis, e.g. a step state's layers or heads, stays fixed)."""
+    dims = {"batch": torch.export.Dim("batch", min=1, max=1 << 16),
+            "seq": torch.export.Dim("seq", min=2, max=max_len),
+            "history": torch.export.Dim("history", min=1, max=max_len - 1),
+            "candidates": torch.export.Dim("candidates", min=1, max=1 << 16),
+            "skills": torch.export.Dim("skills", min=1, max=MAX_SKILLS)}
+    return {spec.name: {i: dims[axis] for i, axis in enumerate(spec.axes) if axis in dims} for spec in graph.inputs}
 
 
 @dataclass

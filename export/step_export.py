@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from export.onnx_export import (EXAMPLE_SKILLS, MAX_SKILLS, ExportError, ParityReport, PARITY_TOL, prepare_model,
+from export.onnx_export import (EXAMPLE_SKILLS, PARITY_TOL, ExportError, ParityReport, dynamic_axes, prepare_model,
                                 rank_inputs, rank_reference, skill_sets, trace_graph)
 from export.step_modules import step_modules
 from routerkt.contract import signature
@@ -34,10 +34,6 @@ class StepExport:
     report: ParityReport
     state_bytes: int = 0                 # one learner's state at history max_len - 1
 
-    def names(self) -> dict[str, dict[str, list[str]]]:
-        """model_info.json's `step_graphs`: each graph's input and output names."""
-        return {g.name: {"inputs": list(g.input_names), "outputs": list(g.output_names)} for g in self.graphs.graphs}
-
 
 def step_graphs_of(model: KTModel) -> StepGraphs | None:
     """The contract's step graphs for `model`'s state kind, or None (the step path cannot step it)."""
@@ -50,15 +46,6 @@ def why_not_steppable(model: KTModel) -> str:
         return ("its routing scope 'sequence' averages over the whole window (every cached position changes "
                 "with each answer)")
     return f"the step path has no incremental state for the {model.config.backbone.value} backbone"
-
-
-def step_dynamic_axes(max_len: int, graph: signature.Graph) -> dict:
-    """Each input's dynamic axes by name: batch, history (1 .. max_len - 1), candidates, skills."""
-    dims = {"batch": torch.export.Dim("batch", min=1, max=1 << 16),
-            "history": torch.export.Dim("history", min=1, max=max_len - 1),
-            "candidates": torch.export.Dim("candidates", min=1, max=1 << 16),
-            "skills": torch.export.Dim("skills", min=1, max=MAX_SKILLS)}
-    return {spec.name: {i: dims[axis] for i, axis in enumerate(spec.axes) if axis in dims} for spec in graph.inputs}
 
 
 def _appended(model: KTModel, batch: int, seed: int, skills: int = EXAMPLE_SKILLS) -> tuple[np.ndarray, ...]:
@@ -94,7 +81,7 @@ def export_step_graphs(model: KTModel, folder: Path, log=print, quiet: bool = Tr
     for graph, module in zip(graphs.graphs, (start, append, next_)):
         path = Path(folder) / STEP_FILES[graph.name]
         inputs = tuple(torch.as_tensor(a) for a in examples[graph.name])
-        trace_graph(module, inputs, graph, step_dynamic_axes(cfg.max_len, graph), path, quiet)
+        trace_graph(module, inputs, graph, dynamic_axes(cfg.max_len, graph), path, quiet)
         files[STEP_FILES[graph.name]] = path
     report = check_step_parity(model, folder, graphs)
     full = rank_inputs(cfg.n_questions, cfg.n_skills, 1, cfg.max_len - 1, 1)

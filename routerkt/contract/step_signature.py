@@ -90,6 +90,10 @@ class StepGraphs:
     def graphs(self) -> tuple[Graph, Graph, Graph]:
         return self.start, self.append, self.next
 
+    def names(self) -> dict[str, dict[str, list[str]]]:
+        """model_info.json's `step_graphs`: each graph's input and output names."""
+        return {g.name: {"inputs": list(g.input_names), "outputs": list(g.output_names)} for g in self.graphs}
+
 
 def _step_graphs(kind: str, state: tuple[TensorSpec, ...]) -> StepGraphs:
     return StepGraphs(kind, state, start=Graph("step_start", HISTORY, state),
@@ -105,8 +109,4 @@ STEP_FILES: dict[str, str] = {"step_start": STEP_START_ONNX_FILE, "step_append":
 
 def state_kind_of(graph_names: dict[str, dict[str, list[str]]]) -> str | None:
     """The state kind whose step graphs have exactly these inputs and outputs (model_info's `step_graphs`), or None."""
-    for kind, graphs in STEP_GRAPHS.items():
-        if graph_names == {g.name: {"inputs": list(g.input_names), "outputs": list(g.output_names)}
-                           for g in graphs.graphs}:
-            return kind
-    return None
+    return next((kind for kind, graphs in STEP_GRAPHS.items() if graphs.names() == graph_names), None)
