@@ -40,9 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=None,
                    help="this retrain's run folder and report (default RUNS/retrain-MODEL-TIME)")
     p.add_argument("--gateway", default=None, metavar="URL",
-                   help="the gateway's HTTP base URL (or HOST:PORT): the policy is read and changed through its audited API (an "
-                        "admin key: --api-key-file or $ROUTERKT_API_KEY), and the canary starts once it serves the "
-                        "new version")
+                   help="the gateway's HTTP base URL (or HOST:PORT): the policy is read and changed through its "
+                        "audited API (an admin key: --api-key-file or $ROUTERKT_API_KEY), and the canary starts once "
+                        "it serves the new version")
     p.add_argument("--policy-file", type=Path, default=None,
                    help="without --gateway: the rollout policy file the gateway watches "
                         f"(default {DEFAULT_POLICY_FILE})")
