@@ -59,6 +59,7 @@ from serving.sessions.history import RequestHistory, SessionHistory
 from serving.sessions.keys import LearnerKeys
 from serving.sessions.session_service import SessionService
 from serving.sessions.store import SessionStore
+from serving.state import learner_states
 from serving.settings import SERVICE_NAME, SESSIONS_SERVICE_NAME, Settings
 from serving.transport.endpoints import Endpoints
 from serving.transport.grpc_api import KnowledgeTracingServicer, add_to_server
@@ -277,11 +278,15 @@ def create_server(settings: Settings, *, metrics: Metrics | None = None, catalog
     if sessions is not None and settings.track_outcomes:
         tracker = sessions.tracker = OutcomeTracker(settings, sessions.store, sessions.keys, metrics)
     sink = sink or MetricsSink(metrics)
+    states = None
+    if sessions is not None and settings.state_cache_mb > 0:
+        states = sessions.states = learner_states(settings, metrics, sessions.keys.learner)
     service = PredictionService(
         settings, catalog, backend,
         metrics, history=history, policy=policy,
         encoder=encoder or WindowEncoder(lambda kind, n: metrics.unknown_ids.labels(kind=kind).inc(n)),
-        sink=SinkChain(sink, tracker) if tracker is not None else sink, issue_prediction_ids=tracker is not None)
+        sink=SinkChain(sink, tracker) if tracker is not None else sink, issue_prediction_ids=tracker is not None,
+        states=states)
     # closed in this order at shutdown: the tracker flushes into the store before the store closes
     background: tuple[Background, ...] = tuple(part for part in (tracker, policy, sessions, tls) if part is not None)
     server = GatewayServer(service, Recommender(service, sessions), sessions, background, guard, tls)

@@ -55,6 +55,8 @@ class Settings:
     max_observe_events: int = 1000                # events per Observe call
     store_keep: int = 1000                        # events kept per learner: the newest max(store_keep, window)
     store_ttl_s: float = 0.0                      # learners inactive this long are deleted (0 = never)
+    state_cache_mb: float = 256.0                 # learner states cached for Predict by learner_id on versions
+                                                  # exported with step graphs (serving/state/); 0 = off
     store_probe_s: float = 1.0                    # how often the store is pinged (health, recovery)
     store_expiry_s: float = 60.0                  # how often inactive learners are swept (SQLite)
 
@@ -167,6 +169,9 @@ class Settings:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
                 raise UserError(f"settings.{name} must be >= 0 seconds, got {value!r}")
+        if not isinstance(self.state_cache_mb, (int, float)) or isinstance(self.state_cache_mb, bool) \
+                or not self.state_cache_mb >= 0:
+            raise UserError(f"settings.state_cache_mb must be a number of MiB >= 0, got {self.state_cache_mb!r}")
         for name in ("shed_min_inflight", "max_queued", "auth_failure_burst"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:

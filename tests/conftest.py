@@ -65,3 +65,12 @@ def kt_repository(tiny_run: Path, synthetic_csv: Path, tmp_path_factory: pytest.
     repo = tmp_path_factory.mktemp("model_repository")
     result = export_run(tiny_run, repo, name="kt", log=lambda *_: None)
     return TinyRepository(path=repo, name=result.name, run=tiny_run, data=synthetic_csv)
+
+
+@pytest.fixture(scope="session")
+def kt_step_repository(tiny_run: Path, synthetic_csv: Path, tmp_path_factory: pytest.TempPathFactory) -> TinyRepository:
+    """The tiny model exported with --step-graphs (the learner-state path's graphs beside rank.onnx)."""
+    from export.exporter import export_run
+    repo = tmp_path_factory.mktemp("step_repository")
+    result = export_run(tiny_run, repo, name="kt", log=lambda *_: None, step_graphs=True)
+    return TinyRepository(path=repo, name=result.name, run=tiny_run, data=synthetic_csv)

@@ -1,7 +1,7 @@
 """What the fake inference backends of the tests share: the lifecycle of an InferenceBackend
 (serving/pipeline/parts.py) that has nothing to connect, maintain or load. A fake subclasses it and
 adds what it answers (ready_versions, ready_models, serving, unavailable_reason, describe, infer,
-infer_outputs)."""
+infer_outputs); it has no step graphs (steps: False)."""
 from __future__ import annotations
 
 import asyncio
@@ -30,3 +30,9 @@ class IdleBackend:
 
     async def ensure_ready(self, model: str, version: int, timeout_s: float) -> bool:
         return version in self.ready_versions(model)
+
+    def steps(self, model) -> bool:
+        return False
+
+    async def infer_step(self, model, graph, feeds, timeout_s):
+        raise AssertionError("the fake backends have no step graphs")

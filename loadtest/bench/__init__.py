@@ -12,6 +12,7 @@
     security    Predict with TLS and API keys vs plain
     retrain     `routerkt retrain`'s stages per store size and kind
     loop        a dataset replayed day by day through the gateway with a nightly retrain
+    incremental Predict by learner_id: the learner-state cache on vs off vs the history in the request
 
 A benchmark imports no other benchmark (import-linter checks it); what they share lives beside them
 in loadtest/: harness.py (Triton and gateways, the common flags), learners.py, locustfile.py,

@@ -7,24 +7,33 @@ Each version's served graph (model.onnx: score, rank.onnx: rank) is run; a versi
 file is not served here. A version the catalog marks `explain` (explain.onnx beside rank.onnx) also
 gets a session of the explain graph, run for the explain call (`infer_outputs`, serving/queries/explain.py)
 with the python-backend model's output names (signature.EXPLAIN); as there, a version whose graphs
-do not all load is not served. Sessions are built in a worker thread when a version first appears
+do not all load is not served. A version the catalog gives a `step_state` (step_start/append/next.onnx,
+`routerkt export --step-graphs`) also gets sessions of its three step graphs, run by `infer_step` for
+the learner-state path (serving/state/); a version whose step graphs fail to load is served without
+them (one log line); a small step_append or step_next (at most INLINE_ROWS learners x candidates:
+0.24-0.7 ms in onnxruntime for routerkt-akt) runs on the event loop itself, since the hop to a worker
+thread and back cost the gateway more CPU than the run (`routerkt bench incremental`, docs/benchmarks.md).
+Sessions are built in a worker thread when a version first appears
 in the catalog and run in worker threads, so the event loop never blocks on a forward pass.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 
 import numpy as np
 
 from routerkt.contract.onnx_session import cpu_session
 from routerkt.contract.repository import version_dir
 from routerkt.contract.signature import EXPLAIN_ONNX_FILE, ONNX_FILE, RANK, RANK_ONNX_FILE
+from routerkt.contract.step_signature import STEP_FILES, STEP_GRAPHS
 from serving.core.catalog import ModelCatalog, ModelVersion
 from serving.pipeline.parts import BackendError, FailureKind
 from serving.settings import Settings
 
 log = logging.getLogger("routerkt.gateway.onnxruntime")
+INLINE_ROWS = 32         # step_append learners / step_next learners x candidates run without a thread hop
 
 
 class OnnxRuntimeBackend:
@@ -35,6 +44,7 @@ class OnnxRuntimeBackend:
         self.threads = threads
         self._sessions: dict[tuple[str, int], object] = {}
         self._explain: dict[tuple[str, int], object] = {}        # versions with the explain graph
+        self._steps: dict[tuple[str, int], dict[str, object]] = {}   # versions with step graphs: name -> session
         self._broken: set[tuple[str, int]] = set()
         self._wake = asyncio.Event()
 
@@ -56,6 +66,7 @@ class OnnxRuntimeBackend:
     async def close(self) -> None:
         self._sessions.clear()
         self._explain.clear()
+        self._steps.clear()
 
     async def _load_new(self, catalog: ModelCatalog) -> None:
         table = catalog.snapshot()
@@ -63,6 +74,7 @@ class OnnxRuntimeBackend:
         for key in set(self._sessions) - wanted:            # removed from the repository
             del self._sessions[key]
             self._explain.pop(key, None)
+            self._steps.pop(key, None)
         for name, version in sorted(wanted - set(self._sessions) - self._broken):
             entry = table[name][version]
             folder = version_dir(catalog.repository, name, version)
@@ -74,11 +86,22 @@ class OnnxRuntimeBackend:
                     cpu_session, folder / (RANK_ONNX_FILE if entry.graph is RANK else ONNX_FILE), self.threads)
                 log.info("onnxruntime: loaded model %s version %d%s", name, version,
                          " with its explain graph" if entry.explain else "")
+                if entry.step_state is not None:
+                    await self._load_steps(name, version, folder)
             except Exception as exc:                         # no ONNX file, or one onnxruntime refuses
                 self._broken.add((name, version))
                 self._explain.pop((name, version), None)
                 log.error("onnxruntime: cannot load model %s version %d: %s", name, version,
                           str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
+
+    async def _load_steps(self, name: str, version: int, folder: Path) -> None:
+        try:
+            self._steps[(name, version)] = {graph: await asyncio.to_thread(cpu_session, folder / file, self.threads)
+                                            for graph, file in STEP_FILES.items()}
+            log.info("onnxruntime: loaded the step graphs of model %s version %d", name, version)
+        except Exception as exc:                             # served without them: every call takes the full forward
+            log.error("onnxruntime: model %s version %d is served without its step graphs: %s", name, version,
+                      str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
 
     @property
     def serving(self) -> bool:
@@ -119,6 +142,30 @@ class OnnxRuntimeBackend:
             raise BackendError(FailureKind.REJECTED, f"{model.name} version {model.version} has no explain graph")
         session = self._session(self._explain, model)
         return dict(zip(outputs, await self._run(session, model, feeds, outputs, timeout_s)))
+
+    def steps(self, model: ModelVersion) -> bool:
+        return (model.name, model.version) in self._steps
+
+    async def infer_step(self, model: ModelVersion, graph: str, feeds: dict[str, np.ndarray],
+                         timeout_s: float) -> dict[str, np.ndarray]:
+        """Every output of the step graph `graph` (the learner-state path, serving/state/), by name."""
+        sessions = self._steps.get((model.name, model.version))
+        if sessions is None:
+            raise BackendError(FailureKind.REJECTED, f"{model.name} version {model.version} has no step graphs")
+        spec = next(g for g in STEP_GRAPHS[model.step_state].graphs if g.name == graph)
+        feeds = {t.name: np.ascontiguousarray(feeds[t.name], dtype=t.dtype) for t in spec.inputs}
+        candidates = feeds["candidate_questions"].shape[1] if "candidate_questions" in feeds else 1
+        rows = feeds[spec.inputs[0].name].shape[0] * candidates
+        try:
+            if spec.name != "step_start" and rows <= INLINE_ROWS:
+                got = sessions[graph].run(None, feeds)
+            else:
+                got = await asyncio.wait_for(asyncio.to_thread(sessions[graph].run, None, feeds), timeout_s)
+        except asyncio.TimeoutError:
+            raise BackendError(FailureKind.DEADLINE, "onnxruntime did not finish in time") from None
+        except Exception as exc:
+            raise BackendError(FailureKind.FAILED, str(exc)) from None
+        return dict(zip(spec.output_names, got))
 
     @staticmethod
     def _session(sessions: dict[tuple[str, int], object], model: ModelVersion):

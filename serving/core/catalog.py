@@ -29,6 +29,7 @@ from routerkt.contract.repository import (list_models, list_versions, read_model
                                           read_vocab)
 from routerkt.contract.signature import (CONFIG_FILE, SCORE, Graph, graph_with_inputs, served_dims, skill_axis,
                                          zero_inputs)
+from routerkt.contract.step_signature import STEP_FILES
 from routerkt.contract.vocab import Vocab
 from routerkt.errors import UserError
 from serving.errors import not_found, shown
@@ -48,6 +49,7 @@ class ModelVersion:
     graph: Graph = SCORE     # the contract graph the backend serves for it (from config.pbtxt's inputs)
     skill_sets: bool = True  # False: exported before skill sets, one skill per interaction (2-D skill inputs)
     explain: bool = False    # the version holds explain.onnx and its config serves the explain outputs
+    step_state: str | None = None   # the state kind of its step graphs (step_signature.py), None without them
 
     def probe_inputs(self) -> dict[str, np.ndarray]:
         """One padding-only request in the shape this version takes (warm-up and health probes)."""
@@ -142,7 +144,8 @@ class ModelCatalog:
 
     def _read(self, name: str, version: int, config_path: Path, stamp: _Stamp) -> ModelVersion | None:
         try:
-            window = read_model_info(self.repository, name, version).window
+            info = read_model_info(self.repository, name, version)
+            window = info.window
             shape = read_served_shape(self.repository, name)
             if shape.max_batch_size < 1:
                 raise UserError(f"{config_path}: max_batch_size must be >= 1 (the gateway sends [rows, window])")
@@ -154,8 +157,11 @@ class ModelCatalog:
                 raise UserError(f"{config_path}: input dims {[list(d) for d in shape.input_dims]} do not match the "
                                 f"window {window} of {signature.INFO_FILE}")
             vocab = read_vocab(self.repository, name, version)
+            folder = self.repository / name / str(version)
             explain = (graph is signature.RANK and signature.EXPLAIN_ATTENTION in shape.output_names
-                       and (self.repository / name / str(version) / signature.EXPLAIN_ONNX_FILE).is_file())
+                       and (folder / signature.EXPLAIN_ONNX_FILE).is_file())
+            stepped = skill_sets and all((folder / file).is_file() for file in STEP_FILES.values())
+            step_state = info.step_state if stepped else None
         except (UserError, OSError, UnicodeDecodeError) as exc:
             self._broken[(name, version)] = stamp
             log.error("skipping model %s version %s: %s", name, version, str(exc).splitlines()[0])
@@ -167,7 +173,8 @@ class ModelCatalog:
             log.warning("model %s version %s was exported before skill sets (one skill per interaction): it gets "
                         "each set's first skill", name, version)
         return ModelVersion(name=name, version=version, window=window, max_batch_size=shape.max_batch_size,
-                            vocab=vocab, graph=graph, skill_sets=skill_sets, explain=explain)
+                            vocab=vocab, graph=graph, skill_sets=skill_sets, explain=explain,
+                            step_state=step_state)
 
     def _stamp(self, config_path: Path, name: str, version: int) -> _Stamp | None:
         folder = self.repository / name / str(version)

@@ -74,6 +74,10 @@ METRIC_NAMES = (
     "routerkt_triton_replica_inferences_total",
     "routerkt_triton_replica_retries_total",
     "routerkt_auth_failures_total",
+    "routerkt_state_lookups_total",
+    "routerkt_state_evictions_total",
+    "routerkt_state_cache_bytes",
+    "routerkt_state_cache_learners",
 )
 
 # Metrics read from Triton's own /metrics port (Triton 2.51; docs/operations.md, "Triton 2.51 facts"), plus the
@@ -204,6 +208,19 @@ class Metrics:
             ("result",), registry=registry)
         for result in ("stored", "duplicate"):
             self.events.labels(result=result)
+        self.state_lookups = Counter(
+            "routerkt_state_lookups", "Predicts by learner_id answered by the learner-state path (serving/state/), "
+            "by the cached state found: hit, appended (new answers appended), miss (none), stale (rebuilt).",
+            ("model", "result"), registry=registry)
+        self.state_evictions = Counter(
+            "routerkt_state_evictions", "Cached learner states evicted to stay within --state-cache-mb.",
+            ("model",), registry=registry)
+        self.state_cache_bytes = Gauge(
+            "routerkt_state_cache_bytes", "Bytes of learner states cached (at most --state-cache-mb).",
+            registry=registry)
+        self.state_cache_learners = Gauge(
+            "routerkt_state_cache_learners", "Cached learner states (one per learner and model version).",
+            registry=registry)
 
     def _declare_outcomes(self, registry: CollectorRegistry, outcome_window_s: float) -> None:
         """Served predictions joined with answers: online quality per version (quality.py) and the joins' losses."""

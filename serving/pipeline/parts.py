@@ -142,6 +142,16 @@ class InferenceBackend(Protocol):
         explain graph's outputs, signature.EXPLAIN, of a version the catalog marks `explain`); raises
         BackendError, as `infer` does."""
 
+    def steps(self, model: ModelVersion) -> bool:
+        """True when this backend runs `model`'s step graphs (infer_step): the learner-state path of
+        serving/state/ may answer for it; False: the full forward answers every call."""
+
+    async def infer_step(self, model: ModelVersion, graph: str, feeds: dict[str, np.ndarray],
+                         timeout_s: float) -> dict[str, np.ndarray]:
+        """Every output of `model`'s step graph `graph` (step_start | step_append | step_next,
+        routerkt/contract/step_signature.py) for `feeds`, by output name; raises BackendError (REJECTED
+        for a version whose steps() is False)."""
+
 
 @dataclass(frozen=True)
 class PredictionRecord:

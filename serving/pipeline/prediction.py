@@ -6,7 +6,9 @@ slot; errors counted and made client-safe) -> validation (serving/core/validatio
 catalog's versions, the version policy's Route per learner: a canary may split a batch, each
 version's group runs on its own) -> admission (serving/pipeline/admission.py, Predict only) ->
 `complete_history` (the request's history or the session store's) -> `encode` (ids -> left-padded
-windows) -> `infer` / `infer_outputs` (the backend, within the caller's deadline) -> the
+windows) -> `infer` / `infer_outputs` (the backend, within the caller's deadline; for a Predict's
+learners named by learner_id, the learner-state path of serving/state/ when the backend runs the
+version's step graphs) -> the
 prediction sink (Predict only). Learners whose route names a shadow version are
 scored again by it in the background, after the answer (at most max_shadow_inflight such tasks;
 beyond that skipped and counted); shadow answers go to the sink only. With `issue_prediction_ids`,
@@ -35,6 +37,7 @@ from serving.pipeline.parts import (BackendError, Encoder, FailureKind, HistoryS
                            PredictionRecord, PredictionSink, Route, VersionPolicy)
 from serving.core.calls import Deadline, LearnerPrediction, PredictQuery, PredictResult
 from serving.settings import Settings
+from serving.state.learner_states import LearnerStates
 from serving.core.validation import LearnerInput, validate_query
 
 log = logging.getLogger("routerkt.gateway.service")
@@ -48,7 +51,7 @@ class PredictionService:
 
     def __init__(self, settings: Settings, catalog: ModelCatalog, backend: InferenceBackend, metrics: Metrics, *,
                  history: HistorySource, policy: VersionPolicy, encoder: Encoder, sink: PredictionSink,
-                 issue_prediction_ids: bool = False) -> None:
+                 issue_prediction_ids: bool = False, states: LearnerStates | None = None) -> None:
         self.settings = settings
         self.catalog = catalog
         self.backend = backend
@@ -58,6 +61,7 @@ class PredictionService:
         self.encoder = encoder
         self.sink = sink
         self.issue_prediction_ids = issue_prediction_ids
+        self.states = states                                  # the learner-state path (serving/state/), or None
         self._slots = asyncio.Semaphore(settings.max_inflight)
         self._inflight = 0
         self._queued = 0                                     # calls waiting for a slot
@@ -110,8 +114,31 @@ class PredictionService:
         learners = await self.complete_history(learners, model, deadline)
         self._observe_sizes(learners)
         encoded = self.encode(learners, model)
-        probs = await self.infer(model, encoded, deadline)
+        probs = await self._infer_learners(model, learners, encoded, deadline)
         return [(p, e.history_used) for p, e in zip(probs, encoded)]
+
+    async def _infer_learners(self, model: ModelVersion, learners: list[LearnerInput], encoded: list[EncodedLearner],
+                              deadline: Deadline) -> list[np.ndarray]:
+        """`infer`, except that learners named by learner_id take the learner-state path when there is one
+        and the backend runs `model`'s step graphs (the same probabilities, <= 1e-5)."""
+        named = ([i for i, learner in enumerate(learners) if learner.learner_id]
+                 if self.states is not None and self.backend.steps(model) else [])
+        if not named:
+            return await self.infer(model, encoded, deadline)
+        rest = [i for i in range(len(learners)) if not learners[i].learner_id]
+        out: list[np.ndarray] = [np.empty(0, np.float32)] * len(learners)
+
+        async def run(graph: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            return await self._backend_call(model, deadline, lambda timeout: self.backend.infer_step(
+                model, graph, feeds, timeout))
+        rows = max(1, min(self.settings.rank_rows_per_infer, model.max_batch_size))
+        stepped = await self.states.predict(model, [learners[i].learner_id for i in named],
+                                            [encoded[i] for i in named], run, rows,
+                                            self.settings.rank_candidates_per_infer)
+        full = await self.infer(model, [encoded[i] for i in rest], deadline) if rest else []
+        for i, probs in zip(named + rest, list(stepped) + list(full)):
+            out[i] = probs
+        return out
 
     # -- shadow scoring ----------------------------------------------------------------------------
     def _start_shadow(self, query: PredictQuery, learners: list[LearnerInput], routes: list[Route],

@@ -11,7 +11,8 @@ Learner ids are turned into keyed hashes on entry (keys.py) and never logged.
 With outcome tracking (`tracker`, serving/outcomes/tracker.py), an Observe also queues the join of
 its newly stored events with the predictions served to the learner (in the background: a join that
 fails is counted in routerkt_outcome_join_errors_total and never fails the Observe, whose events
-are already stored), and ReportOutcome joins one answer with a stateless prediction.
+are already stored), and ReportOutcome joins one answer with a stateless prediction. ForgetLearner
+also drops the learner's cached states (serving/state/).
 """
 from __future__ import annotations
 
@@ -43,6 +44,12 @@ class OutcomeJoin(Protocol):
 
     async def discard(self, owner: str) -> None: ...
 
+class CachedStates(Protocol):
+    """What ForgetLearner tells the learner-state cache (serving/state/): drop the learner's states."""
+
+    def forget(self, learner_key: str) -> int: ...
+
+
 log = logging.getLogger("routerkt.gateway.sessions")
 
 UNAVAILABLE = "the session store is not available; retry shortly"
@@ -59,6 +66,7 @@ class SessionService:
         self.catalog = catalog
         self.metrics = metrics
         self.tracker: OutcomeJoin | None = None        # set by create_server when outcomes are tracked
+        self.states: CachedStates | None = None        # set by create_server with the learner-state path
         self.up = False
 
     async def start(self) -> None:
@@ -124,6 +132,8 @@ class SessionService:
         key = self.keys.learner(learner_id)
         if self.tracker is not None:                     # nothing queued may be written after the delete
             await self.tracker.discard(key)
+        if self.states is not None:                      # no state computed from the learner's answers stays
+            self.states.forget(key)
         existed, deleted = await self._call("forget", self.store.forget(key), deadline)
         audit("forget_learner", learner=key[:LEARNER_PREFIX], existed=existed, deleted=deleted)
         return existed, deleted

@@ -83,6 +83,12 @@ class FakeBackend:
             raise self.fail
         return questions.astype(np.float32) / 100.0
 
+    def steps(self, model) -> bool:
+        return False
+
+    async def infer_step(self, model, graph, feeds, timeout_s):
+        raise AssertionError("no step graphs here")
+
     async def infer_outputs(self, model, feeds, outputs, timeout_s):
         """Every named output is what `infer` answers (the handmade versions have no explain graph)."""
         probs = await self.infer(model, feeds, timeout_s)

@@ -102,6 +102,14 @@ class TritonInferenceBackend:
         return await self._call(model, timeout_s, lambda left: self.client.infer_outputs(
             model.name, model.version, model.graph, feeds, outputs, left))
 
+    def steps(self, model: ModelVersion) -> bool:
+        """Triton serves no step graphs yet: the learner-state path (serving/state/) is in-process only."""
+        return False
+
+    async def infer_step(self, model: ModelVersion, graph: str, feeds: dict[str, np.ndarray],
+                         timeout_s: float) -> dict[str, np.ndarray]:
+        raise BackendError(FailureKind.REJECTED, "Triton serves no step graphs")
+
     async def _call(self, model: ModelVersion, timeout_s: float, send: Callable[[float], Awaitable[T]]) -> T:
         """`send(seconds left)` inside the model's gate, repeated once on a RETRIED failure (module docstring)."""
         started = time.monotonic()

@@ -244,3 +244,11 @@ class TritonReplicaBackend:
                                f"no Triton replica serves model {model.name} version {model.version} now")
         self.metrics.triton_replica_inferences.labels(replica=str(replica.index)).inc()
         return await replica.backend.infer_outputs(model, feeds, outputs, timeout_s)
+
+    def steps(self, model: ModelVersion) -> bool:
+        """Triton serves no step graphs yet (the learner-state path is in-process only)."""
+        return False
+
+    async def infer_step(self, model: ModelVersion, graph: str, feeds: dict[str, np.ndarray],
+                         timeout_s: float) -> dict[str, np.ndarray]:
+        raise BackendError(FailureKind.REJECTED, "Triton serves no step graphs")

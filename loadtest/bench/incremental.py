@@ -1,0 +1,255 @@
+"""`routerkt bench incremental`: Predict by learner_id with the learner-state cache on vs off vs the same
+history sent in the request (stateless), side by side in one run (issue 50; docs/benchmarks.md).
+
+Two `routerkt serve --backend onnxruntime` children over the repository (its model exported with
+--step-graphs), each with its own SQLite store and outcome tracking off: one with --state-cache-mb
+(on), one with 0 (off; it also answers the stateless calls). For every history length (10, 50, 99,
+300) `--learners` simulated learners (the vocabulary's questions with their skills, seeded answers) are
+observed into both stores; every one is predicted once on each path (the cache filled, and the
+probabilities of the three paths compared: max |diff|). Then closed-loop phases, `--seconds` each, of
+1 / 8 / 32 callers calling one path on a random learner of that length with C = 1 or 20 candidates:
+calls/s, p50 / p99, and on/stateless. Last, the session pattern: each caller takes a learner (new or
+returning), answers a burst of `--burst` questions (Predict by learner_id then Observe the answer,
+on the cache-on gateway) and leaves: the hit rate (routerkt_state_lookups_total) and Observe's p50.
+Writes OUT/incremental.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import threading
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import numpy as np
+
+from loadtest.closed_loop import run_phase, summary
+from loadtest.harness import GatewayProcess, add_common_flags, stop_children_on_sigterm
+from loadtest.learners import load_vocabulary
+from routerkt.contract.model_info import ModelInfo
+from routerkt.contract.repository import version_dir
+from routerkt.contract.signature import INFO_FILE
+from routerkt.errors import UserError
+
+HISTORIES = (10, 50, 99, 300)
+CANDIDATES = (1, 20)
+CALLERS = (1, 8, 32)
+MODES = ("on", "off", "stateless")
+RESULTS = ("hit", "appended", "miss", "stale")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_common_flags(p, "incremental")
+    p.add_argument("--learners", type=int, default=64, help="stored learners per history length")
+    p.add_argument("--seconds", type=float, default=3.0, help="length of each closed-loop phase")
+    p.add_argument("--cache-mb", type=float, default=256.0, help="--state-cache-mb of the cache-on gateway")
+    p.add_argument("--burst", type=int, default=10, help="answers per visit in the session pattern")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--histories", default=",".join(map(str, HISTORIES)), help="history lengths, comma-separated")
+    p.add_argument("--callers", default=",".join(map(str, CALLERS)), help="caller counts, comma-separated")
+
+
+class Bench:
+    """The two gateways, their stubs and the stored learners."""
+
+    def __init__(self, args: argparse.Namespace, stack: ExitStack) -> None:
+        import grpc
+
+        from serving.api import knowledge_tracing_pb2 as pb
+        from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
+        self.pb, self.args = pb, args
+        self.vocabulary = load_vocabulary(args.repository, args.model)
+        self.model = self.vocabulary.model
+        info = ModelInfo.load(version_dir(args.repository, self.model, self.vocabulary.version) / INFO_FILE)
+        if info.step_state is None:
+            raise UserError(f"model {self.model!r} version {self.vocabulary.version} has no step graphs: export it "
+                            "with `routerkt export --step-graphs`")
+        self.gateways, self.stubs = {}, {}
+        for mode, budget in (("on", args.cache_mb), ("off", 0.0)):
+            folder = args.out / f"gateway-{mode}"
+            for stale in folder.glob("sessions.sqlite3*"):
+                stale.unlink()
+            gateway = GatewayProcess(args.repository.resolve(), folder, [
+                "--backend", "onnxruntime", "--store", f"sqlite:///{folder / 'sessions.sqlite3'}",
+                "--state-cache-mb", f"{budget:g}", "--no-track-outcomes"])
+            gateway.start()
+            stack.callback(gateway.stop)
+            self.gateways[mode] = gateway.wait_serving()
+            channel = stack.enter_context(grpc.insecure_channel(gateway.address))
+            self.stubs[mode] = pb_grpc.KnowledgeTracingServiceStub(channel)
+        self.stubs["stateless"] = self.stubs["off"]
+        self.rng = random.Random(args.seed)
+        self.histories: dict[str, list] = {}
+
+    def interaction(self) -> tuple[int, int]:
+        """(question, correct): the skills are the question's, looked up by the gateway on both paths."""
+        return self.rng.choice(self.vocabulary.questions), self.rng.randint(0, 1)
+
+    def observe(self, learner: str, items: list[tuple[int, int]], first: int = 0) -> None:
+        """Store `items` for `learner` in both stores (events of at most 100 per call)."""
+        pb = self.pb
+        for start in range(0, len(items), 100):
+            events = [pb.Event(event_id=f"{learner}-{first + start + i}", question_id=q, correct=c,
+                               timestamp_ms=1 + first + start + i) for i, (q, c) in enumerate(items[start:start + 100])]
+            for mode in ("on", "off"):
+                self.stubs[mode].Observe(pb.ObserveRequest(learner_id=learner, events=events), timeout=30)
+
+    def request(self, mode: str, learner: str, candidates: list[str]):
+        pb = self.pb
+        wanted = [pb.Candidate(question_id=q) for q in candidates]
+        if mode == "stateless":
+            return pb.PredictRequest(model=self.model, candidates=wanted, history=[
+                pb.Interaction(question_id=q, correct=c) for q, c in self.histories[learner]])
+        return pb.PredictRequest(model=self.model, learner_id=learner, candidates=wanted)
+
+    def predict(self, mode: str, learner: str, candidates: list[str]) -> np.ndarray:
+        return np.asarray(self.stubs[mode].Predict(self.request(mode, learner, candidates), timeout=30).probabilities)
+
+    def lookups(self) -> dict[str, float]:
+        return {r: self.gateways["on"].metric("routerkt_state_lookups_total", result=r) for r in RESULTS}
+
+
+def _store_learners(bench: Bench, length: int) -> tuple[list[str], float]:
+    """`--learners` learners of `length` answers in both stores, each predicted once on every path
+    (filling the cache); the largest |difference| between the paths' probabilities."""
+    learners, gap = [], 0.0
+    for k in range(bench.args.learners):
+        learner = f"bench-{length}-{k}"
+        bench.histories[learner] = [bench.interaction() for _ in range(length)]
+        bench.observe(learner, bench.histories[learner])
+        candidates = [bench.rng.choice(bench.vocabulary.questions) for _ in range(20)]
+        probs = [bench.predict(mode, learner, candidates) for mode in MODES]
+        gap = max(gap, float(np.abs(probs[0] - probs[2]).max()), float(np.abs(probs[1] - probs[2]).max()))
+        learners.append(learner)
+    return learners, gap
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (Linux /proc; 0.0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def _phases(bench: Bench, length: int, learners: list[str], callers_list: list[int]) -> list[dict]:
+    rows = []
+    for n_candidates in CANDIDATES:
+        for callers in callers_list:
+            row = {"history": length, "candidates": n_candidates, "callers": callers}
+            for mode in MODES:
+                local = threading.local()
+
+                def call(mode=mode) -> None:
+                    rng = getattr(local, "rng", None)
+                    if rng is None:
+                        rng = local.rng = random.Random()
+                    candidates = [rng.choice(bench.vocabulary.questions) for _ in range(n_candidates)]
+                    bench.stubs[mode].Predict(bench.request(mode, rng.choice(learners), candidates), timeout=30)
+                gateway = bench.gateways["off" if mode == "stateless" else mode]
+                cpu = _cpu_s(gateway.process.pid), time.process_time()
+                row[mode] = summary(*run_phase(call, callers, bench.args.seconds))
+                calls = max(row[mode]["calls"], 1)
+                row[mode]["gateway_cpu_ms_per_call"] = (_cpu_s(gateway.process.pid) - cpu[0]) * 1e3 / calls
+                row[mode]["client_cpu_ms_per_call"] = (time.process_time() - cpu[1]) * 1e3 / calls
+            row["on_vs_stateless"] = row["on"]["calls_per_s"] / max(row["stateless"]["calls_per_s"], 1e-9)
+            row["on_vs_off"] = row["on"]["calls_per_s"] / max(row["off"]["calls_per_s"], 1e-9)
+            rates = " ".join(f"{mode} {row[mode]['calls_per_s']:.1f}" for mode in MODES)
+            print(f"history {length:>3} C={n_candidates:>2} callers {callers:>2}: calls/s {rates}", file=sys.stderr)
+            rows.append(row)
+    return rows
+
+
+def _sessions(bench: Bench, callers: int = 8) -> dict:
+    """Learners answer bursts then leave: Predict by learner_id (4 candidates) + Observe, cache on."""
+    before = bench.lookups()
+    pb, stub = bench.pb, bench.stubs["on"]
+    lock, counter = threading.Lock(), iter(range(10**9))
+    observe_ms: list[float] = []
+    returning: list[tuple[str, int]] = []
+
+    def visit() -> None:
+        with lock:
+            learner, seen = (returning.pop(0) if returning and bench.rng.random() < 0.5
+                             else (f"session-{next(counter)}", 0))
+        rng = random.Random(f"{learner}-{seen}")
+        for _ in range(bench.args.burst):
+            candidates = [pb.Candidate(question_id=rng.choice(bench.vocabulary.questions)) for _ in range(4)]
+            stub.Predict(pb.PredictRequest(model=bench.model, learner_id=learner, candidates=candidates), timeout=30)
+            started = time.perf_counter()
+            stub.Observe(pb.ObserveRequest(learner_id=learner, events=[pb.Event(
+                event_id=f"{learner}-{seen}", question_id=candidates[0].question_id, correct=rng.randint(0, 1),
+                timestamp_ms=1 + seen)]), timeout=30)
+            with lock:
+                observe_ms.append((time.perf_counter() - started) * 1e3)
+            seen += 1
+        with lock:
+            returning.append((learner, seen))
+
+    latencies, failures, wall = run_phase(visit, callers, bench.args.seconds * 4)
+    after = bench.lookups()
+    counts = {r: after[r] - before[r] for r in RESULTS}
+    total = sum(counts.values()) or 1.0
+    return {"callers": callers, "burst": bench.args.burst, "visits": len(latencies), "failures": len(failures),
+            "lookups": counts, "hit_rate": (counts["hit"] + counts["appended"]) / total,
+            "observe_p50_ms": float(np.percentile(observe_ms, 50)) if observe_ms else None,
+            "visits_per_s": len(latencies) / wall if wall else 0.0}
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.learners < 1 or args.seconds <= 0 or args.burst < 1 or args.cache_mb <= 0:
+        raise UserError("--learners, --seconds, --burst and --cache-mb must be positive")
+    args.out.mkdir(parents=True, exist_ok=True)
+    report: dict = {"cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "seconds": args.seconds,
+                    "learners": args.learners, "cache_mb": args.cache_mb, "phases": [], "max_abs_diff": {}}
+    with ExitStack() as stack:
+        stop_children_on_sigterm(stack)
+        bench = Bench(args, stack)
+        report["model"] = bench.model
+        for length in _ints(args.histories, "--histories"):
+            learners, gap = _store_learners(bench, length)
+            report["max_abs_diff"][str(length)] = gap
+            report["phases"] += _phases(bench, length, learners, _ints(args.callers, "--callers"))
+        report["sessions"] = _sessions(bench)
+        report["cache_bytes"] = bench.gateways["on"].metric("routerkt_state_cache_bytes")
+        report["cached_learners"] = bench.gateways["on"].metric("routerkt_state_cache_learners")
+    _print(report)
+    (args.out / "incremental.json").write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise UserError(f"{flag} must be positive integers, comma-separated, got {text!r}")
+    return values
+
+
+def _print(report: dict) -> None:
+    print(f"model {report['model']}, {report['learners']} learners per history, {report['seconds']:g} s per phase, "
+          f"{report['cpus']} CPUs")
+    print("max |P by learner_id - P stateless| per history:",
+          ", ".join(f"{h}: {d:.1e}" for h, d in report["max_abs_diff"].items()))
+    print("| history | C | callers | on calls/s | off calls/s | stateless calls/s | on/stateless | on/off "
+          "| p50 on/off/stateless ms | p99 on/off/stateless ms | gateway CPU ms/call on/off/stateless |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in report["phases"]:
+        p50 = "/".join(f"{r[m]['p50_ms']:.1f}" for m in MODES)
+        p99 = "/".join(f"{r[m]['p99_ms']:.1f}" for m in MODES)
+        cpu = "/".join(f"{r[m]['gateway_cpu_ms_per_call']:.2f}" for m in MODES)
+        print(f"| {r['history']} | {r['candidates']} | {r['callers']} | {r['on']['calls_per_s']:.1f} | "
+              f"{r['off']['calls_per_s']:.1f} | {r['stateless']['calls_per_s']:.1f} | {r['on_vs_stateless']:.2f} | "
+              f"{r['on_vs_off']:.2f} | {p50} | {p99} | {cpu} |")
+    s = report["sessions"]
+    print(f"session pattern ({s['callers']} callers, bursts of {s['burst']}, half the visits by returning learners): "
+          f"{s['visits']} visits, lookups {s['lookups']}, hit rate {s['hit_rate']:.3f}, Observe p50 "
+          f"{s['observe_p50_ms']:.2f} ms; cache {report['cache_bytes'] / 2**20:.1f} MiB for "
+          f"{report['cached_learners']:.0f} learners")

@@ -1,0 +1,33 @@
+"""The learner-state path (issue 50): cached step-graph states answer Predict by learner_id.
+
+- cache.py           StateCache: (model, version, learner key) -> LearnerState, LRU within a byte budget
+- learner_states.py  LearnerStates: hit / appended / miss / stale, the step graphs through the backend
+
+`learner_states(settings, metrics, learner_key)` builds the path create_server injects into the pipeline
+(with a session store and settings.state_cache_mb > 0); it answers only versions exported with
+`--step-graphs` on a backend whose `steps()` says it runs them.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from serving.metrics import Metrics
+from serving.settings import Settings
+from serving.state.cache import StateCache
+from serving.state.learner_states import LearnerStates
+
+MIB = 1 << 20
+
+
+def learner_states(settings: Settings, metrics: Metrics, learner_key: Callable[[str], str]) -> LearnerStates:
+    """The path over a cache of settings.state_cache_mb MiB, counted in the routerkt_state_* metrics."""
+
+    def sized(learners: int, nbytes: int) -> None:
+        metrics.state_cache_learners.set(learners)
+        metrics.state_cache_bytes.set(nbytes)
+
+    cache = StateCache(int(settings.state_cache_mb * MIB),
+                       on_evict=lambda model, count: metrics.state_evictions.labels(model=model).inc(count),
+                       on_size=sized)
+    return LearnerStates(cache, learner_key,
+                         on_lookup=lambda model, result: metrics.state_lookups.labels(model=model, result=result).inc())

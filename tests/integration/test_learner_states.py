@@ -1,0 +1,168 @@
+"""The learner-state path through the real gateway in-process (onnxruntime backend over the tiny model exported
+with --step-graphs, window 20; a real SQLite store): Predict by learner_id answers exactly as the same history
+sent explicitly (<= 1e-5) on a miss, a hit, appended answers, a rebuild (too many new answers, the window
+sliding past W - 1), with skill sets and 20 candidates; the routerkt_state_* metrics say which path ran;
+ForgetLearner drops the learner's states; a second gateway on the same store that rewrites the learner's
+history makes the first one rebuild, never answer from a stale state; with --state-cache-mb 0 nothing is cached."""
+from __future__ import annotations
+
+import grpc
+import numpy as np
+import pytest
+
+from routerkt.contract.repository import latest_version, read_vocab
+from serving.api import knowledge_tracing_pb2 as pb
+from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
+from serving.backends.onnxruntime import OnnxRuntimeBackend
+from serving.metrics import Metrics
+from serving.server import ThreadedGateway
+from serving.sessions.keys import LearnerKeys
+from serving.sessions.sqlite_store import SqliteStore
+from serving.settings import Settings
+
+pytestmark = pytest.mark.integration
+
+pytest.importorskip("torch")
+WINDOW = 20
+SECRET = b"learner-states-test-secret-32b!!"
+RESULTS = ("miss", "hit", "appended", "stale")
+
+
+class Served:
+    """One gateway over the store at `store_path`, its stub and metrics."""
+
+    def __init__(self, repository, store_path, state_cache_mb: float = 64.0) -> None:
+        settings = Settings(repository=repository, grpc_port=0, http_port=None, grace_period_s=0.5,
+                            state_cache_mb=state_cache_mb)
+        self.metrics = Metrics()
+        self.gateway = ThreadedGateway(settings, self.metrics, backend=OnnxRuntimeBackend(settings),
+                                       store=SqliteStore(store_path), keys=LearnerKeys(SECRET)).start()
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.gateway.grpc_port}")
+        self.stub = pb_grpc.KnowledgeTracingServiceStub(self.channel)
+
+    def lookups(self) -> dict[str, int]:
+        return {r: int(self.metrics.registry.get_sample_value(
+            "routerkt_state_lookups_total", {"model": "kt", "result": r}) or 0) for r in RESULTS}
+
+    def cached(self) -> tuple[int, int]:
+        return (int(self.metrics.registry.get_sample_value("routerkt_state_cache_learners") or 0),
+                int(self.metrics.registry.get_sample_value("routerkt_state_cache_bytes") or 0))
+
+    def close(self) -> None:
+        self.channel.close()
+        self.gateway.stop(0.5)
+
+
+@pytest.fixture(scope="module")
+def setup(kt_step_repository, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("learner-states")
+    repository = kt_step_repository.path
+    vocab = read_vocab(repository, "kt", latest_version(repository, "kt"))
+    questions = [q for q, skills in sorted(vocab.question_skills.items()) if all(s in vocab.skills for s in skills)]
+    yield repository, folder / "sessions.sqlite3", questions, sorted(vocab.skills)
+
+
+class Learner:
+    """A learner observed through `served`, and the explicit-history Predict it is compared with."""
+
+    def __init__(self, served: Served, name: str, questions: list[int], skills: list[int], seed: int) -> None:
+        self.served, self.name, self.questions, self.skills = served, name, questions, skills
+        self.rng = np.random.default_rng(seed)
+        self.history: list[tuple[int, list[int], int]] = []
+        self.sent = 0
+
+    def observe(self, n: int) -> None:
+        events = []
+        for _ in range(n):
+            item = (int(self.rng.choice(self.questions)), [int(s) for s in self.rng.choice(
+                self.skills, int(self.rng.integers(1, 3)), replace=False)], int(self.rng.integers(0, 2)))
+            self.history.append(item)
+            events.append(pb.Event(event_id=f"{self.name}-{self.sent}", question_id=item[0], skill_ids=item[1],
+                                   correct=item[2], timestamp_ms=1_000 + self.sent))
+            self.sent += 1
+        stored = self.served.stub.Observe(pb.ObserveRequest(learner_id=self.name, events=events), timeout=10.0)
+        assert stored.stored == n
+
+    def gap(self, n_candidates: int = 3, served: Served | None = None) -> float:
+        """max |Predict by learner_id - the same history sent explicitly|."""
+        stub = (served or self.served).stub
+        candidates = [pb.Candidate(question_id=int(q), skill_ids=[int(s)])
+                      for q, s in zip(self.rng.choice(self.questions, n_candidates),
+                                      self.rng.choice(self.skills, n_candidates))]
+        by_id = stub.Predict(pb.PredictRequest(model="kt", learner_id=self.name, candidates=candidates), timeout=10.0)
+        explicit = stub.Predict(pb.PredictRequest(model="kt", candidates=candidates, history=[
+            pb.Interaction(question_id=q, skill_ids=s, correct=c) for q, s, c in self.history]), timeout=10.0)
+        assert by_id.history_used == explicit.history_used == min(len(self.history), WINDOW - 1)
+        return float(np.abs(np.asarray(by_id.probabilities) - np.asarray(explicit.probabilities)).max())
+
+
+def test_predict_by_learner_id_answers_as_the_explicit_history_on_every_path(setup) -> None:
+    repository, store_path, questions, skills = setup
+    served = Served(repository, store_path)
+    try:
+        learner = Learner(served, "stepping-learner", questions, skills, seed=0)
+        expected = dict.fromkeys(RESULTS, 0)
+        gaps = []
+
+        def check(result: str, n_candidates: int = 3) -> None:
+            gaps.append(learner.gap(n_candidates))
+            expected[result] += 1
+            assert served.lookups() == expected, result
+
+        learner.observe(5)
+        check("miss")                          # nothing cached: step_start, then step_next
+        check("hit", 20)                       # the same history: step_next only, 20 candidates
+        learner.observe(1)
+        check("appended")                      # one step_append
+        learner.observe(4)
+        check("appended")                      # four, the most appended (MAX_APPENDS)
+        learner.observe(5)
+        check("stale")                         # five: rebuilt (15 kept)
+        learner.observe(4)
+        check("appended")                      # 19 kept: the window is full
+        check("hit")
+        learner.observe(1)
+        check("stale")                         # the window slid: every cached value changed, rebuilt
+        learner.observe(2)
+        check("stale", 20)
+        assert max(gaps) <= 1e-5, gaps
+        learners, nbytes = served.cached()
+        assert learners == 1 and nbytes > 0
+
+        served.stub.ForgetLearner(pb.ForgetLearnerRequest(learner_id=learner.name), timeout=10.0)
+        assert served.cached() == (0, 0)
+        learner.history = []
+        learner.observe(3)
+        check("miss")
+        assert max(gaps) <= 1e-5, gaps
+    finally:
+        served.close()
+
+
+def test_a_history_rewritten_by_another_gateway_is_rebuilt_not_answered_from_the_stale_state(setup) -> None:
+    repository, store_path, questions, skills = setup
+    first, second = Served(repository, store_path), Served(repository, store_path)
+    try:
+        learner = Learner(first, "rewritten-learner", questions, skills, seed=1)
+        learner.observe(8)
+        assert learner.gap() <= 1e-5 and first.lookups()["miss"] == 1
+        second.stub.ForgetLearner(pb.ForgetLearnerRequest(learner_id=learner.name), timeout=10.0)
+        learner.served, learner.history = second, []
+        learner.observe(8)                        # another 8 answers: the first gateway was not told
+        assert learner.gap(served=first) <= 1e-5
+        assert first.lookups() == {"miss": 1, "hit": 0, "appended": 0, "stale": 1}
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_budget_of_zero_caches_nothing_and_answers_the_same(setup) -> None:
+    repository, store_path, questions, skills = setup
+    served = Served(repository, store_path, state_cache_mb=0)
+    try:
+        learner = Learner(served, "uncached-learner", questions, skills, seed=2)
+        learner.observe(6)
+        assert learner.gap() <= 1e-5 and learner.gap() <= 1e-5
+        assert served.lookups() == dict.fromkeys(RESULTS, 0) and served.cached() == (0, 0)
+    finally:
+        served.close()
