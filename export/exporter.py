@@ -30,7 +30,7 @@ from export.explain_export import check_explain_parity, explainable, export_expl
 from export.onnx_export import (PARITY_TOL, ExportError, check_parity, check_rank_parity, export_onnx,
                                 ParityReport, export_rank_onnx, rank_batches)
 from export.repository import publish_version
-from export.step_export import export_step_graphs
+from export.step_export import export_step_graphs, step_graphs_of
 from export.triton_python_model import MODEL_PY
 from export.triton_config import TARGETS, Backend, Target, TritonModelOptions, publish_config, render_config
 from routerkt.contract import signature
@@ -140,7 +140,7 @@ def export_run(run: Path, repository: Path, name: str | None = None, version: in
     fold_dir = run / f"fold-{fold}" if fold is not None else best_fold_dir(run)
     ckpt = load_checkpoint(fold_dir)
     name = name or ckpt.config.preset or "model"
-    options, target = _serving_options(options, backend, ckpt)
+    options, target = _serving_options(options, backend, ckpt, step_graphs)
     config_text = _config_text(repository, name, options)      # validates name and options before heavy work
     _check_served_graph(repository, name, options.graph)
     if target.score_file == signature.PLAN_FILE:
@@ -169,16 +169,21 @@ def export_run(run: Path, repository: Path, name: str | None = None, version: in
                         step_parity_max_abs_diff=step.report.max_abs_diff if step else float("nan"))
 
 
-def _serving_options(options: TritonModelOptions | None, backend: Backend, ckpt) -> tuple[TritonModelOptions, Target]:
+def _serving_options(options: TritonModelOptions | None, backend: Backend, ckpt,
+                     step_graphs: bool = False) -> tuple[TritonModelOptions, Target]:
     """The options completed from the checkpoint and the backend's target: window, served graph (rank: the
-    gateway's path, one inference per learner; tensorrt: score) and whether the explain graph rides along
-    (on the rank model of the python backend, export/triton_python_model/model.py)."""
+    gateway's path, one inference per learner; tensorrt: score) and whether the explain graph and (asked
+    for, and the model can be stepped) the step graphs ride along (on the rank model of the python
+    backend, export/triton_python_model/model.py)."""
     options = options or TritonModelOptions()
     options.backend = Backend(backend)
     target = TARGETS[options.backend]
     options.window = ckpt.config.model.max_len
     options.graph = target.graph
     options.explain = target.explain and options.graph == signature.RANK.name and explainable(ckpt.model)
+    stepped = step_graphs_of(ckpt.model) if step_graphs and target.steps and options.graph == signature.RANK.name \
+        else None
+    options.step_state = stepped.state_kind if stepped else None
     return options, target
 
 

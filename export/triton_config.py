@@ -29,6 +29,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from routerkt.contract import signature
 from routerkt.contract.repository import parse_triton_config
+from routerkt.contract.step_signature import STEP_GRAPHS, StepGraphs, served_step_dims, step_tensor_names
 from routerkt.errors import UserError
 
 
@@ -67,6 +68,7 @@ class Target:
     backend: Backend
     graphs: tuple[str, ...]              # contract graphs it can serve; the first is what export publishes
     explain: bool                        # may serve the explain outputs (model.py runs explain.onnx)
+    steps: bool                          # may serve the step graphs beside the rank graph (model.py runs them)
     fuse_attention: bool                 # the attention-fusion pass applies to its graphs
     score_file: str                      # what the score graph ships as: model.onnx, or the plan built from it
     model_py: bool                       # the version folder holds export/triton_python_model/model.py
@@ -97,6 +99,10 @@ class TritonModelOptions:
     # rank graph, python backend: also declare the explain graph's outputs (model.py runs explain.onnx
     # for a request that asks for them, rank.onnx otherwise; the inputs are the rank graph's)
     explain: bool = False
+    # rank graph, python backend: also serve the step graphs (routerkt/contract/step_signature.py) of this
+    # state kind (attention | recurrent; None: not served): every input optional, model.py picks the graph
+    # by the inputs a request carries (the gateway's learner-state path through Triton, serving/state/)
+    step_state: str | None = None
     preferred_batch_sizes: list[int] = field(default_factory=lambda: [8, 32, 128])
     # The next three by measurement: `routerkt bench cost` (bench/cost/cost.json, 2-core machine,
     # 1 / 8 / 32 callers, Predict with history 99 and 1 candidate, delays 0/100/500/2000 us x 1/2
@@ -142,6 +148,10 @@ class TritonModelOptions:
         target = TARGETS[self.backend]
         if self.explain and (self.graph != signature.RANK.name or not target.explain):
             raise UserError("the explain outputs are served with the rank graph by the python backend only")
+        if self.step_state is not None and (self.step_state not in STEP_GRAPHS or not target.steps
+                                            or self.graph != signature.RANK.name):
+            raise UserError(f"the step graphs ({sorted(STEP_GRAPHS)}) are served with the rank graph by the "
+                            f"python backend only, got {self.step_state!r}")
         if self.graph not in target.graphs:
             raise UserError(f"the {self.backend.value} backend serves the {' or '.join(target.graphs)} graph only "
                             f"({target.note})")
@@ -195,6 +205,8 @@ def build_config(name: str, options: TritonModelOptions) -> mc.ModelConfig:
     dims = {**dims, **signature.served_dims(outputs, options.window)}
     for spec in outputs.outputs:
         config.output.add(name=spec.name, data_type=mc.DataType.Value(spec.triton_dtype), dims=dims[spec.name])
+    if options.step_state is not None:
+        _add_step_graphs(config, STEP_GRAPHS[options.step_state], options.window)
 
     # Dynamic batching only: see HEADER for why there is no queue policy / priority levels.
     batching = config.dynamic_batching
@@ -211,6 +223,23 @@ def build_config(name: str, options: TritonModelOptions) -> mc.ModelConfig:
     if options.warmup:
         _add_warmup(config, graph, options.window)
     return config
+
+
+def _add_step_graphs(config: mc.ModelConfig, graphs: StepGraphs, window: int) -> None:
+    """Declare the step graphs' tensors beside the rank graph's; every input becomes optional (a request
+    carries one graph's inputs). A per-learner scalar (dims []) travels as [batch, 1] (Triton needs a dim)
+    and reaches model.py as [batch] (reshape)."""
+    dims = served_step_dims(graphs, window)
+    inputs, outputs = step_tensor_names(graphs)
+    declared = {t.name for t in config.input}, {t.name for t in config.output}
+    specs = {t.name: t for g in graphs.graphs for t in g.inputs + g.outputs}
+    for names, known, add in ((inputs, declared[0], config.input.add), (outputs, declared[1], config.output.add)):
+        for name in sorted(names - known):
+            tensor = add(name=name, data_type=mc.DataType.Value(specs[name].triton_dtype), dims=dims[name] or (1,))
+            if not dims[name]:
+                tensor.reshape.SetInParent()
+    for tensor in config.input:
+        tensor.optional = True
 
 
 def _add_warmup(config: mc.ModelConfig, graph: signature.Graph, window: int) -> None:
@@ -287,13 +316,14 @@ def _tensorrt_backend(config: mc.ModelConfig, options: TritonModelOptions) -> No
 
 
 TARGETS: dict[Backend, Target] = {target.backend: target for target in (
-    Target(Backend.PYTHON, graphs=(signature.RANK.name, signature.SCORE.name), explain=True, fuse_attention=True,
+    Target(Backend.PYTHON, graphs=(signature.RANK.name, signature.SCORE.name), explain=True, steps=True,
+           fuse_attention=True,
            score_file=signature.ONNX_FILE, model_py=True, configure=_python_backend,
            note="CPU: onnxruntime inside Triton's python stub"),
-    Target(Backend.ONNXRUNTIME, graphs=(signature.RANK.name, signature.SCORE.name), explain=False,
+    Target(Backend.ONNXRUNTIME, graphs=(signature.RANK.name, signature.SCORE.name), explain=False, steps=False,
            fuse_attention=True, score_file=signature.ONNX_FILE, model_py=False, configure=_onnxruntime_backend,
            note="GPU: Triton's native onnxruntime backend"),
-    Target(Backend.TENSORRT, graphs=(signature.SCORE.name,), explain=False, fuse_attention=False,
+    Target(Backend.TENSORRT, graphs=(signature.SCORE.name,), explain=False, steps=False, fuse_attention=False,
            score_file=signature.PLAN_FILE, model_py=False, configure=_tensorrt_backend,
            note="TensorRT builds its plan from the plain score graph"),
 )}

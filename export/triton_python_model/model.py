@@ -1,5 +1,8 @@
 """Triton Python-backend model: runs one exported graph (model.onnx: score, or rank.onnx: rank; the
-config parameter GRAPH says which) with onnxruntime on CPU. A rank model whose version folder also
+config parameter GRAPH says which) with onnxruntime on CPU. A rank model whose version folder holds the step
+graphs (step_start/step_append/step_next.onnx) and whose config.pbtxt declares their tensors (every input
+optional) also serves them: a request's inputs say which graph it is for (the gateway's learner states,
+sent with each request and answered with the new state: the model keeps none). A rank model whose version folder also
 holds explain.onnx (the explain graph: the rank graph's inputs and candidate_probs plus the attention
 outputs) runs it instead of rank.onnx for the requests that ask for an explain output; the others
 (and every request of a version without explain.onnx) run rank.onnx alone, as before. The id bounds
@@ -51,6 +54,16 @@ EXPLAIN_HEAD_WEIGHTS = "explain_head_weights"    # float32 [B, N, heads]
 EXPLAIN_OUTPUTS = (CANDIDATE_PROBS, EXPLAIN_ATTENTION, EXPLAIN_HEAD_WEIGHTS)
 EXPLAIN_ONNX_FILE = "explain.onnx"
 SKILL_INPUTS = (SKILLS, HISTORY_SKILLS, CANDIDATE_SKILLS)   # [batch, length, K]: a skill set per interaction
+# ... and the step graphs (routerkt/contract/step_signature.py): picked by the inputs a request carries.
+STEP_START, STEP_APPEND, STEP_NEXT = "step_start", "step_append", "step_next"
+STEP_ONNX_FILES = {STEP_START: "step_start.onnx", STEP_APPEND: "step_append.onnx", STEP_NEXT: "step_next.onnx"}
+STATE_LENGTH = "state_length"                    # int64 [batch]: a step request's state carries it
+APPEND_QUESTION, APPEND_SKILLS, APPEND_RESPONSE = "append_question", "append_skills", "append_response"
+PADDED_LAST = SKILL_INPUTS + (APPEND_SKILLS,)    # padded on their last axis (PAD_ID 0) to batch requests
+ID_LIMITS = {HISTORY_QUESTIONS: "questions", CANDIDATE_QUESTIONS: "questions", APPEND_QUESTION: "questions",
+             HISTORY_SKILLS: "skills", CANDIDATE_SKILLS: "skills", APPEND_SKILLS: "skills"}
+RESPONSE_INPUTS = (HISTORY_RESPONSES, APPEND_RESPONSE)
+ORT_DTYPES = {"tensor(int64)": np.int64, "tensor(float)": np.float32}
 
 # Parameter keys of config.pbtxt (mirrors export/triton_config.py).
 PARAM_ORT_INTRA_OP_THREADS = "ORT_INTRA_OP_THREADS"
@@ -94,53 +107,70 @@ class TritonPythonModel:
         explain = os.path.join(folder, EXPLAIN_ONNX_FILE)
         self.explain_session = (_session(explain, options, RANK_INPUT_NAMES, EXPLAIN_OUTPUTS)
                                 if self.graph == "rank" and os.path.isfile(explain) else None)
+        steps = {k: os.path.join(folder, f) for k, f in STEP_ONNX_FILES.items()}
+        served = self.graph == "rank" and all(os.path.isfile(p) for p in steps.values())
+        self.steps = {k: ort.InferenceSession(p, options, providers=["CPUExecutionProvider"])
+                      for k, p in steps.items()} if served else {}
         # The family must stay referenced as long as its metric: dropping it unregisters the metric.
         self.exec_family, self.exec_seconds = _exec_histogram(self.model_name, args["model_version"])
 
     def execute(self, requests):
         responses = [None] * len(requests)
-        good, feeds = [], []                       # feeds[k][name]: int64 [b_k, L] (skills [b_k, L, K_k])
+        groups = {}                                # (graph, fixed shapes) -> ([request index], [feeds])
         for i, request in enumerate(requests):
             if request.is_cancelled():
                 responses[i] = _error("request cancelled", pb_utils.TritonError.CANCELLED)
                 continue
-            arrays, problem = self._read(request)
+            kind = self._kind(request)
+            arrays, problem = self._read_step(request, kind) if kind in STEP_ONNX_FILES else self._read(request)
             if problem is not None:
                 responses[i] = _error(problem, pb_utils.TritonError.INVALID_ARG)
                 continue
-            good.append(i)
-            feeds.append(arrays)
-        if not good:
-            return responses
-        # a version without explain.onnx answers candidate_probs alone, as before (the gateway never asks it;
-        # Triton's warm-up and clients that name no outputs ask for every output of config.pbtxt)
-        explain = [self.explain_session is not None and _wants_explain(requests[i]) for i in good]
-        for wanted, session, names in ((False, self.session, (self.output_name,)),
-                                       (True, self.explain_session, EXPLAIN_OUTPUTS)):
-            group = [k for k, e in enumerate(explain) if e is wanted]
-            if group:
-                self._run(session, names, [good[k] for k in group], [feeds[k] for k in group], responses)
+            # a version without explain.onnx answers candidate_probs alone, as before (the gateway never asks
+            # it; Triton's warm-up and clients that name no outputs ask for every output of config.pbtxt)
+            if kind == self.graph and self.explain_session is not None and _wants_explain(request):
+                kind = "explain"
+            fixed = tuple((n, a.shape[1:]) for n, a in sorted(arrays.items())
+                          if n not in PADDED_LAST + (CANDIDATE_QUESTIONS,)) if kind in STEP_ONNX_FILES else ()
+            group = groups.setdefault((kind, fixed), ([], []))
+            group[0].append(i)
+            group[1].append(arrays)
+        for (kind, _), (good, feeds) in groups.items():
+            if kind in STEP_ONNX_FILES:
+                session = self.steps[kind]
+                inputs, outputs = [i.name for i in session.get_inputs()], [o.name for o in session.get_outputs()]
+            else:
+                session, inputs = (self.explain_session, RANK_INPUT_NAMES) if kind == "explain" else (
+                    self.session, self.input_names)
+                outputs = EXPLAIN_OUTPUTS if kind == "explain" else (self.output_name,)
+            self._run(session, inputs, outputs, good, feeds, responses)
         return responses
 
-    def _run(self, session, output_names, good, feeds, responses):
+    def _kind(self, request):
+        """Which graph a request is for: a step graph by the inputs only it has, else the config's graph."""
+        has = lambda name: pb_utils.get_input_tensor_by_name(request, name) is not None   # noqa: E731
+        if self.graph != "rank" or not (has(STATE_LENGTH) or not has(CANDIDATE_QUESTIONS)):
+            return self.graph
+        return STEP_APPEND if has(APPEND_QUESTION) else STEP_NEXT if has(STATE_LENGTH) else STEP_START
+
+    def _run(self, session, input_names, output_names, good, feeds, responses):
         """One onnxruntime run over the requests `good` (their validated `feeds`): every request's
         outputs `output_names` (candidate axis cut back to its own width) into `responses`."""
-        widths = [f[CANDIDATE_QUESTIONS].shape[1] if self.graph == "rank" else None for f in feeds]
-
-        if self.graph == "rank":                   # pad every request's candidates to the widest one
-            width = max(f[CANDIDATE_QUESTIONS].shape[1] for f in feeds)
+        widths = [f[CANDIDATE_QUESTIONS].shape[1] if CANDIDATE_QUESTIONS in f else None for f in feeds]
+        if widths[0] is not None:                  # pad every request's candidates to the widest one
+            width = max(widths)
             for f in feeds:
                 for name in (CANDIDATE_QUESTIONS, CANDIDATE_SKILLS):
                     pad = [(0, 0), (0, width - f[name].shape[1])] + [(0, 0)] * (f[name].ndim - 2)
                     f[name] = np.pad(f[name], pad)   # PAD_ID 0
         if len(feeds) > 1:                         # pad every request's skill sets to the largest one
-            k = max(f[name].shape[2] for f in feeds for name in SKILL_INPUTS if name in f)
+            k = max(f[name].shape[-1] for f in feeds for name in PADDED_LAST if name in f)
             for f in feeds:
-                for name in SKILL_INPUTS:
-                    if name in f and f[name].shape[2] < k:
-                        f[name] = np.pad(f[name], ((0, 0), (0, 0), (0, k - f[name].shape[2])))
+                for name in PADDED_LAST:
+                    if name in f and f[name].shape[-1] < k:
+                        f[name] = np.pad(f[name], [(0, 0)] * (f[name].ndim - 1) + [(0, k - f[name].shape[-1])])
         batch = {name: np.concatenate([f[name] for f in feeds]) if len(feeds) > 1 else feeds[0][name]
-                 for name in self.input_names}     # int64 [B, L] (rank: [B, H] and [B, N])
+                 for name in input_names}          # int64 [B, L] (rank: [B, H] and [B, N]; step: the state too)
         started = time.perf_counter()
         try:
             outputs = session.run(list(output_names), batch)   # float32 [B, L] (rank: [B, N], ...)
@@ -151,11 +181,11 @@ class TritonPythonModel:
         if self.exec_seconds is not None:
             self.exec_seconds.observe(time.perf_counter() - started)
 
-        outputs = [np.asarray(o, dtype=np.float32) for o in outputs]
         offset = 0
         for i, arrays, width in zip(good, feeds, widths):
-            rows = arrays[self.input_names[0]].shape[0]
-            tensors = [pb_utils.Tensor(name, np.ascontiguousarray(o[offset:offset + rows, :width]))
+            rows = arrays[input_names[0]].shape[0]
+            tensors = [pb_utils.Tensor(name, np.ascontiguousarray(o[offset:offset + rows, :width] if o.ndim > 1
+                                                                  else o[offset:offset + rows]))
                        for name, o in zip(output_names, outputs)]
             offset += rows
             responses[i] = pb_utils.InferenceResponse(output_tensors=tensors)
@@ -226,9 +256,43 @@ class TritonPythonModel:
             return None, f"input '{RESPONSES}' must hold only -1, 0 or 1"
         return arrays, None
 
+    def _read_step(self, request, kind):
+        """The inputs of one step request (dtypes, axes and fixed dims as the step graph's), or (None, message)."""
+        session = self.steps.get(kind)
+        if session is None:
+            return None, f"this version serves no {kind} graph (exported without --step-graphs)"
+        arrays = {}
+        for spec in session.get_inputs():
+            tensor = pb_utils.get_input_tensor_by_name(request, spec.name)
+            if tensor is None:
+                return None, f"missing input '{spec.name}' of the {kind} graph"
+            a = arrays[spec.name] = tensor.as_numpy()
+            dims = [d if isinstance(d, int) else -1 for d in spec.shape]
+            if a.dtype != ORT_DTYPES.get(spec.type) or a.ndim != len(dims) or any(
+                    d >= 0 and n != d for d, n in zip(dims[1:], a.shape[1:])) or 0 in a.shape[1:]:
+                return None, (f"input '{spec.name}' must be {spec.type} of shape {['batch'] + dims[1:]}, "
+                              f"got {a.dtype} {list(a.shape)}")
+        sizes = {}                                 # each named axis (batch, history, candidates, skills): one size
+        for spec in session.get_inputs():
+            for axis, n in zip(spec.shape, arrays[spec.name].shape):
+                if not isinstance(axis, int) and sizes.setdefault(axis, n) != n:
+                    return None, f"the inputs of the {kind} graph disagree on their '{axis}' axis"
+        for name, a in arrays.items():
+            limit = {"questions": self.n_questions, "skills": self.n_skills}.get(ID_LIMITS.get(name))
+            if limit is not None and a.size and (a.min() < 0 or a.max() >= limit):
+                return None, f"input '{name}' has ids outside [0, {limit})"
+            if name in RESPONSE_INPUTS and a.size and (a.min() < -1 or a.max() > 1):
+                return None, f"input '{name}' must hold only -1, 0 or 1"
+        length = arrays.get(STATE_LENGTH)
+        if length is not None and self.window is not None and length.size and (
+                length.min() < 0 or length.max() > self.window - 1):
+            return None, f"input '{STATE_LENGTH}' must be in [0, {self.window - 1}]"
+        return arrays, None
+
     def finalize(self):
         self.session = None
         self.explain_session = None
+        self.steps = {}
         self.exec_seconds = None
         self.exec_family = None
 

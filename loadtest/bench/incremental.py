@@ -1,8 +1,10 @@
 """`routerkt bench incremental`: Predict by learner_id with the learner-state cache on vs off vs the same
 history sent in the request (stateless), side by side in one run (issue 50; docs/benchmarks.md).
 
-Two `routerkt serve --backend onnxruntime` children over the repository (its model exported with
---step-graphs), each with its own SQLite store and outcome tracking off: one with --state-cache-mb
+Two `routerkt serve` children over the repository (its model exported with --step-graphs), in-process
+onnxruntime (`--backend onnxruntime`, the default) or both on one tritonserver started here (`--backend
+triton`: the rank model runs the step graphs, each learner's state sent with the request), each with its
+own SQLite store and outcome tracking off: one with --state-cache-mb
 (on), one with 0 (off; it also answers the stateless calls). For every history length (10, 50, 99,
 300) `--learners` simulated learners (the vocabulary's questions with their skills, seeded answers) are
 observed into both stores; every one is predicted once on each path (the cache filled, and the
@@ -28,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from loadtest.closed_loop import run_phase, summary
-from loadtest.harness import GatewayProcess, add_common_flags, stop_children_on_sigterm
+from loadtest.harness import GatewayProcess, add_common_flags, start_triton, stop_children_on_sigterm
 from loadtest.learners import load_vocabulary
 from routerkt.contract.model_info import ModelInfo
 from routerkt.contract.repository import version_dir
@@ -40,6 +42,7 @@ CANDIDATES = (1, 20)
 CALLERS = (1, 8, 32)
 MODES = ("on", "off", "stateless")
 RESULTS = ("hit", "appended", "miss", "stale")
+BACKENDS = ("onnxruntime", "triton")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -49,6 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-mb", type=float, default=256.0, help="--state-cache-mb of the cache-on gateway")
     p.add_argument("--burst", type=int, default=10, help="answers per visit in the session pattern")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--backend", choices=BACKENDS, default=BACKENDS[0],
+                   help="the gateways' inference: in-process onnxruntime, or one tritonserver started here")
     p.add_argument("--histories", default=",".join(map(str, HISTORIES)), help="history lengths, comma-separated")
     p.add_argument("--callers", default=",".join(map(str, CALLERS)), help="caller counts, comma-separated")
 
@@ -69,12 +74,14 @@ class Bench:
             raise UserError(f"model {self.model!r} version {self.vocabulary.version} has no step graphs: export it "
                             "with `routerkt export --step-graphs`")
         self.gateways, self.stubs = {}, {}
+        backend = ["--backend", "onnxruntime"] if args.backend == "onnxruntime" else [
+            "--backend", "triton", "--triton-url", start_triton(stack, args.repository.resolve(), args.out).grpc_url]
         for mode, budget in (("on", args.cache_mb), ("off", 0.0)):
             folder = args.out / f"gateway-{mode}"
             for stale in folder.glob("sessions.sqlite3*"):
                 stale.unlink()
             gateway = GatewayProcess(args.repository.resolve(), folder, [
-                "--backend", "onnxruntime", "--store", f"sqlite:///{folder / 'sessions.sqlite3'}",
+                *backend, "--store", f"sqlite:///{folder / 'sessions.sqlite3'}",
                 "--state-cache-mb", f"{budget:g}", "--no-track-outcomes"])
             gateway.start()
             stack.callback(gateway.stop)
@@ -206,7 +213,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--learners, --seconds, --burst and --cache-mb must be positive")
     args.out.mkdir(parents=True, exist_ok=True)
     report: dict = {"cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "seconds": args.seconds,
-                    "learners": args.learners, "cache_mb": args.cache_mb, "phases": [], "max_abs_diff": {}}
+                    "learners": args.learners, "cache_mb": args.cache_mb, "backend": args.backend, "phases": [],
+                    "max_abs_diff": {}}
     with ExitStack() as stack:
         stop_children_on_sigterm(stack)
         bench = Bench(args, stack)
@@ -234,7 +242,7 @@ def _ints(text: str, flag: str) -> list[int]:
 
 
 def _print(report: dict) -> None:
-    print(f"model {report['model']}, {report['learners']} learners per history, {report['seconds']:g} s per phase, "
+    print(f"model {report['model']} on {report['backend']}, {report['learners']} learners per history, {report['seconds']:g} s per phase, "
           f"{report['cpus']} CPUs")
     print("max |P by learner_id - P stateless| per history:",
           ", ".join(f"{h}: {d:.1e}" for h, d in report["max_abs_diff"].items()))

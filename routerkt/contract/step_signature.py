@@ -107,6 +107,28 @@ STEP_FILES: dict[str, str] = {"step_start": STEP_START_ONNX_FILE, "step_append":
                               "step_next": STEP_NEXT_ONNX_FILE}
 
 
+def served_step_dims(graphs: StepGraphs, window: int) -> dict[str, tuple[int, ...]]:
+    """Non-batch dims of each step tensor as a Triton rank model declares it (config.pbtxt): the state's
+    history axis W - 1, every other axis variable (-1), so one config serves every version of a preset."""
+    tensors = {t.name: t for g in graphs.graphs for t in g.inputs + g.outputs}
+    return {name: tuple(window - 1 if a == "history" else -1 for a in t.axes[1:]) for name, t in tensors.items()}
+
+
+def step_tensor_names(graphs: StepGraphs) -> tuple[set[str], set[str]]:
+    """(inputs, outputs) of the three step graphs: what a rank model serving them adds to its config."""
+    return ({n for g in graphs.graphs for n in g.input_names}, {n for g in graphs.graphs for n in g.output_names})
+
+
+STEP_INPUTS: frozenset[str] = frozenset(n for g in STEP_GRAPHS.values() for n in step_tensor_names(g)[0]) - set(
+    RANK.input_names)                 # the input names only step graphs have (a config declaring them serves them)
+
+
+def served_state_kind(input_names) -> str | None:
+    """The state kind whose step graphs a rank model's config (its input names) serves, or None."""
+    names = set(input_names)
+    return next((kind for kind, graphs in STEP_GRAPHS.items() if step_tensor_names(graphs)[0] <= names), None)
+
+
 def state_kind_of(graph_names: dict[str, dict[str, list[str]]]) -> str | None:
     """The state kind whose step graphs have exactly these inputs and outputs (model_info's `step_graphs`), or None."""
     return next((kind for kind, graphs in STEP_GRAPHS.items() if graphs.names() == graph_names), None)

@@ -29,7 +29,7 @@ from routerkt.contract.repository import (list_models, list_versions, read_model
                                           read_vocab)
 from routerkt.contract.signature import (CONFIG_FILE, SCORE, Graph, graph_with_inputs, served_dims, skill_axis,
                                          zero_inputs)
-from routerkt.contract.step_signature import STEP_FILES
+from routerkt.contract.step_signature import STEP_FILES, STEP_INPUTS, served_state_kind
 from routerkt.contract.vocab import Vocab
 from routerkt.errors import UserError
 from serving.errors import not_found, shown
@@ -50,6 +50,7 @@ class ModelVersion:
     skill_sets: bool = True  # False: exported before skill sets, one skill per interaction (2-D skill inputs)
     explain: bool = False    # the version holds explain.onnx and its config serves the explain outputs
     step_state: str | None = None   # the state kind of its step graphs (step_signature.py), None without them
+    step_served: bool = False       # its config.pbtxt declares the step graphs too (Triton can run them)
 
     def probe_inputs(self) -> dict[str, np.ndarray]:
         """One padding-only request in the shape this version takes (warm-up and health probes)."""
@@ -149,10 +150,11 @@ class ModelCatalog:
             shape = read_served_shape(self.repository, name)
             if shape.max_batch_size < 1:
                 raise UserError(f"{config_path}: max_batch_size must be >= 1 (the gateway sends [rows, window])")
-            graph = graph_with_inputs(shape.input_names)
+            dims = {n: d for n, d in zip(shape.input_names, shape.input_dims) if n not in STEP_INPUTS}
+            graph = graph_with_inputs(dims)
             if graph is None:
-                raise UserError(f"{config_path}: inputs {list(shape.input_names)} are none of the contract's graphs")
-            skill_sets = _skill_sets(graph, window, dict(zip(shape.input_names, shape.input_dims)))
+                raise UserError(f"{config_path}: inputs {list(dims)} are none of the contract's graphs")
+            skill_sets = _skill_sets(graph, window, dims)
             if skill_sets is None:
                 raise UserError(f"{config_path}: input dims {[list(d) for d in shape.input_dims]} do not match the "
                                 f"window {window} of {signature.INFO_FILE}")
@@ -162,6 +164,7 @@ class ModelCatalog:
                        and (folder / signature.EXPLAIN_ONNX_FILE).is_file())
             stepped = skill_sets and all((folder / file).is_file() for file in STEP_FILES.values())
             step_state = info.step_state if stepped else None
+            step_served = step_state is not None and served_state_kind(shape.input_names) == step_state
         except (UserError, OSError, UnicodeDecodeError) as exc:
             self._broken[(name, version)] = stamp
             log.error("skipping model %s version %s: %s", name, version, str(exc).splitlines()[0])
@@ -174,7 +177,7 @@ class ModelCatalog:
                         "each set's first skill", name, version)
         return ModelVersion(name=name, version=version, window=window, max_batch_size=shape.max_batch_size,
                             vocab=vocab, graph=graph, skill_sets=skill_sets, explain=explain,
-                            step_state=step_state)
+                            step_state=step_state, step_served=step_served)
 
     def _stamp(self, config_path: Path, name: str, version: int) -> _Stamp | None:
         folder = self.repository / name / str(version)

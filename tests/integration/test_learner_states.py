@@ -31,12 +31,14 @@ RESULTS = ("miss", "hit", "appended", "stale")
 class Served:
     """One gateway over the store at `store_path`, its stub and metrics."""
 
-    def __init__(self, repository, store_path, state_cache_mb: float = 64.0) -> None:
+    def __init__(self, repository, store_path, state_cache_mb: float = 64.0, triton_url: str | None = None) -> None:
+        """In-process onnxruntime, or (`triton_url`) the Triton backend over a running tritonserver."""
         settings = Settings(repository=repository, grpc_port=0, http_port=None, grace_period_s=0.5,
-                            state_cache_mb=state_cache_mb)
+                            state_cache_mb=state_cache_mb, **({"triton_url": triton_url} if triton_url else {}))
         self.metrics = Metrics()
-        self.gateway = ThreadedGateway(settings, self.metrics, backend=OnnxRuntimeBackend(settings),
-                                       store=SqliteStore(store_path), keys=LearnerKeys(SECRET)).start()
+        backend = {} if triton_url else {"backend": OnnxRuntimeBackend(settings)}
+        self.gateway = ThreadedGateway(settings, self.metrics, store=SqliteStore(store_path), keys=LearnerKeys(SECRET),
+                                       **backend).start()
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.gateway.grpc_port}")
         self.stub = pb_grpc.KnowledgeTracingServiceStub(self.channel)
 
@@ -100,43 +102,49 @@ def test_predict_by_learner_id_answers_as_the_explicit_history_on_every_path(set
     repository, store_path, questions, skills = setup
     served = Served(repository, store_path)
     try:
-        learner = Learner(served, "stepping-learner", questions, skills, seed=0)
-        expected = dict.fromkeys(RESULTS, 0)
-        gaps = []
-
-        def check(result: str, n_candidates: int = 3) -> None:
-            gaps.append(learner.gap(n_candidates))
-            expected[result] += 1
-            assert served.lookups() == expected, result
-
-        learner.observe(5)
-        check("miss")                          # nothing cached: step_start, then step_next
-        check("hit", 20)                       # the same history: step_next only, 20 candidates
-        learner.observe(1)
-        check("appended")                      # one step_append
-        learner.observe(4)
-        check("appended")                      # four, the most appended (MAX_APPENDS)
-        learner.observe(5)
-        check("stale")                         # five: rebuilt (15 kept)
-        learner.observe(4)
-        check("appended")                      # 19 kept: the window is full
-        check("hit")
-        learner.observe(1)
-        check("stale")                         # the window slid: every cached value changed, rebuilt
-        learner.observe(2)
-        check("stale", 20)
-        assert max(gaps) <= 1e-5, gaps
-        learners, nbytes = served.cached()
-        assert learners == 1 and nbytes > 0
-
-        served.stub.ForgetLearner(pb.ForgetLearnerRequest(learner_id=learner.name), timeout=10.0)
-        assert served.cached() == (0, 0)
-        learner.history = []
-        learner.observe(3)
-        check("miss")
-        assert max(gaps) <= 1e-5, gaps
+        walk_every_path(served, questions, skills)
     finally:
         served.close()
+
+
+def walk_every_path(served: Served, questions: list[int], skills: list[int]) -> None:
+    """One learner through miss, hit, appended, rebuilt at and past the window edge, forgotten: every Predict
+    by learner_id within 1e-5 of the explicit history, and the lookups metric naming each path."""
+    learner = Learner(served, "stepping-learner", questions, skills, seed=0)
+    expected = dict.fromkeys(RESULTS, 0)
+    gaps = []
+
+    def check(result: str, n_candidates: int = 3) -> None:
+        gaps.append(learner.gap(n_candidates))
+        expected[result] += 1
+        assert served.lookups() == expected, result
+
+    learner.observe(5)
+    check("miss")                          # nothing cached: step_start, then step_next
+    check("hit", 20)                       # the same history: step_next only, 20 candidates
+    learner.observe(1)
+    check("appended")                      # one step_append
+    learner.observe(4)
+    check("appended")                      # four, the most appended (MAX_APPENDS)
+    learner.observe(5)
+    check("stale")                         # five: rebuilt (15 kept)
+    learner.observe(4)
+    check("appended")                      # 19 kept: the window is full
+    check("hit")
+    learner.observe(1)
+    check("stale")                         # the window slid: every cached value changed, rebuilt
+    learner.observe(2)
+    check("stale", 20)
+    assert max(gaps) <= 1e-5, gaps
+    learners, nbytes = served.cached()
+    assert learners == 1 and nbytes > 0
+
+    served.stub.ForgetLearner(pb.ForgetLearnerRequest(learner_id=learner.name), timeout=10.0)
+    assert served.cached() == (0, 0)
+    learner.history = []
+    learner.observe(3)
+    check("miss")
+    assert max(gaps) <= 1e-5, gaps
 
 
 def test_a_history_rewritten_by_another_gateway_is_rebuilt_not_answered_from_the_stale_state(setup) -> None:

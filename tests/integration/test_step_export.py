@@ -25,7 +25,8 @@ from export.step_export import StepSessions, export_step_graphs, step_graphs_of
 from routerkt.contract import signature
 from routerkt.contract.model_info import ModelInfo
 from routerkt.contract.onnx_session import cpu_session
-from routerkt.contract.step_signature import STEP_FILES
+from routerkt.contract.repository import parse_triton_config
+from routerkt.contract.step_signature import STEP_FILES, served_state_kind
 from tests.tiny_models import random_tiny_model
 from training.config import RoutingScope
 from training.models.registry import PRESETS
@@ -183,5 +184,9 @@ def test_export_step_graphs_publishes_them_beside_the_rank_graph(kt_repository, 
     info = ModelInfo.load(version / signature.INFO_FILE)
     assert info.step_state == "attention" and set(info.step_graphs) == set(STEP_FILES)
     assert info.step_parity_max_abs_diff <= PARITY_TOL
-    assert (repo / "kt" / signature.CONFIG_FILE).read_bytes() == (
-        kt_repository.path / "kt" / signature.CONFIG_FILE).read_bytes()
+    # the rank model's config declares the step graphs too (Triton runs them: tests/e2e/test_learner_states_triton.py)
+    stepped, plain = (parse_triton_config((r / "kt" / signature.CONFIG_FILE).read_text())
+                      for r in (repo, kt_repository.path))
+    assert served_state_kind(t.name for t in stepped.input) == "attention"
+    assert served_state_kind(t.name for t in plain.input) is None
+    assert [t.name for t in plain.input] == [t.name for t in stepped.input][:len(plain.input)]

@@ -232,3 +232,28 @@ def test_non_python_or_unreadable_served_configs_are_replaced() -> None:
     new = _generated()
     assert publish_config(gpu, new) == new
     assert publish_config("max_batch_size: many", new) == new
+
+
+@pytest.mark.parametrize("kind", ["attention", "recurrent"])
+def test_a_rank_model_serving_step_graphs_declares_them_with_every_input_optional(kind: str) -> None:
+    from routerkt.contract.step_signature import STEP_GRAPHS, served_state_kind, step_tensor_names
+    config = _round_trip("kt", _options(graph="rank", step_state=kind, window=20))
+    inputs, outputs = step_tensor_names(STEP_GRAPHS[kind])
+    assert {t.name for t in config.input} == inputs | set(signature.RANK.input_names)
+    assert {t.name for t in config.output} == outputs | set(signature.RANK.output_names)
+    assert all(t.optional for t in config.input)
+    by_name = {t.name: t for t in list(config.input) + list(config.output)}
+    assert list(by_name["state_length"].dims) == [1] and by_name["state_length"].HasField("reshape")
+    assert not by_name["history_questions"].HasField("reshape")
+    assert served_state_kind(t.name for t in config.input) == kind
+    assert served_state_kind(t.name for t in _round_trip("kt", _options(graph="rank")).input) is None
+    assert [w.name for w in config.model_warmup] == [WARMUP_NAME]        # warm-up: the rank graph's inputs
+    assert set(config.model_warmup[0].inputs) == set(signature.RANK.input_names)
+
+
+@pytest.mark.parametrize("kwargs", [{"graph": "score", "step_state": "attention"},
+                                    {"graph": "rank", "step_state": "lstm"},
+                                    {"graph": "rank", "step_state": "attention", "backend": Backend.ONNXRUNTIME}])
+def test_step_graphs_are_served_by_the_python_rank_model_only(kwargs: dict) -> None:
+    with pytest.raises(UserError, match="step graphs"):
+        render_config("kt", _options(**kwargs))

@@ -18,6 +18,7 @@ from typing import TypeVar
 
 import numpy as np
 
+from routerkt.contract.step_signature import STEP_GRAPHS
 from serving.core.catalog import ModelCatalog, ModelVersion
 from serving.errors import shown
 from serving.metrics import Metrics
@@ -103,12 +104,18 @@ class TritonInferenceBackend:
             model.name, model.version, model.graph, feeds, outputs, left))
 
     def steps(self, model: ModelVersion) -> bool:
-        """Triton serves no step graphs yet: the learner-state path (serving/state/) is in-process only."""
-        return False
+        """The version holds step graphs and its config.pbtxt serves them (`routerkt export --step-graphs`):
+        the learner-state path (serving/state/) sends each learner's state with the request."""
+        return model.step_state is not None and model.step_served
 
     async def infer_step(self, model: ModelVersion, graph: str, feeds: dict[str, np.ndarray],
                          timeout_s: float) -> dict[str, np.ndarray]:
-        raise BackendError(FailureKind.REJECTED, "Triton serves no step graphs")
+        """Every output of the step graph `graph`, by name (the rank model runs it: its inputs say which)."""
+        if not self.steps(model):
+            raise BackendError(FailureKind.REJECTED, f"{model.name} version {model.version} serves no step graphs")
+        spec = next(g for g in STEP_GRAPHS[model.step_state].graphs if g.name == graph)
+        return await self._call(model, timeout_s, lambda left: self.client.infer_graph(
+            model.name, model.version, spec, feeds, left))
 
     async def _call(self, model: ModelVersion, timeout_s: float, send: Callable[[float], Awaitable[T]]) -> T:
         """`send(seconds left)` inside the model's gate, repeated once on a RETRIED failure (module docstring)."""

@@ -167,7 +167,9 @@ class TritonClient:
             self._prepared[key] = prepared
         request = service_pb2.ModelInferRequest()
         request.CopyFrom(self._prepared[key])
+        # a per-row scalar (one axis: batch) travels as [rows, 1]: Triton needs a dim (config.pbtxt reshapes it)
         arrays = [np.ascontiguousarray(feeds[spec.name], dtype=spec.dtype) for spec in graph.inputs]
+        arrays = [a if spec.axes[1:] else a.reshape(-1, 1) for a, spec in zip(arrays, graph.inputs)]
         for tensor, array in zip(request.inputs, arrays):
             tensor.shape.extend(array.shape)
         request.raw_input_contents.extend([array.tobytes() for array in arrays])
@@ -200,6 +202,26 @@ class TritonClient:
         rows = feeds[graph.inputs[0].name].shape[0]
         if set(got) != set(outputs) or any(a.shape[0] != rows for a in got.values()):
             raise BackendError(FailureKind.FAILED, f"outputs {sorted(got)}, expected {list(outputs)} of {rows} rows")
+        return got
+
+    async def infer_graph(self, model: str, version: int, graph: Graph, feeds: dict[str, np.ndarray],
+                          timeout_s: float) -> dict[str, np.ndarray]:
+        """Every output of `graph` (name -> array of the contract's dtype; a per-row scalar as [rows]) for
+        `feeds`: the step graphs a rank model serves too (serving/state/); BackendError on failure."""
+        response = await self._call(self.request(model, version, graph, feeds, graph.output_names), timeout_s, True)
+        specs = {t.name: t for t in graph.outputs}
+        rows = feeds[graph.inputs[0].name].shape[0]
+        got = {}
+        for tensor, data in zip(response.outputs, response.raw_output_contents):
+            spec, shape = specs.get(tensor.name), tuple(tensor.shape)
+            dtype = np.dtype(spec.dtype) if spec is not None else None
+            if dtype is None or tensor.datatype != spec.onnx_dtype or len(data) != dtype.itemsize * int(np.prod(shape)):
+                raise BackendError(FailureKind.FAILED, f"output {tensor.name} is not {list(shape)} of the "
+                                                       f"{graph.name} graph")
+            array = np.frombuffer(data, dtype=dtype).reshape(shape)
+            got[tensor.name] = array.reshape(rows) if not spec.axes[1:] and array.size == rows else array
+        if set(got) != set(specs) or any(a.shape[0] != rows for a in got.values()):
+            raise BackendError(FailureKind.FAILED, f"outputs {sorted(got)}, expected {list(specs)} of {rows} rows")
         return got
 
     async def _call(self, request: service_pb2.ModelInferRequest, timeout_s: float,
