@@ -151,8 +151,10 @@ def _run(opts: RetrainOptions, report: Report, log) -> int:
     with report.stage("export_candidate", log):
         from export.exporter import export_run
         candidate_repo = Path(opts.out) / "candidate"
+        # the served version's step graphs carry over: the model keeps one config.pbtxt (a candidate without
+        # them would change it, and Triton would reload every version, the canary's baseline included)
         result = export_run(trained.run, candidate_repo, name=opts.model, backend=info.backend or "python",
-                            log=lambda *_: None)
+                            log=lambda *_: None, step_graphs=info.step_state is not None)
         candidate_dir = version_dir(candidate_repo, opts.model, result.version)
     with report.stage("publish", log):
         report.new_version = _publish_and_canary(opts, state, reference, candidate_repo, candidate_dir, report, log)
