@@ -279,8 +279,10 @@ def create_server(settings: Settings, *, metrics: Metrics | None = None, catalog
         tracker = sessions.tracker = OutcomeTracker(settings, sessions.store, sessions.keys, metrics)
     sink = sink or MetricsSink(metrics)
     states = None
-    if sessions is not None and settings.state_cache_mb > 0:
-        states = sessions.states = learner_states(settings, metrics, sessions.keys.learner)
+    if settings.state_cache_mb > 0 and (sessions is not None or settings.prefix_cache):
+        states = learner_states(settings, metrics, sessions.keys.learner if sessions is not None else None)
+        if sessions is not None:
+            sessions.states = states
     service = PredictionService(
         settings, catalog, backend,
         metrics, history=history, policy=policy,

@@ -1,5 +1,6 @@
 """`routerkt bench incremental`: Predict by learner_id with the learner-state cache on vs off vs the same
-history sent in the request (stateless), side by side in one run (issue 50; docs/benchmarks.md).
+history sent in the request (stateless, and stateless on the prefix cache), side by side in one run
+(issue 50; docs/benchmarks.md).
 
 Two `routerkt serve` children over the repository (its model exported with --step-graphs), in-process
 onnxruntime (`--backend onnxruntime`, the default) or both on one tritonserver started here (`--backend
@@ -8,11 +9,13 @@ own SQLite store and outcome tracking off: one with --state-cache-mb
 (on), one with 0 (off; it also answers the stateless calls). For every history length (10, 50, 99,
 300) `--learners` simulated learners (the vocabulary's questions with their skills, seeded answers) are
 observed into both stores; every one is predicted once on each path (the cache filled, and the
-probabilities of the three paths compared: max |diff|). Then closed-loop phases, `--seconds` each, of
-1 / 8 / 32 callers calling one path on a random learner of that length with C = 1 or 20 candidates:
-calls/s, p50 / p99, and on/stateless. Last, the session pattern: each caller takes a learner (new or
-returning), answers a burst of `--burst` questions (Predict by learner_id then Observe the answer,
-on the cache-on gateway) and leaves: the hit rate (routerkt_state_lookups_total) and Observe's p50.
+probabilities of the paths compared: max |diff|). The cache-on gateway also runs --prefix-cache ("prefix": the
+stateless call sent to it). Then closed-loop phases, `--seconds` each, of 1 / 8 / 32 callers calling one
+path on a random learner of that length with C = 1 or 20 candidates: calls/s, p50 / p99, on/stateless
+and prefix/stateless. Last, the session pattern, twice: each caller takes a learner (new or returning),
+answers a burst of `--burst` questions (Predict by learner_id, or with the history the caller keeps,
+then Observe the answer, on the cache-on gateway) and leaves: the hit rate (routerkt_state_lookups_total)
+and Observe's p50.
 Writes OUT/incremental.json.
 """
 from __future__ import annotations
@@ -40,7 +43,7 @@ from routerkt.errors import UserError
 HISTORIES = (10, 50, 99, 300)
 CANDIDATES = (1, 20)
 CALLERS = (1, 8, 32)
-MODES = ("on", "off", "stateless")
+MODES = ("on", "off", "stateless", "prefix")
 RESULTS = ("hit", "appended", "miss", "stale")
 BACKENDS = ("onnxruntime", "triton")
 
@@ -82,13 +85,13 @@ class Bench:
                 stale.unlink()
             gateway = GatewayProcess(args.repository.resolve(), folder, [
                 *backend, "--store", f"sqlite:///{folder / 'sessions.sqlite3'}",
-                "--state-cache-mb", f"{budget:g}", "--no-track-outcomes"])
+                "--state-cache-mb", f"{budget:g}", "--no-track-outcomes", *(["--prefix-cache"] if budget else [])])
             gateway.start()
             stack.callback(gateway.stop)
             self.gateways[mode] = gateway.wait_serving()
             channel = stack.enter_context(grpc.insecure_channel(gateway.address))
             self.stubs[mode] = pb_grpc.KnowledgeTracingServiceStub(channel)
-        self.stubs["stateless"] = self.stubs["off"]
+        self.stubs["stateless"], self.stubs["prefix"] = self.stubs["off"], self.stubs["on"]
         self.rng = random.Random(args.seed)
         self.histories: dict[str, list] = {}
 
@@ -108,7 +111,7 @@ class Bench:
     def request(self, mode: str, learner: str, candidates: list[str]):
         pb = self.pb
         wanted = [pb.Candidate(question_id=q) for q in candidates]
-        if mode == "stateless":
+        if mode in ("stateless", "prefix"):
             return pb.PredictRequest(model=self.model, candidates=wanted, history=[
                 pb.Interaction(question_id=q, correct=c) for q, c in self.histories[learner]])
         return pb.PredictRequest(model=self.model, learner_id=learner, candidates=wanted)
@@ -116,8 +119,8 @@ class Bench:
     def predict(self, mode: str, learner: str, candidates: list[str]) -> np.ndarray:
         return np.asarray(self.stubs[mode].Predict(self.request(mode, learner, candidates), timeout=30).probabilities)
 
-    def lookups(self) -> dict[str, float]:
-        return {r: self.gateways["on"].metric("routerkt_state_lookups_total", result=r) for r in RESULTS}
+    def lookups(self, key: str = "learner") -> dict[str, float]:
+        return {r: self.gateways["on"].metric("routerkt_state_lookups_total", key=key, result=r) for r in RESULTS}
 
 
 def _store_learners(bench: Bench, length: int) -> tuple[list[str], float]:
@@ -130,7 +133,7 @@ def _store_learners(bench: Bench, length: int) -> tuple[list[str], float]:
         bench.observe(learner, bench.histories[learner])
         candidates = [bench.rng.choice(bench.vocabulary.questions) for _ in range(20)]
         probs = [bench.predict(mode, learner, candidates) for mode in MODES]
-        gap = max(gap, float(np.abs(probs[0] - probs[2]).max()), float(np.abs(probs[1] - probs[2]).max()))
+        gap = max([gap] + [float(np.abs(probs[k] - probs[2]).max()) for k in (0, 1, 3)])
         learners.append(learner)
     return learners, gap
 
@@ -158,7 +161,7 @@ def _phases(bench: Bench, length: int, learners: list[str], callers_list: list[i
                         rng = local.rng = random.Random()
                     candidates = [rng.choice(bench.vocabulary.questions) for _ in range(n_candidates)]
                     bench.stubs[mode].Predict(bench.request(mode, rng.choice(learners), candidates), timeout=30)
-                gateway = bench.gateways["off" if mode == "stateless" else mode]
+                gateway = bench.gateways[{"stateless": "off", "prefix": "on"}.get(mode, mode)]
                 cpu = _cpu_s(gateway.process.pid), time.process_time()
                 row[mode] = summary(*run_phase(call, callers, bench.args.seconds))
                 calls = max(row[mode]["calls"], 1)
@@ -166,31 +169,38 @@ def _phases(bench: Bench, length: int, learners: list[str], callers_list: list[i
                 row[mode]["client_cpu_ms_per_call"] = (time.process_time() - cpu[1]) * 1e3 / calls
             row["on_vs_stateless"] = row["on"]["calls_per_s"] / max(row["stateless"]["calls_per_s"], 1e-9)
             row["on_vs_off"] = row["on"]["calls_per_s"] / max(row["off"]["calls_per_s"], 1e-9)
+            row["prefix_vs_stateless"] = row["prefix"]["calls_per_s"] / max(row["stateless"]["calls_per_s"], 1e-9)
             rates = " ".join(f"{mode} {row[mode]['calls_per_s']:.1f}" for mode in MODES)
             print(f"history {length:>3} C={n_candidates:>2} callers {callers:>2}: calls/s {rates}", file=sys.stderr)
             rows.append(row)
     return rows
 
 
-def _sessions(bench: Bench, callers: int = 8) -> dict:
-    """Learners answer bursts then leave: Predict by learner_id (4 candidates) + Observe, cache on."""
-    before = bench.lookups()
+def _sessions(bench: Bench, callers: int = 8, stateless: bool = False) -> dict:
+    """Learners answer bursts then leave: Predict by learner_id (4 candidates) + Observe, cache on; or
+    (`stateless`) Predict with the history the caller keeps, on the prefix cache, + Observe."""
+    key = "history" if stateless else "learner"
+    before = bench.lookups(key)
     pb, stub = bench.pb, bench.stubs["on"]
     lock, counter = threading.Lock(), iter(range(10**9))
     observe_ms: list[float] = []
     returning: list[tuple[str, int]] = []
+    kept: dict[str, list] = {}
 
     def visit() -> None:
         with lock:
             learner, seen = (returning.pop(0) if returning and bench.rng.random() < 0.5
-                             else (f"session-{next(counter)}", 0))
+                             else (f"{key}-session-{next(counter)}", 0))
         rng = random.Random(f"{learner}-{seen}")
+        history = kept.setdefault(learner, [])
         for _ in range(bench.args.burst):
             candidates = [pb.Candidate(question_id=rng.choice(bench.vocabulary.questions)) for _ in range(4)]
-            stub.Predict(pb.PredictRequest(model=bench.model, learner_id=learner, candidates=candidates), timeout=30)
+            named = {"history": history} if stateless else {"learner_id": learner}
+            stub.Predict(pb.PredictRequest(model=bench.model, candidates=candidates, **named), timeout=30)
+            history.append(pb.Interaction(question_id=candidates[0].question_id, correct=rng.randint(0, 1)))
             started = time.perf_counter()
             stub.Observe(pb.ObserveRequest(learner_id=learner, events=[pb.Event(
-                event_id=f"{learner}-{seen}", question_id=candidates[0].question_id, correct=rng.randint(0, 1),
+                event_id=f"{learner}-{seen}", question_id=candidates[0].question_id, correct=history[-1].correct,
                 timestamp_ms=1 + seen)]), timeout=30)
             with lock:
                 observe_ms.append((time.perf_counter() - started) * 1e3)
@@ -199,10 +209,10 @@ def _sessions(bench: Bench, callers: int = 8) -> dict:
             returning.append((learner, seen))
 
     latencies, failures, wall = run_phase(visit, callers, bench.args.seconds * 4)
-    after = bench.lookups()
+    after = bench.lookups(key)
     counts = {r: after[r] - before[r] for r in RESULTS}
     total = sum(counts.values()) or 1.0
-    return {"callers": callers, "burst": bench.args.burst, "visits": len(latencies), "failures": len(failures),
+    return {"key": key, "callers": callers, "burst": bench.args.burst, "visits": len(latencies), "failures": len(failures),
             "lookups": counts, "hit_rate": (counts["hit"] + counts["appended"]) / total,
             "observe_p50_ms": float(np.percentile(observe_ms, 50)) if observe_ms else None,
             "visits_per_s": len(latencies) / wall if wall else 0.0}
@@ -224,6 +234,7 @@ def run(args: argparse.Namespace) -> int:
             report["max_abs_diff"][str(length)] = gap
             report["phases"] += _phases(bench, length, learners, _ints(args.callers, "--callers"))
         report["sessions"] = _sessions(bench)
+        report["stateless_sessions"] = _sessions(bench, stateless=True)
         report["cache_bytes"] = bench.gateways["on"].metric("routerkt_state_cache_bytes")
         report["cached_learners"] = bench.gateways["on"].metric("routerkt_state_cache_learners")
     _print(report)
@@ -242,22 +253,23 @@ def _ints(text: str, flag: str) -> list[int]:
 
 
 def _print(report: dict) -> None:
-    print(f"model {report['model']} on {report['backend']}, {report['learners']} learners per history, {report['seconds']:g} s per phase, "
-          f"{report['cpus']} CPUs")
-    print("max |P by learner_id - P stateless| per history:",
+    print(f"model {report['model']} on {report['backend']}, {report['learners']} learners per history, "
+          f"{report['seconds']:g} s per phase, {report['cpus']} CPUs")
+    print("max |P by learner_id or prefix - P stateless| per history:",
           ", ".join(f"{h}: {d:.1e}" for h, d in report["max_abs_diff"].items()))
-    print("| history | C | callers | on calls/s | off calls/s | stateless calls/s | on/stateless | on/off "
-          "| p50 on/off/stateless ms | p99 on/off/stateless ms | gateway CPU ms/call on/off/stateless |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    names = "/".join(MODES)
+    print(f"| history | C | callers | on calls/s | off calls/s | stateless calls/s | prefix calls/s | on/stateless "
+          f"| on/off | prefix/stateless | p50 {names} ms | p99 {names} ms | gateway CPU ms/call {names} |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in report["phases"]:
         p50 = "/".join(f"{r[m]['p50_ms']:.1f}" for m in MODES)
         p99 = "/".join(f"{r[m]['p99_ms']:.1f}" for m in MODES)
         cpu = "/".join(f"{r[m]['gateway_cpu_ms_per_call']:.2f}" for m in MODES)
-        print(f"| {r['history']} | {r['candidates']} | {r['callers']} | {r['on']['calls_per_s']:.1f} | "
-              f"{r['off']['calls_per_s']:.1f} | {r['stateless']['calls_per_s']:.1f} | {r['on_vs_stateless']:.2f} | "
-              f"{r['on_vs_off']:.2f} | {p50} | {p99} | {cpu} |")
-    s = report["sessions"]
-    print(f"session pattern ({s['callers']} callers, bursts of {s['burst']}, half the visits by returning learners): "
-          f"{s['visits']} visits, lookups {s['lookups']}, hit rate {s['hit_rate']:.3f}, Observe p50 "
-          f"{s['observe_p50_ms']:.2f} ms; cache {report['cache_bytes'] / 2**20:.1f} MiB for "
-          f"{report['cached_learners']:.0f} learners")
+        rates = " | ".join(f"{r[m]['calls_per_s']:.1f}" for m in MODES)
+        print(f"| {r['history']} | {r['candidates']} | {r['callers']} | {rates} | {r['on_vs_stateless']:.2f} | "
+              f"{r['on_vs_off']:.2f} | {r['prefix_vs_stateless']:.2f} | {p50} | {p99} | {cpu} |")
+    for s in (report["sessions"], report["stateless_sessions"]):
+        print(f"session pattern, {s['key']} keys ({s['callers']} callers, bursts of {s['burst']}, half the visits by "
+              f"returning learners): {s['visits']} visits, lookups {s['lookups']}, hit rate {s['hit_rate']:.3f}, "
+              f"Observe p50 {s['observe_p50_ms']:.2f} ms")
+    print(f"cache {report['cache_bytes'] / 2**20:.1f} MiB for {report['cached_learners']:.0f} learner states")

@@ -92,7 +92,10 @@ def _add_state_arguments(parser: argparse.ArgumentParser, defaults: Settings) ->
                         help="seconds after which an inactive learner is deleted (0 = never)")
     parser.add_argument("--state-cache-mb", type=float, default=defaults.state_cache_mb,
                         help="MiB of learner states cached for Predict by learner_id on versions exported with "
-                             "--step-graphs (onnxruntime backend; docs/benchmarks.md, 'Incremental state'); 0 = off")
+                             "--step-graphs (docs/operations.md, 'Learner-state cache'); 0 = off")
+    parser.add_argument("--prefix-cache", action="store_true",
+                        help="stateless Predicts (the history sent) also use the learner-state cache, keyed by a "
+                             "hash of the history prefix (off by default; docs/benchmarks.md)")
     parser.add_argument("--store-secret-file", type=Path, default=None,
                         help="file with the HMAC secret for learner keys (default: <state dir>/store.secret)")
     parser.add_argument("--rollout-policy", type=Path, default=None, metavar="FILE",
@@ -154,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
                         max_inflight=args.max_inflight, max_queued=args.max_queued,
                         inflight_wait_s=args.inflight_wait, grace_period_s=args.grace_period,
                         store_keep=args.store_keep, store_ttl_s=args.store_ttl,
-                        state_cache_mb=args.state_cache_mb,
+                        state_cache_mb=args.state_cache_mb, prefix_cache=args.prefix_cache,
                         track_outcomes=not args.no_track_outcomes, outcome_ttl_s=args.outcome_ttl,
                         rollout_policy=args.rollout_policy or args.state_dir / "rollout.json",
                         tls_cert=args.tls_cert, tls_key=args.tls_key, tls_client_ca=args.tls_client_ca,

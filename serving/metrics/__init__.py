@@ -209,9 +209,10 @@ class Metrics:
         for result in ("stored", "duplicate"):
             self.events.labels(result=result)
         self.state_lookups = Counter(
-            "routerkt_state_lookups", "Predicts by learner_id answered by the learner-state path (serving/state/), "
-            "by the cached state found: hit, appended (new answers appended), miss (none), stale (rebuilt).",
-            ("model", "result"), registry=registry)
+            "routerkt_state_lookups", "Predicts answered by the learner-state path (serving/state/), by key (learner: "
+            "by learner_id; history: the prefix cache of stateless Predicts) and the cached state found: hit, "
+            "appended (new answers appended), miss (none), stale (rebuilt).",
+            ("model", "key", "result"), registry=registry)
         self.state_evictions = Counter(
             "routerkt_state_evictions", "Cached learner states evicted to stay within --state-cache-mb.",
             ("model",), registry=registry)

@@ -119,22 +119,26 @@ class PredictionService:
 
     async def _infer_learners(self, model: ModelVersion, learners: list[LearnerInput], encoded: list[EncodedLearner],
                               deadline: Deadline) -> list[np.ndarray]:
-        """`infer`, except that learners named by learner_id take the learner-state path when there is one
-        and the backend runs `model`'s step graphs (the same probabilities, <= 1e-5)."""
-        named = ([i for i, learner in enumerate(learners) if learner.learner_id]
-                 if self.states is not None and self.backend.steps(model) else [])
+        """`infer`, except that learners named by learner_id (and, with the prefix cache, the others) take the
+        learner-state path when there is one and the backend runs `model`'s step graphs (the same
+        probabilities, <= 1e-5)."""
+        states = self.states if self.states is not None and self.backend.steps(model) else None
+        keys = [None] * len(learners) if states is None else [
+            states.learner_keys(learner.learner_id) if learner.learner_id
+            else states.history_keys(learner_encoded) if self.settings.prefix_cache else None
+            for learner, learner_encoded in zip(learners, encoded)]
+        named = [i for i, k in enumerate(keys) if k is not None]
         if not named:
             return await self.infer(model, encoded, deadline)
-        rest = [i for i in range(len(learners)) if not learners[i].learner_id]
+        rest = [i for i, k in enumerate(keys) if k is None]
         out: list[np.ndarray] = [np.empty(0, np.float32)] * len(learners)
 
         async def run(graph: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             return await self._backend_call(model, deadline, lambda timeout: self.backend.infer_step(
                 model, graph, feeds, timeout))
         rows = max(1, min(self.settings.rank_rows_per_infer, model.max_batch_size))
-        stepped = await self.states.predict(model, [learners[i].learner_id for i in named],
-                                            [encoded[i] for i in named], run, rows,
-                                            self.settings.rank_candidates_per_infer)
+        stepped = await states.predict(model, [keys[i] for i in named], [encoded[i] for i in named], run, rows,
+                                       self.settings.rank_candidates_per_infer)
         full = await self.infer(model, [encoded[i] for i in rest], deadline) if rest else []
         for i, probs in zip(named + rest, list(stepped) + list(full)):
             out[i] = probs

@@ -4,8 +4,8 @@
 - learner_states.py  LearnerStates: hit / appended / miss / stale, the step graphs through the backend
 
 `learner_states(settings, metrics, learner_key)` builds the path create_server injects into the pipeline
-(with a session store and settings.state_cache_mb > 0); it answers only versions exported with
-`--step-graphs` on a backend whose `steps()` says it runs them.
+(settings.state_cache_mb > 0, and a session store or settings.prefix_cache); it answers only versions
+exported with `--step-graphs` on a backend whose `steps()` says it runs them.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from serving.state.learner_states import LearnerStates
 MIB = 1 << 20
 
 
-def learner_states(settings: Settings, metrics: Metrics, learner_key: Callable[[str], str]) -> LearnerStates:
+def learner_states(settings: Settings, metrics: Metrics, learner_key: Callable[[str], str] | None) -> LearnerStates:
     """The path over a cache of settings.state_cache_mb MiB, counted in the routerkt_state_* metrics."""
 
     def sized(learners: int, nbytes: int) -> None:
@@ -29,5 +29,5 @@ def learner_states(settings: Settings, metrics: Metrics, learner_key: Callable[[
     cache = StateCache(int(settings.state_cache_mb * MIB),
                        on_evict=lambda model, count: metrics.state_evictions.labels(model=model).inc(count),
                        on_size=sized)
-    return LearnerStates(cache, learner_key,
-                         on_lookup=lambda model, result: metrics.state_lookups.labels(model=model, result=result).inc())
+    return LearnerStates(cache, learner_key, on_lookup=lambda model, kind, result: metrics.state_lookups.labels(
+        model=model, key=kind, result=result).inc())

@@ -14,9 +14,16 @@ Every path gives the rank graph's probabilities on the same kept history (<= 1e-
 integration tests compare them), so a miss or an eviction costs time, never a different answer.
 The new state is cached after the call. Learners are taken in chunks of at most `rows` per backend
 call, and a learner's candidates in pieces of at most `candidates` (as the rank path splits them).
+
+The prefix cache (`--prefix-cache`, off by default): a stateless Predict (the history sent in the request)
+looks up the same cache by a hash of its kept history and of that history without its last 1 ..
+`max_appends` interactions (`history_keys`), so a caller that resends a learner's history with one more
+answer appends; the entry used is then dropped and the new one stored under the full history's hash.
+The hash only finds an entry: the entry is used only when its stored history is a prefix (as above).
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Awaitable, Callable
 
@@ -32,22 +39,36 @@ if TYPE_CHECKING:
 
 MAX_APPENDS = 4          # beyond: one step_start instead of more sequential step_append calls
 StepCall = Callable[[str, dict[str, np.ndarray]], Awaitable[dict[str, np.ndarray]]]   # (graph, feeds) -> outputs
-Lookup = Callable[[str, str], None]                                                # (model, result): a metric
+Lookup = Callable[[str, str, str], None]                                     # (model, key kind, result): a metric
+
+
+HISTORY = "history:"     # prefix-cache keys: a content hash, apart from the keyed learner hashes (hex)
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Where one learner's state is looked up and stored."""
+
+    kind: str                        # learner | history: the lookups metric's `key` label
+    store: str                       # the entry written after the call
+    tried: tuple[str, ...]           # the entries looked up, the longest history first
 
 
 @dataclass
 class _Learner:
     index: int                       # in the call's learners
     encoded: EncodedLearner
+    keys: Keys
     state: LearnerState | None       # the cached entry, then the updated one
     appends: int | None              # interactions to append; None: rebuild
+    found: str | None = None         # the key the cached entry was found under
 
 
 class LearnerStates:
     """The learner-state path over a StateCache (see the module docstring)."""
 
-    def __init__(self, cache: StateCache, learner_key: Callable[[str], str],
-                 on_lookup: Lookup = lambda model, result: None, max_appends: int = MAX_APPENDS) -> None:
+    def __init__(self, cache: StateCache, learner_key: Callable[[str], str] | None,
+                 on_lookup: Lookup = lambda model, kind, result: None, max_appends: int = MAX_APPENDS) -> None:
         self.cache = cache
         self.learner_key = learner_key      # learner id -> its keyed hash (serving/sessions/keys.py)
         self.on_lookup = on_lookup
@@ -57,31 +78,48 @@ class LearnerStates:
         """Drop the learner's cached states (ForgetLearner; `learner_key`: the keyed hash)."""
         return self.cache.forget(learner_key)
 
-    async def predict(self, model: ModelVersion, learner_ids: list[str], learners: list[EncodedLearner],
+    def learner_keys(self, learner_id: str) -> Keys:
+        """A learner named by learner_id: its keyed hash."""
+        key = self.learner_key(learner_id)
+        return Keys("learner", key, (key,))
+
+    def history_keys(self, learner: EncodedLearner) -> Keys:
+        """A stateless learner (the prefix cache): hashes of its kept history and of that history without
+        its last 1 .. max_appends interactions."""
+        n = learner.history_used
+        tried = tuple(_history_hash(learner, m) for m in range(n, max(n - self.max_appends, 0) - 1, -1))
+        return Keys("history", tried[0], tried)
+
+    async def predict(self, model: ModelVersion, keys: list[Keys], learners: list[EncodedLearner],
                       run: StepCall, rows: int, candidates: int) -> list[np.ndarray]:
-        """P(correct) per candidate, float32 [C_i], of each named learner (`learner_ids`, their encoded
-        kept histories and candidates in `learners`), answered by `model`'s step graphs through `run`."""
-        learner_keys = [self.learner_key(learner_id) for learner_id in learner_ids]
-        plans = [self._plan(model, i, key, learner) for i, (key, learner) in enumerate(zip(learner_keys, learners))]
+        """P(correct) per candidate, float32 [C_i], of each learner (`keys`: where its state is cached; its
+        encoded kept history and candidates in `learners`), answered by `model`'s step graphs through `run`."""
+        plans = [self._plan(model, i, k, learner) for i, (k, learner) in enumerate(zip(keys, learners))]
         out: list[np.ndarray] = [np.empty(0, np.float32)] * len(learners)
         for first in range(0, len(plans), rows):
             chunk = plans[first:first + rows]
             await self._update(model, chunk, run)
             for plan in chunk:
-                self.cache.put(model.name, model.version, learner_keys[plan.index], plan.state)
+                if plan.found is not None and plan.found != plan.keys.store:
+                    self.cache.forget(plan.found)            # a shorter history's entry, now superseded
+                self.cache.put(model.name, model.version, plan.keys.store, plan.state)
             for plan, probs in zip(chunk, await self._next(model, chunk, run, candidates)):
                 out[plan.index] = probs
         return out
 
-    def _plan(self, model: ModelVersion, index: int, key: str, learner: EncodedLearner) -> _Learner:
-        state = self.cache.get(model.name, model.version, key)
-        appends = None if state is None else state.extended_by(learner.questions, learner.skills, learner.responses)
-        if appends is not None and appends > self.max_appends:
-            appends = None
-        result = ("miss" if state is None else "stale" if appends is None else "hit" if appends == 0
-                  else "appended")
-        self.on_lookup(model.name, result)
-        return _Learner(index, learner, state, appends)
+    def _plan(self, model: ModelVersion, index: int, keys: Keys, learner: EncodedLearner) -> _Learner:
+        seen = None
+        for key in keys.tried:
+            state = self.cache.get(model.name, model.version, key)
+            if state is None:
+                continue
+            seen = state
+            appends = state.extended_by(learner.questions, learner.skills, learner.responses)
+            if appends is not None and appends <= self.max_appends:
+                self.on_lookup(model.name, keys.kind, "hit" if appends == 0 else "appended")
+                return _Learner(index, learner, keys, state, appends, key)
+        self.on_lookup(model.name, keys.kind, "miss" if seen is None else "stale")
+        return _Learner(index, learner, keys, None, None)
 
     async def _update(self, model: ModelVersion, chunk: list[_Learner], run: StepCall) -> None:
         """Each learner's state brought to its kept history: rebuilt together, then appended step by step."""
@@ -127,6 +165,19 @@ class LearnerStates:
         for k, (piece, owner) in enumerate(zip(pieces, owners)):
             parts[owner].append(np.asarray(probs[k, :piece.n_candidates], dtype=np.float32))
         return [p[0] if len(p) == 1 else np.concatenate(p) for p in parts]
+
+
+def _history_hash(learner: EncodedLearner, m: int) -> str:
+    """A key for the learner's first `m` kept interactions (skill sets without their all-padding columns)."""
+    skills = learner.skills[:m]
+    used = skills.shape[1]
+    while used > 1 and not skills[:, used - 1].any():            # PAD_ID is 0
+        used -= 1
+    digest = hashlib.blake2b(digest_size=16)
+    for array in (learner.questions[:m], learner.responses[:m], np.ascontiguousarray(skills[:, :used])):
+        digest.update(np.int64(array.size).tobytes())
+        digest.update(np.ascontiguousarray(array, dtype=np.int64).tobytes())
+    return HISTORY + digest.hexdigest()
 
 
 def _names(state) -> list[str]:

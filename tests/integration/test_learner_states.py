@@ -31,10 +31,12 @@ RESULTS = ("miss", "hit", "appended", "stale")
 class Served:
     """One gateway over the store at `store_path`, its stub and metrics."""
 
-    def __init__(self, repository, store_path, state_cache_mb: float = 64.0, triton_url: str | None = None) -> None:
+    def __init__(self, repository, store_path, state_cache_mb: float = 64.0, triton_url: str | None = None,
+                 prefix_cache: bool = False) -> None:
         """In-process onnxruntime, or (`triton_url`) the Triton backend over a running tritonserver."""
         settings = Settings(repository=repository, grpc_port=0, http_port=None, grace_period_s=0.5,
-                            state_cache_mb=state_cache_mb, **({"triton_url": triton_url} if triton_url else {}))
+                            state_cache_mb=state_cache_mb, prefix_cache=prefix_cache,
+                            **({"triton_url": triton_url} if triton_url else {}))
         self.metrics = Metrics()
         backend = {} if triton_url else {"backend": OnnxRuntimeBackend(settings)}
         self.gateway = ThreadedGateway(settings, self.metrics, store=SqliteStore(store_path), keys=LearnerKeys(SECRET),
@@ -42,9 +44,9 @@ class Served:
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.gateway.grpc_port}")
         self.stub = pb_grpc.KnowledgeTracingServiceStub(self.channel)
 
-    def lookups(self) -> dict[str, int]:
+    def lookups(self, key: str = "learner") -> dict[str, int]:
         return {r: int(self.metrics.registry.get_sample_value(
-            "routerkt_state_lookups_total", {"model": "kt", "result": r}) or 0) for r in RESULTS}
+            "routerkt_state_lookups_total", {"model": "kt", "key": key, "result": r}) or 0) for r in RESULTS}
 
     def cached(self) -> tuple[int, int]:
         return (int(self.metrics.registry.get_sample_value("routerkt_state_cache_learners") or 0),
@@ -174,3 +176,41 @@ def test_a_budget_of_zero_caches_nothing_and_answers_the_same(setup) -> None:
         assert served.lookups() == dict.fromkeys(RESULTS, 0) and served.cached() == (0, 0)
     finally:
         served.close()
+
+
+def test_the_prefix_cache_answers_stateless_predicts_as_the_full_forward(setup) -> None:
+    """--prefix-cache: a history sent again (hit), with new answers (appended) or changed (miss: another
+    hash) answers as a gateway without any cache; Predict by learner_id keeps its own keys."""
+    repository, store_path, questions, skills = setup
+    cached, plain = Served(repository, store_path, prefix_cache=True), Served(repository, store_path, state_cache_mb=0)
+    try:
+        learner = Learner(cached, "prefix-learner", questions, skills, seed=3)
+        rng = np.random.default_rng(5)
+        candidates = [pb.Candidate(question_id=int(q)) for q in rng.choice(questions, 4)]
+
+        def gap(history) -> float:
+            request = pb.PredictRequest(model="kt", candidates=candidates, history=[
+                pb.Interaction(question_id=q, skill_ids=s, correct=c) for q, s, c in history])
+            got = [np.asarray(served.stub.Predict(request, timeout=10.0).probabilities) for served in (cached, plain)]
+            return float(np.abs(got[0] - got[1]).max())
+
+        learner.observe(6)
+        gaps, expected = [gap(learner.history)], dict.fromkeys(RESULTS, 0)
+        expected["miss"] += 1
+        gaps.append(gap(learner.history))
+        expected["hit"] += 1
+        for n in (1, 3, 5):                       # 5 new answers: past max_appends, a new entry
+            learner.observe(n)
+            gaps.append(gap(learner.history))
+            expected["appended" if n <= 4 else "miss"] += 1
+        changed = list(learner.history)
+        changed[2] = (changed[2][0], changed[2][1], 1 - changed[2][2])
+        gaps.append(gap(changed))
+        expected["miss"] += 1
+        assert max(gaps) <= 1e-5, gaps
+        assert cached.lookups("history") == expected
+        assert cached.lookups("learner") == dict.fromkeys(RESULTS, 0)
+        assert learner.gap() <= 1e-5 and cached.lookups("learner")["miss"] == 1
+    finally:
+        cached.close()
+        plain.close()

@@ -67,3 +67,28 @@ def test_same_sets_ignores_padding_columns_only() -> None:
     assert same_sets(a, np.array([[3, 0, 0], [4, 5, 0]]))
     assert not same_sets(a, np.array([[3], [4]]))
     assert same_sets(np.array([[3], [4]]), np.array([[3, 0], [4, 0]]))
+
+
+def test_history_keys_find_the_entry_of_a_prefix_whatever_the_skill_padding() -> None:
+    from serving.encoder.window import EncodedLearner
+    from serving.state.learner_states import LearnerStates
+
+    def learner(n: int, width: int = 1, flip: int | None = None) -> EncodedLearner:
+        rng = np.random.default_rng(0)
+        q, s, r = rng.integers(2, 50, 20)[:n], rng.integers(2, 9, (20, 1))[:n], rng.integers(0, 2, 20)[:n]
+        if flip is not None:
+            r = r.copy()
+            r[flip] = 1 - r[flip]
+        s = np.pad(s, ((0, 0), (0, width - 1)))
+        return EncodedLearner(q, s, r, np.array([3]), np.array([[2]]))
+
+    states = LearnerStates(StateCache(1 << 20), learner_key=None, max_appends=4)
+    ten = states.history_keys(learner(10))
+    assert ten.kind == "history" and ten.tried[0] == ten.store and len(ten.tried) == 5
+    assert states.history_keys(learner(10, width=3)) == ten                    # padding columns do not count
+    assert states.history_keys(learner(11)).tried[1] == ten.store               # one more answer: found
+    assert states.history_keys(learner(14)).tried[4] == ten.store               # four more: still found
+    assert ten.store not in states.history_keys(learner(15)).tried              # five: rebuilt
+    assert states.history_keys(learner(10, flip=3)).store != ten.store          # another answer: another key
+    assert len(states.history_keys(learner(2)).tried) == 3                      # down to the empty history
+    assert not ten.store.startswith(tuple("0123456789abcdef"))                  # apart from learner hashes
