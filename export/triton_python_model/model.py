@@ -148,10 +148,14 @@ class TritonPythonModel:
 
     def _kind(self, request):
         """Which graph a request is for: a step graph by the inputs only it has, else the config's graph."""
-        has = lambda name: pb_utils.get_input_tensor_by_name(request, name) is not None   # noqa: E731
-        if self.graph != "rank" or not (has(STATE_LENGTH) or not has(CANDIDATE_QUESTIONS)):
+        if not self.steps:                         # a score model, or a rank version without step graphs
             return self.graph
-        return STEP_APPEND if has(APPEND_QUESTION) else STEP_NEXT if has(STATE_LENGTH) else STEP_START
+        has = lambda name: pb_utils.get_input_tensor_by_name(request, name) is not None   # noqa: E731
+        if has(APPEND_QUESTION):
+            return STEP_APPEND
+        if has(STATE_LENGTH):
+            return STEP_NEXT
+        return self.graph if has(CANDIDATE_QUESTIONS) else STEP_START
 
     def _run(self, session, input_names, output_names, good, feeds, responses):
         """One onnxruntime run over the requests `good` (their validated `feeds`): every request's
@@ -258,9 +262,7 @@ class TritonPythonModel:
 
     def _read_step(self, request, kind):
         """The inputs of one step request (dtypes, axes and fixed dims as the step graph's), or (None, message)."""
-        session = self.steps.get(kind)
-        if session is None:
-            return None, f"this version serves no {kind} graph (exported without --step-graphs)"
+        session = self.steps[kind]
         arrays = {}
         for spec in session.get_inputs():
             tensor = pb_utils.get_input_tensor_by_name(request, spec.name)

@@ -1,7 +1,8 @@
 """StateCache: the learners' step-graph states this gateway holds, bounded in bytes, least recently used out first.
 
-An entry is keyed by (model, version, learner key), the keyed learner hash of serving/sessions/keys.py (never a
-raw learner id), so a version never reads another version's state. It holds the state tensors and the kept
+An entry is keyed by (model, version, learner key): the keyed learner hash of serving/sessions/keys.py (never a
+raw learner id), or for the prefix cache a hash of the kept history (serving/state/learner_states.py); a
+version never reads another version's state. It holds the state tensors and the kept
 history they were computed from (model ids), which is what makes a stale entry harmless: the state path
 (serving/state/learner_states.py) uses an entry only when that history is a prefix of the learner's
 current one, and otherwise rebuilds. ForgetLearner drops every entry of the learner (`forget`).
