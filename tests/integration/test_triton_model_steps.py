@@ -1,0 +1,110 @@
+"""The Triton python model (export/triton_python_model/model.py) over the tiny model exported with --step-graphs,
+without Triton (the fake `triton_python_backend_utils` of tests/unit/test_triton_python_model.py): requests for
+different graphs, candidate widths and skill-set widths in one `execute` (a dynamic batch) answer as each request
+alone, one onnxruntime run per graph; a bad step request gets INVALID_ARG naming its input, alone."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+
+import numpy as np
+import pytest
+from google.protobuf import json_format
+
+from export import triton_config
+from export.triton_python_model import MODEL_PY
+from routerkt.contract.repository import latest_version
+from routerkt.contract.step_signature import STEP_GRAPHS
+from tests.unit.test_triton_python_model import _fake_pb_utils, _Request, _TritonError
+
+pytestmark = pytest.mark.integration
+pytest.importorskip("torch")
+WINDOW = 20
+GRAPHS = STEP_GRAPHS["attention"]
+
+
+@pytest.fixture(scope="module")
+def model(kt_step_repository):
+    patch = pytest.MonkeyPatch()
+    patch.setitem(sys.modules, "triton_python_backend_utils", _fake_pb_utils())
+    spec = importlib.util.spec_from_file_location("routerkt_test_step_model", MODEL_PY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    folder = kt_step_repository.path / "kt"
+    config = triton_config.build_config("kt", triton_config.TritonModelOptions(
+        graph="rank", explain=True, step_state="attention", window=WINDOW))
+    instance = module.TritonPythonModel()
+    text = json.dumps(json_format.MessageToDict(config, preserving_proto_field_name=True))
+    instance.initialize({"model_config": text, "model_repository": str(folder), "model_name": "kt",
+                         "model_version": str(latest_version(kt_step_repository.path, "kt"))})
+    yield instance
+    instance.finalize()
+    patch.undo()
+
+
+def _history(rows: int, k: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    kept = rng.integers(3, WINDOW - 1, rows)                    # left-padded: the first W - 1 - kept columns
+    pad = np.arange(WINDOW - 1)[None, :] < (WINDOW - 1 - kept)[:, None]
+    questions = np.where(pad, 0, rng.integers(2, 12, (rows, WINDOW - 1)))
+    skills = np.where(pad[..., None], 0, rng.integers(2, 5, (rows, WINDOW - 1, k)))
+    responses = np.where(pad, -1, rng.integers(0, 2, (rows, WINDOW - 1)))
+    return {"history_questions": questions, "history_skills": skills, "history_responses": responses}
+
+
+def _candidates(rows: int, n: int, k: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"candidate_questions": rng.integers(2, 12, (rows, n)), "candidate_skills": rng.integers(2, 5, (rows, n, k))}
+
+
+def _outputs(response) -> dict[str, np.ndarray]:
+    assert response.error is None, response.error and response.error.message()
+    return {t.name(): t.as_numpy() for t in response.output_tensors}
+
+
+def test_one_batch_of_every_graph_answers_as_each_request_alone(model) -> None:
+    starts = [_history(2, 1, seed=1), _history(1, 3, seed=2)]
+    states = [_outputs(r) for r in model.execute([_Request(a) for a in starts])]
+    assert set(states[0]) == set(GRAPHS.start.output_names)
+    for arrays, batched in zip(starts, states):
+        alone = _outputs(model.execute([_Request(arrays)])[0])
+        assert all(np.abs(alone[n] - batched[n]).max() <= 1e-6 for n in alone)
+
+    rng = np.random.default_rng(3)
+    appends = [{**s, "append_question": rng.integers(2, 12, len(s["state_length"])),
+                "append_skills": rng.integers(2, 5, (len(s["state_length"]), k)),
+                "append_response": rng.integers(0, 2, len(s["state_length"]))} for s, k in zip(states, (2, 1))]
+    nexts = [{**s, **_candidates(len(s["state_length"]), n, k, seed=4 + n)} for s, n, k in zip(states, (3, 7), (1, 2))]
+    ranks = [{**h, **_candidates(len(h["history_questions"]), n, h["history_skills"].shape[2], seed=9)}
+             for h, n in zip(starts, (5, 2))]
+    requests = [_Request(a) for a in appends + nexts + ranks]
+    runs = len(model.exec_seconds.observed)
+    responses = model.execute(requests)
+    assert len(model.exec_seconds.observed) - runs == 3          # step_append, step_next, rank: one run each
+    for request, response in zip(requests, responses):
+        alone = _outputs(model.execute([_Request(request.arrays)])[0])
+        batched = _outputs(response)
+        assert set(alone) == set(batched) and all(np.abs(alone[n] - batched[n]).max() <= 1e-6 for n in alone)
+    assert set(_outputs(responses[0])) == set(GRAPHS.append.output_names)
+    assert _outputs(responses[3])["candidate_probs"].shape == (1, 7)
+    # step_next after step_start answers as the rank graph on the same history and candidates
+    rank_probs = _outputs(model.execute([_Request({**starts[0], **_candidates(2, 3, 1, seed=7)})])[0])
+    np.testing.assert_allclose(_outputs(responses[2])["candidate_probs"], rank_probs["candidate_probs"], atol=1e-5)
+
+
+def test_a_bad_step_request_fails_alone_naming_its_input(model) -> None:
+    state = _outputs(model.execute([_Request(_history(1, 1, seed=5))])[0])
+    good = {**state, **_candidates(1, 2, 1, seed=6)}
+    bad = {
+        "state_keys": {**good, "state_keys": good["state_keys"][..., :3]},
+        "candidate_questions": {**good, "candidate_questions": np.full((1, 2), 10 ** 6)},
+        "state_length": {**good, "state_length": np.array([WINDOW])},
+        "append_response": {**state, "append_question": np.array([2]), "append_skills": np.array([[2]]),
+                            "append_response": np.array([3])},
+        "state_sums": {k: v for k, v in good.items() if k != "state_sums"},
+    }
+    responses = model.execute([_Request(good)] + [_Request(a) for a in bad.values()])
+    assert responses[0].error is None
+    for name, response in zip(bad, responses[1:]):
+        assert response.error.code() == _TritonError.INVALID_ARG and name in response.error.message(), name
