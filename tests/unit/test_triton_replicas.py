@@ -78,6 +78,17 @@ class FakeReplica(IdleBackend):
         return {name: probs for name in outputs}
 
 
+class SteppingReplica(FakeReplica):
+    """A replica that runs step graphs: its answer is its value, per row."""
+
+    def steps(self, model: ModelVersion) -> bool:
+        return True
+
+    async def infer_step(self, model: ModelVersion, graph: str, feeds, timeout_s: float) -> dict[str, np.ndarray]:
+        probs = await self.infer(model, feeds, timeout_s)
+        return {"candidate_probs": probs[:, :1], "graph": np.array([graph])}
+
+
 def replicas(*fakes: FakeReplica) -> tuple[TritonReplicaBackend, Metrics]:
     metrics = Metrics()
     return TritonReplicaBackend(Settings().validate(), metrics, backends=list(fakes)), metrics
@@ -285,3 +296,18 @@ def test_readiness_gauges_cover_all_replicas_and_a_down_replica_fails_over() -> 
         assert not backend.serving
         await backend.close()
     asyncio.run(scenario())
+
+
+def test_step_calls_take_turns_and_fail_over_like_inferences() -> None:
+    a, b = SteppingReplica(0.1), SteppingReplica(0.2)
+    backend, metrics = replicas(a, b)
+    assert backend.steps(KT1) and not replicas(SteppingReplica(0.1), FakeReplica(0.2))[0].steps(KT1)
+
+    async def scenario():
+        return [await backend.infer_step(KT1, "step_next", FEEDS, 1.0) for _ in range(4)]
+    answers = asyncio.run(scenario())
+    assert (a.calls, b.calls) == (2, 2) and {str(out["graph"][0]) for out in answers} == {"step_next"}
+    a.errors = [BackendError(FailureKind.UNAVAILABLE, "boom")]
+    out = asyncio.run(backend.infer_step(KT1, "step_start", FEEDS, 1.0))
+    assert float(out["candidate_probs"][0, 0]) == pytest.approx(0.2)
+    assert sample(metrics, "routerkt_triton_replica_retries_total", reason="unavailable") == 1

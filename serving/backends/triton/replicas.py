@@ -14,7 +14,8 @@ address is found again within about probe_interval_s plus the client's 1 s recon
   kind UNAVAILABLE, STUB_CRASHED or NOT_LOADED (the replica, not the request, is at fault) is retried
   ONCE on another ready replica, with what is left of the caller's timeout (Predict is idempotent);
   DEADLINE, REJECTED and FAILED are not retried. Without another ready replica, or with less than
-  MIN_RETRY_S left, the first error is raised.
+  MIN_RETRY_S left, the first error is raised. Step-graph calls (the learner-state path, serving/state/)
+  go the same way: the learner's state travels with the request, so any replica answers it.
 - metrics: the replicas' supervisors do not write routerkt_triton_ready / routerkt_model_ready
   (they would overwrite each other); this backend sets them from all replicas (1 when any replica
   is ready / serves the model), plus routerkt_triton_replica_up{replica},
@@ -29,8 +30,9 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
@@ -47,6 +49,7 @@ RETRYABLE = frozenset({FailureKind.UNAVAILABLE, FailureKind.STUB_CRASHED, Failur
 MIN_RETRY_S = 0.01           # a retry needs at least this much of the caller's timeout left
 GAUGE_POLL_S = 0.25          # how often the aggregate readiness gauges follow the replicas
 LOG_EVERY_S = 5.0            # at most one "retried on another replica" line per replica this often
+T = TypeVar("T")
 
 
 def triton_backend(settings: Settings, metrics: Metrics) -> InferenceBackend:
@@ -206,13 +209,19 @@ class TritonReplicaBackend:
         return ready[next(self._turn) % len(ready)] if ready else None
 
     async def infer(self, model: ModelVersion, feeds: dict[str, np.ndarray], timeout_s: float) -> np.ndarray:
+        return await self._retried(model, timeout_s, lambda backend, left: backend.infer(model, feeds, left))
+
+    async def _retried(self, model: ModelVersion, timeout_s: float,
+                       send: Callable[[InferenceBackend, float], Awaitable[T]]) -> T:
+        """`send(replica's backend, seconds left)` on the next ready replica, once more on another after a
+        RETRYABLE failure (module docstring)."""
         started = time.monotonic()
         first = self.pick(model)
         if first is None:
             raise BackendError(FailureKind.UNAVAILABLE,
                                f"no Triton replica serves model {model.name} version {model.version} now")
         try:
-            return await self._send(first, model, feeds, timeout_s)
+            return await self._send(first, send, timeout_s)
         except BackendError as exc:
             if exc.kind not in RETRYABLE:
                 raise
@@ -228,12 +237,12 @@ class TritonReplicaBackend:
                 log.warning("Triton replica %d failed an inference (%s); retrying on replica %d "
                             "(logged at most every %.0fs per replica)", first.index, exc.kind.value, second.index,
                             LOG_EVERY_S)
-        return await self._send(second, model, feeds, remaining)
+        return await self._send(second, send, remaining)
 
-    async def _send(self, replica: Replica, model: ModelVersion, feeds: dict[str, np.ndarray],
-                    timeout_s: float) -> np.ndarray:
+    async def _send(self, replica: Replica, send: Callable[[InferenceBackend, float], Awaitable[T]],
+                    timeout_s: float) -> T:
         self.metrics.triton_replica_inferences.labels(replica=str(replica.index)).inc()
-        return await replica.backend.infer(model, feeds, timeout_s)
+        return await send(replica.backend, timeout_s)
 
     async def infer_outputs(self, model: ModelVersion, feeds: dict[str, np.ndarray], outputs: tuple[str, ...],
                             timeout_s: float) -> dict[str, np.ndarray]:
@@ -246,9 +255,12 @@ class TritonReplicaBackend:
         return await replica.backend.infer_outputs(model, feeds, outputs, timeout_s)
 
     def steps(self, model: ModelVersion) -> bool:
-        """Triton serves no step graphs yet (the learner-state path is in-process only)."""
-        return False
+        """Every replica runs the version's step graphs (one repository: the state travels with each request,
+        so any replica answers any learner)."""
+        return all(replica.backend.steps(model) for replica in self.replicas)
 
     async def infer_step(self, model: ModelVersion, graph: str, feeds: dict[str, np.ndarray],
                          timeout_s: float) -> dict[str, np.ndarray]:
-        raise BackendError(FailureKind.REJECTED, "Triton serves no step graphs")
+        """A step graph on the next ready replica, retried like `infer` (a read: repeating it is harmless)."""
+        return await self._retried(model, timeout_s, lambda backend, left: backend.infer_step(
+            model, graph, feeds, left))
