@@ -21,7 +21,6 @@ Writes OUT/incremental.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import sys
@@ -35,6 +34,7 @@ import numpy as np
 from loadtest.closed_loop import run_phase, summary
 from loadtest.harness import GatewayProcess, add_common_flags, start_triton, stop_children_on_sigterm
 from loadtest.learners import load_vocabulary
+from routerkt.atomic import atomic_write_json
 from routerkt.contract.model_info import ModelInfo
 from routerkt.contract.repository import version_dir
 from routerkt.contract.signature import INFO_FILE
@@ -238,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
         report["cache_bytes"] = bench.gateways["on"].metric("routerkt_state_cache_bytes")
         report["cached_learners"] = bench.gateways["on"].metric("routerkt_state_cache_learners")
     _print(report)
-    (args.out / "incremental.json").write_text(json.dumps(report, indent=2) + "\n")
+    atomic_write_json(args.out / "incremental.json", report)
     return 0
 
 

@@ -90,6 +90,10 @@ class StepGraphs:
     def graphs(self) -> tuple[Graph, Graph, Graph]:
         return self.start, self.append, self.next
 
+    def graph(self, name: str) -> Graph:
+        """The step graph called `name` (step_start | step_append | step_next); KeyError for another name."""
+        return {g.name: g for g in self.graphs}[name]
+
     def names(self) -> dict[str, dict[str, list[str]]]:
         """model_info.json's `step_graphs`: each graph's input and output names."""
         return {g.name: {"inputs": list(g.input_names), "outputs": list(g.output_names)} for g in self.graphs}

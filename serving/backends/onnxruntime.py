@@ -152,7 +152,7 @@ class OnnxRuntimeBackend:
         sessions = self._steps.get((model.name, model.version))
         if sessions is None:
             raise BackendError(FailureKind.REJECTED, f"{model.name} version {model.version} has no step graphs")
-        spec = next(g for g in STEP_GRAPHS[model.step_state].graphs if g.name == graph)
+        spec = STEP_GRAPHS[model.step_state].graph(graph)
         feeds = {t.name: np.ascontiguousarray(feeds[t.name], dtype=t.dtype) for t in spec.inputs}
         candidates = feeds["candidate_questions"].shape[1] if "candidate_questions" in feeds else 1
         rows = feeds[spec.inputs[0].name].shape[0] * candidates

@@ -174,7 +174,7 @@ def _history_hash(learner: EncodedLearner, m: int) -> str:
     while used > 1 and not skills[:, used - 1].any():            # PAD_ID is 0
         used -= 1
     digest = hashlib.blake2b(digest_size=16)
-    for array in (learner.questions[:m], learner.responses[:m], np.ascontiguousarray(skills[:, :used])):
+    for array in (learner.questions[:m], learner.responses[:m], skills[:, :used]):
         digest.update(np.int64(array.size).tobytes())
         digest.update(np.ascontiguousarray(array, dtype=np.int64).tobytes())
     return HISTORY + digest.hexdigest()

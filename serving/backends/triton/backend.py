@@ -113,7 +113,7 @@ class TritonInferenceBackend:
         """Every output of the step graph `graph`, by name (the rank model runs it: its inputs say which)."""
         if not self.steps(model):
             raise BackendError(FailureKind.REJECTED, f"{model.name} version {model.version} serves no step graphs")
-        spec = next(g for g in STEP_GRAPHS[model.step_state].graphs if g.name == graph)
+        spec = STEP_GRAPHS[model.step_state].graph(graph)
         return await self._call(model, timeout_s, lambda left: self.client.infer_graph(
             model.name, model.version, spec, feeds, left))
 
