@@ -60,6 +60,7 @@ from serving.sessions.keys import LearnerKeys
 from serving.sessions.session_service import SessionService
 from serving.sessions.store import SessionStore
 from serving.state import learner_states
+from serving.pipeline.state_fill import StateFill
 from serving.settings import SERVICE_NAME, SESSIONS_SERVICE_NAME, Settings
 from serving.transport.endpoints import Endpoints
 from serving.transport.grpc_api import KnowledgeTracingServicer, add_to_server
@@ -281,16 +282,18 @@ def create_server(settings: Settings, *, metrics: Metrics | None = None, catalog
     states = None
     if settings.state_cache_mb > 0 and (sessions is not None or settings.prefix_cache):
         states = learner_states(settings, metrics, sessions.keys.learner if sessions is not None else None)
-        if sessions is not None:
-            sessions.states = states
     service = PredictionService(
         settings, catalog, backend,
         metrics, history=history, policy=policy,
         encoder=encoder or WindowEncoder(lambda kind, n: metrics.unknown_ids.labels(kind=kind).inc(n)),
         sink=SinkChain(sink, tracker) if tracker is not None else sink, issue_prediction_ids=tracker is not None,
         states=states)
+    fill = None
+    if states is not None and sessions is not None:          # ForgetLearner drops (Observe advances) cached states
+        fill = sessions.states = StateFill(service, states, metrics, settings.fill_on_observe)
     # closed in this order at shutdown: the tracker flushes into the store before the store closes
-    background: tuple[Background, ...] = tuple(part for part in (tracker, policy, sessions, tls) if part is not None)
+    background: tuple[Background, ...] = tuple(part for part in (fill, tracker, policy, sessions, tls)
+                                               if part is not None)
     server = GatewayServer(service, Recommender(service, sessions), sessions, background, guard, tls)
     return server, server.grpc_port
 

@@ -58,6 +58,7 @@ class Settings:
     state_cache_mb: float = 256.0                 # learner states cached for Predict by learner_id on versions
                                                   # exported with step graphs (serving/state/); 0 = off
     prefix_cache: bool = False                    # stateless Predicts too, keyed by a hash of the history prefix
+    fill_on_observe: bool = True                  # Observe advances the learner's cached states (in the background)
     store_probe_s: float = 1.0                    # how often the store is pinged (health, recovery)
     store_expiry_s: float = 60.0                  # how often inactive learners are swept (SQLite)
 

@@ -2,7 +2,7 @@
 history sent in the request (stateless, and stateless on the prefix cache), side by side in one run
 (issue 50; docs/benchmarks.md).
 
-Two `routerkt serve` children over the repository (its model exported with --step-graphs), in-process
+`routerkt serve` children over the repository (its model exported with --step-graphs), in-process
 onnxruntime (`--backend onnxruntime`, the default) or both on one tritonserver started here (`--backend
 triton`: the rank model runs the step graphs, each learner's state sent with the request), each with its
 own SQLite store and outcome tracking off: one with --state-cache-mb
@@ -12,10 +12,12 @@ observed into both stores; every one is predicted once on each path (the cache f
 probabilities of the paths compared: max |diff|). The cache-on gateway also runs --prefix-cache ("prefix": the
 stateless call sent to it). Then closed-loop phases, `--seconds` each, of 1 / 8 / 32 callers calling one
 path on a random learner of that length with C = 1 or 20 candidates: calls/s, p50 / p99, on/stateless
-and prefix/stateless. Last, the session pattern, twice: each caller takes a learner (new or returning),
-answers a burst of `--burst` questions (Predict by learner_id, or with the history the caller keeps,
-then Observe the answer, on the cache-on gateway) and leaves: the hit rate (routerkt_state_lookups_total)
-and Observe's p50.
+and prefix/stateless. Last, the session pattern, three times: each caller takes a learner (new or
+returning), answers a burst of `--burst` questions (Predict by learner_id, or with the history the caller
+keeps, then Observe the answer) and leaves, on the cache-on gateway (Observe fills the cached states), on
+a third gateway with the cache and --no-fill-on-observe (idle until then), and stateless on the prefix
+cache, with 1 and 8 callers, the three taking turns in 2 rounds: Predict's and Observe's p50 / p99, the gateway's CPU per answer, the hit rate
+(routerkt_state_lookups_total) and the fills (routerkt_state_fills_total).
 Writes OUT/incremental.json.
 """
 from __future__ import annotations
@@ -43,8 +45,10 @@ from routerkt.errors import UserError
 HISTORIES = (10, 50, 99, 300)
 CANDIDATES = (1, 20)
 CALLERS = (1, 8, 32)
+SESSION_CALLERS = (1, 8)
 MODES = ("on", "off", "stateless", "prefix")
 RESULTS = ("hit", "appended", "miss", "stale")
+FILLS = ("filled", "dropped", "superseded", "skipped", "failed")
 BACKENDS = ("onnxruntime", "triton")
 
 
@@ -79,13 +83,14 @@ class Bench:
         self.gateways, self.stubs = {}, {}
         backend = ["--backend", "onnxruntime"] if args.backend == "onnxruntime" else [
             "--backend", "triton", "--triton-url", start_triton(stack, args.repository.resolve(), args.out).grpc_url]
-        for mode, budget in (("on", args.cache_mb), ("off", 0.0)):
+        for mode, budget, flags in (("on", args.cache_mb, ["--prefix-cache"]), ("off", 0.0, []),
+                                    ("nofill", args.cache_mb, ["--no-fill-on-observe"])):
             folder = args.out / f"gateway-{mode}"
             for stale in folder.glob("sessions.sqlite3*"):
                 stale.unlink()
             gateway = GatewayProcess(args.repository.resolve(), folder, [
                 *backend, "--store", f"sqlite:///{folder / 'sessions.sqlite3'}",
-                "--state-cache-mb", f"{budget:g}", "--no-track-outcomes", *(["--prefix-cache"] if budget else [])])
+                "--state-cache-mb", f"{budget:g}", "--no-track-outcomes", *flags])
             gateway.start()
             stack.callback(gateway.stop)
             self.gateways[mode] = gateway.wait_serving()
@@ -119,8 +124,11 @@ class Bench:
     def predict(self, mode: str, learner: str, candidates: list[str]) -> np.ndarray:
         return np.asarray(self.stubs[mode].Predict(self.request(mode, learner, candidates), timeout=30).probabilities)
 
-    def lookups(self, key: str = "learner") -> dict[str, float]:
-        return {r: self.gateways["on"].metric("routerkt_state_lookups_total", key=key, result=r) for r in RESULTS}
+    def lookups(self, key: str = "learner", gateway: str = "on") -> dict[str, float]:
+        return {r: self.gateways[gateway].metric("routerkt_state_lookups_total", key=key, result=r) for r in RESULTS}
+
+    def fills(self, gateway: str) -> dict[str, float]:
+        return {r: self.gateways[gateway].metric("routerkt_state_fills_total", result=r) for r in FILLS}
 
 
 def _store_learners(bench: Bench, length: int) -> tuple[list[str], float]:
@@ -176,46 +184,85 @@ def _phases(bench: Bench, length: int, learners: list[str], callers_list: list[i
     return rows
 
 
-def _sessions(bench: Bench, callers: int = 8, stateless: bool = False) -> dict:
-    """Learners answer bursts then leave: Predict by learner_id (4 candidates) + Observe, cache on; or
-    (`stateless`) Predict with the history the caller keeps, on the prefix cache, + Observe."""
+SESSION_ROUNDS = 2        # the session pattern's gateways take turns, round by round (the machine's drift shared)
+
+
+def _sessions(bench: Bench, callers: int) -> list[dict]:
+    """The session pattern with `callers` callers on each of: learner keys with Observe's fill (on), without
+    (nofill), and stateless on the prefix cache; SESSION_ROUNDS interleaved rounds, merged."""
+    kinds = ((False, "on"), (False, "nofill"), (True, "on"))
+    rounds = [[_session_round(bench, callers, stateless, gateway, r) for stateless, gateway in kinds]
+              for r in range(SESSION_ROUNDS)]
+    return [_merged([rounds[r][k] for r in range(SESSION_ROUNDS)]) for k in range(len(kinds))]
+
+
+def _session_round(bench: Bench, callers: int, stateless: bool, gateway: str, round_: int) -> dict:
+    """Learners answer bursts then leave: Predict by learner_id (4 candidates) + Observe, on `gateway` (on:
+    Observe fills the cache, nofill: --no-fill-on-observe); or (`stateless`) Predict with the history the
+    caller keeps, on the prefix cache, + Observe."""
     key = "history" if stateless else "learner"
-    before = bench.lookups(key)
-    pb, stub = bench.pb, bench.stubs["on"]
+    before, fills_before = bench.lookups(key, gateway), bench.fills(gateway)
+    pb, stub = bench.pb, bench.stubs[gateway]
     lock, counter = threading.Lock(), iter(range(10**9))
     observe_ms: list[float] = []
+    predict_ms: list[float] = []
     returning: list[tuple[str, int]] = []
     kept: dict[str, list] = {}
 
     def visit() -> None:
         with lock:
             learner, seen = (returning.pop(0) if returning and bench.rng.random() < 0.5
-                             else (f"{key}-session-{next(counter)}", 0))
+                             else (f"{key}-{callers}-{round_}-session-{next(counter)}", 0))
         rng = random.Random(f"{learner}-{seen}")
         history = kept.setdefault(learner, [])
         for _ in range(bench.args.burst):
             candidates = [pb.Candidate(question_id=rng.choice(bench.vocabulary.questions)) for _ in range(4)]
             named = {"history": history} if stateless else {"learner_id": learner}
-            stub.Predict(pb.PredictRequest(model=bench.model, candidates=candidates, **named), timeout=30)
-            history.append(pb.Interaction(question_id=candidates[0].question_id, correct=rng.randint(0, 1)))
             started = time.perf_counter()
+            stub.Predict(pb.PredictRequest(model=bench.model, candidates=candidates, **named), timeout=30)
+            predicted = time.perf_counter()
+            history.append(pb.Interaction(question_id=candidates[0].question_id, correct=rng.randint(0, 1)))
             stub.Observe(pb.ObserveRequest(learner_id=learner, events=[pb.Event(
                 event_id=f"{learner}-{seen}", question_id=candidates[0].question_id, correct=history[-1].correct,
                 timestamp_ms=1 + seen)]), timeout=30)
             with lock:
-                observe_ms.append((time.perf_counter() - started) * 1e3)
+                predict_ms.append((predicted - started) * 1e3)
+                observe_ms.append((time.perf_counter() - predicted) * 1e3)
             seen += 1
         with lock:
             returning.append((learner, seen))
 
-    latencies, failures, wall = run_phase(visit, callers, bench.args.seconds * 4)
-    after = bench.lookups(key)
-    counts = {r: after[r] - before[r] for r in RESULTS}
+    cpu = _cpu_s(bench.gateways[gateway].process.pid)
+    latencies, failures, wall = run_phase(visit, callers, bench.args.seconds * 4 / SESSION_ROUNDS)
+    cpu = _cpu_s(bench.gateways[gateway].process.pid) - cpu
+    after, fills = bench.lookups(key, gateway), bench.fills(gateway)
+    return {"key": key, "gateway": gateway, "callers": callers, "burst": bench.args.burst, "visits": len(latencies),
+            "failures": len(failures), "lookups": {r: after[r] - before[r] for r in RESULTS},
+            "fills": {r: fills[r] - fills_before[r] for r in FILLS}, "predict_ms": predict_ms,
+            "observe_ms": observe_ms, "cpu_s": cpu, "wall_s": wall}
+
+
+def _merged(rounds: list[dict]) -> dict:
+    """One row of the session table from its rounds."""
+    first = rounds[0]
+    predict_ms = [v for r in rounds for v in r["predict_ms"]]
+    observe_ms = [v for r in rounds for v in r["observe_ms"]]
+    wall, cpu = sum(r["wall_s"] for r in rounds), sum(r["cpu_s"] for r in rounds)
+    counts = {k: sum(r["lookups"][k] for r in rounds) for k in RESULTS}
     total = sum(counts.values()) or 1.0
-    return {"key": key, "callers": callers, "burst": bench.args.burst, "visits": len(latencies), "failures": len(failures),
-            "lookups": counts, "hit_rate": (counts["hit"] + counts["appended"]) / total,
-            "observe_p50_ms": float(np.percentile(observe_ms, 50)) if observe_ms else None,
-            "visits_per_s": len(latencies) / wall if wall else 0.0}
+    return {"key": first["key"], "gateway": first["gateway"], "callers": first["callers"], "burst": first["burst"],
+            "rounds": len(rounds), "visits": sum(r["visits"] for r in rounds),
+            "failures": sum(r["failures"] for r in rounds), "lookups": counts,
+            "hit_rate": (counts["hit"] + counts["appended"]) / total,
+            "fills": {k: sum(r["fills"][k] for r in rounds) for k in FILLS},
+            "predict_p50_ms": _percentile(predict_ms, 50), "predict_p99_ms": _percentile(predict_ms, 99),
+            "observe_p50_ms": _percentile(observe_ms, 50), "observe_p99_ms": _percentile(observe_ms, 99),
+            "answers_per_s": len(predict_ms) / wall if wall else 0.0,
+            "gateway_cpu_ms_per_answer": cpu * 1e3 / max(len(predict_ms), 1)}
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -233,8 +280,7 @@ def run(args: argparse.Namespace) -> int:
             learners, gap = _store_learners(bench, length)
             report["max_abs_diff"][str(length)] = gap
             report["phases"] += _phases(bench, length, learners, _ints(args.callers, "--callers"))
-        report["sessions"] = _sessions(bench)
-        report["stateless_sessions"] = _sessions(bench, stateless=True)
+        report["sessions"] = [row for callers in SESSION_CALLERS for row in _sessions(bench, callers)]
         report["cache_bytes"] = bench.gateways["on"].metric("routerkt_state_cache_bytes")
         report["cached_learners"] = bench.gateways["on"].metric("routerkt_state_cache_learners")
     _print(report)
@@ -268,8 +314,15 @@ def _print(report: dict) -> None:
         rates = " | ".join(f"{r[m]['calls_per_s']:.1f}" for m in MODES)
         print(f"| {r['history']} | {r['candidates']} | {r['callers']} | {rates} | {r['on_vs_stateless']:.2f} | "
               f"{r['on_vs_off']:.2f} | {r['prefix_vs_stateless']:.2f} | {p50} | {p99} | {cpu} |")
-    for s in (report["sessions"], report["stateless_sessions"]):
-        print(f"session pattern, {s['key']} keys ({s['callers']} callers, bursts of {s['burst']}, half the visits by "
-              f"returning learners): {s['visits']} visits, lookups {s['lookups']}, hit rate {s['hit_rate']:.3f}, "
-              f"Observe p50 {s['observe_p50_ms']:.2f} ms")
+    print(f"session pattern (bursts of {report['sessions'][0]['burst']}, half the visits by returning learners):")
+    print("| callers | keys | gateway | visits | answers/s | Predict p50 / p99 ms | Observe p50 / p99 ms "
+          "| gateway CPU ms/answer | hit rate | lookups | fills |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for s in report["sessions"]:
+        fills = {r: int(n) for r, n in s["fills"].items() if n}
+        lookups = {r: int(n) for r, n in s["lookups"].items() if n}
+        print(f"| {s['callers']} | {s['key']} | {s['gateway']} | {s['visits']} | {s['answers_per_s']:.1f} | "
+              f"{s['predict_p50_ms']:.2f} / "
+              f"{s['predict_p99_ms']:.2f} | {s['observe_p50_ms']:.2f} / {s['observe_p99_ms']:.2f} | "
+              f"{s['gateway_cpu_ms_per_answer']:.2f} | {s['hit_rate']:.3f} | {lookups} | {fills} |")
     print(f"cache {report['cache_bytes'] / 2**20:.1f} MiB for {report['cached_learners']:.0f} learner states")

@@ -96,6 +96,9 @@ def _add_state_arguments(parser: argparse.ArgumentParser, defaults: Settings) ->
     parser.add_argument("--prefix-cache", action="store_true",
                         help="stateless Predicts (the history sent) also use the learner-state cache, keyed by a "
                              "hash of the history prefix (off by default; docs/benchmarks.md)")
+    parser.add_argument("--no-fill-on-observe", action="store_true",
+                        help="Observe leaves cached learner states as they are (the next Predict by learner_id "
+                             "appends the new answers); by default Observe advances them in the background")
     parser.add_argument("--store-secret-file", type=Path, default=None,
                         help="file with the HMAC secret for learner keys (default: <state dir>/store.secret)")
     parser.add_argument("--rollout-policy", type=Path, default=None, metavar="FILE",
@@ -158,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
                         inflight_wait_s=args.inflight_wait, grace_period_s=args.grace_period,
                         store_keep=args.store_keep, store_ttl_s=args.store_ttl,
                         state_cache_mb=args.state_cache_mb, prefix_cache=args.prefix_cache,
+                        fill_on_observe=not args.no_fill_on_observe,
                         track_outcomes=not args.no_track_outcomes, outcome_ttl_s=args.outcome_ttl,
                         rollout_policy=args.rollout_policy or args.state_dir / "rollout.json",
                         tls_cert=args.tls_cert, tls_key=args.tls_key, tls_client_ca=args.tls_client_ca,

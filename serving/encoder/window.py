@@ -120,7 +120,7 @@ def build_windows(learner: EncodedLearner, window: int,
     for rows, part in zip((questions, skills, responses), history):
         rows[:, :window - 1] = part
     questions[:, window - 1] = learner.candidate_questions
-    skills[:, window - 1] = _widen(learner.candidate_skills, width)
+    skills[:, window - 1] = widen(learner.candidate_skills, width)
     responses[:, window - 1] = CANDIDATE_RESPONSE
     return questions, skills, responses
 
@@ -154,7 +154,7 @@ def history_row(learner: EncodedLearner, window: int,
     return questions, skills, responses
 
 
-def _widen(skills: np.ndarray, width: int) -> np.ndarray:
+def widen(skills: np.ndarray, width: int) -> np.ndarray:
     """Model skill sets [N, k] -> [N, width], PAD_ID in the added slots."""
     if skills.shape[1] == width:
         return skills

@@ -75,6 +75,7 @@ METRIC_NAMES = (
     "routerkt_triton_replica_retries_total",
     "routerkt_auth_failures_total",
     "routerkt_state_lookups_total",
+    "routerkt_state_fills_total",
     "routerkt_state_evictions_total",
     "routerkt_state_cache_bytes",
     "routerkt_state_cache_learners",
@@ -213,6 +214,10 @@ class Metrics:
             "by learner_id; history: the prefix cache of stateless Predicts) and the cached state found: hit, "
             "appended (new answers appended), miss (none), stale (rebuilt).",
             ("model", "key", "result"), registry=registry)
+        self.state_fills = Counter(
+            "routerkt_state_fills", "Cached learner states advanced by an Observe's new answers in the background: "
+            "filled, dropped (window slid or too many answers), superseded (a Predict replaced it), skipped (too "
+            "many fills running), failed.", ("model", "result"), registry=registry)
         self.state_evictions = Counter(
             "routerkt_state_evictions", "Cached learner states evicted to stay within --state-cache-mb.",
             ("model",), registry=registry)

@@ -37,7 +37,7 @@ from serving.pipeline.parts import (BackendError, Encoder, FailureKind, HistoryS
                            PredictionRecord, PredictionSink, Route, VersionPolicy)
 from serving.core.calls import Deadline, LearnerPrediction, PredictQuery, PredictResult
 from serving.settings import Settings
-from serving.state.learner_states import LearnerStates
+from serving.state.learner_states import LearnerStates, StepCall
 from serving.core.validation import LearnerInput, validate_query
 
 log = logging.getLogger("routerkt.gateway.service")
@@ -133,16 +133,21 @@ class PredictionService:
         rest = [i for i, k in enumerate(keys) if k is None]
         out: list[np.ndarray] = [np.empty(0, np.float32)] * len(learners)
 
-        async def run(graph: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-            return await self._backend_call(model, deadline, lambda timeout: self.backend.infer_step(
-                model, graph, feeds, timeout))
         rows = max(1, min(self.settings.rank_rows_per_infer, model.max_batch_size))
-        stepped = await states.predict(model, [keys[i] for i in named], [encoded[i] for i in named], run, rows,
-                                       self.settings.rank_candidates_per_infer)
+        stepped = await states.predict(model, [keys[i] for i in named], [encoded[i] for i in named],
+                                       self.step_runner(model, deadline), rows, self.settings.rank_candidates_per_infer,
+                                       wait_s=max(deadline.remaining() - self.settings.deadline_margin_s, 0.0) / 2)
         full = await self.infer(model, [encoded[i] for i in rest], deadline) if rest else []
         for i, probs in zip(named + rest, list(stepped) + list(full)):
             out[i] = probs
         return out
+
+    def step_runner(self, model: ModelVersion, deadline: Deadline) -> StepCall:
+        """(step graph, feeds) -> outputs: `model`'s step graphs through the backend, within `deadline`."""
+        async def run(graph: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            return await self._backend_call(model, deadline, lambda timeout: self.backend.infer_step(
+                model, graph, feeds, timeout))
+        return run
 
     # -- shadow scoring ----------------------------------------------------------------------------
     def _start_shadow(self, query: PredictQuery, learners: list[LearnerInput], routes: list[Route],

@@ -11,8 +11,9 @@ Learner ids are turned into keyed hashes on entry (keys.py) and never logged.
 With outcome tracking (`tracker`, serving/outcomes/tracker.py), an Observe also queues the join of
 its newly stored events with the predictions served to the learner (in the background: a join that
 fails is counted in routerkt_outcome_join_errors_total and never fails the Observe, whose events
-are already stored), and ReportOutcome joins one answer with a stateless prediction. ForgetLearner
-also drops the learner's cached states (serving/state/).
+are already stored), and ReportOutcome joins one answer with a stateless prediction. With the
+learner-state cache (`states`, serving/pipeline/state_fill.py), ForgetLearner also drops the learner's
+cached states, and an Observe that stored events has them advanced by those events in the background.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from serving import errors
 from serving.core.catalog import ModelCatalog
 from serving.metrics import Metrics
 from serving.core.calls import Deadline
+from serving.core.validation import LearnerInput
 from serving.security.audit import LEARNER_PREFIX, audit
 from serving.sessions.events import ObserveQuery, check_learner_id, validate_observe
 from serving.sessions.keys import LearnerKeys
@@ -45,9 +47,12 @@ class OutcomeJoin(Protocol):
     async def discard(self, owner: str) -> None: ...
 
 class CachedStates(Protocol):
-    """What ForgetLearner tells the learner-state cache (serving/state/): drop the learner's states."""
+    """What ForgetLearner and Observe tell the learner-state cache (serving/pipeline/state_fill.py): drop the
+    learner's states; advance them by the newly stored events (in the background)."""
 
     def forget(self, learner_key: str) -> int: ...
+
+    def observed(self, learner_key: str, new: LearnerInput) -> None: ...
 
 
 log = logging.getLogger("routerkt.gateway.sessions")
@@ -119,6 +124,8 @@ class SessionService:
         self.metrics.events.labels(result="duplicate").inc(result.duplicates)
         if self.tracker is not None and result.stored:
             self.tracker.observed(key, query.questions, query.correct, result.new)    # joined in the background
+        if self.states is not None and result.stored:
+            self.states.observed(key, _stored(events, result.new))                    # filled in the background
         return result
 
     async def report_outcome(self, prediction_id: str, question_id: int, correct: int, deadline: Deadline) -> int:
@@ -163,3 +170,10 @@ class SessionService:
             self.metrics.store_seconds.labels(operation=operation).observe(time.perf_counter() - started)
         self._set_up(True)
         return result
+
+
+def _stored(events: list[StoredEvent], new: tuple[bool, ...]) -> LearnerInput:
+    """The newly stored events as the store reads them back, without candidates."""
+    history = History.of_events([event for event, stored in zip(events, new) if stored])
+    return LearnerInput(history.questions, history.skills, history.correct, np.zeros(0, np.int64),
+                        np.zeros((0, 1), np.int64))

@@ -115,6 +115,12 @@ class History:
                 skills[index, :len(skill_set)] = skill_set
         return cls(array[:, 0].copy(), skills, array[:, 2].copy())
 
+    @classmethod
+    def of_events(cls, events: list[StoredEvent]) -> History:
+        """The events as a store reads them back, oldest first."""
+        return cls.from_rows([(e.question_id, e.first_skill, e.correct) for e in events],
+                             {i: e.skills for i, e in enumerate(events) if len(e.skills) > 1})
+
 
 def parse_skills(text: str) -> tuple[int, ...]:
     """StoredEvent.skill_text -> the set."""

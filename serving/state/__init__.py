@@ -1,7 +1,8 @@
 """The learner-state path (issue 50): cached step-graph states answer Predict by learner_id.
 
 - cache.py           StateCache: (model, version, learner key) -> LearnerState, LRU within a byte budget
-- learner_states.py  LearnerStates: hit / appended / miss / stale, the step graphs through the backend
+- learner_states.py  LearnerStates: hit / appended / miss / stale, the step graphs through the backend;
+                     `observed`: Observe's fill (run by serving/pipeline/state_fill.py)
 
 `learner_states(settings, metrics, learner_key)` builds the path create_server injects into the pipeline
 (settings.state_cache_mb > 0, and a session store or settings.prefix_cache); it answers only versions

@@ -110,6 +110,19 @@ class StateCache:
             self._on_evict(name, count)
         self._report()
 
+    def peek(self, model: str, version: int, learner: str) -> LearnerState | None:
+        """The entry, its place in the LRU order unchanged."""
+        return self._entries.get((model, version, learner))
+
+    def versions_of(self, learner: str) -> list[tuple[str, int]]:
+        """(model, version) of each entry the learner has."""
+        return sorted((key[0], key[1]) for key in self._by_learner.get(learner, ()))
+
+    def discard(self, model: str, version: int, learner: str) -> None:
+        """Drop one entry (if there is one)."""
+        self._drop((model, version, learner))
+        self._report()
+
     def forget(self, learner: str) -> int:
         """Drop every entry of the learner (every model and version); how many there were."""
         keys = list(self._by_learner.get(learner, ()))

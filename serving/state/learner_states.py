@@ -14,6 +14,9 @@ Every path gives the rank graph's probabilities on the same kept history (<= 1e-
 integration tests compare them), so a miss or an eviction costs time, never a different answer.
 The new state is cached after the call. Learners are taken in chunks of at most `rows` per backend
 call, and a learner's candidates in pieces of at most `candidates` (as the rank path splits them).
+Observe's fill (`observed`, run in the background by serving/pipeline/state_fill.py) appends a learner's
+newly stored answers to its entry ahead of the next Predict, which waits for a fill in flight (`filling`)
+instead of appending the same answers again; whatever a fill leaves, the prefix rule above still decides.
 
 The prefix cache (`--prefix-cache`, off by default): a stateless Predict (the history sent in the request)
 looks up the same cache by a hash of its kept history and of that history without its last 1 ..
@@ -23,6 +26,7 @@ The hash only finds an entry: the entry is used only when its stored history is 
 """
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Awaitable, Callable
@@ -31,7 +35,7 @@ import numpy as np
 
 from routerkt.contract.signature import PAD_ID
 from routerkt.contract.step_signature import STEP_GRAPHS, UPDATED
-from serving.encoder.window import EncodedLearner, candidate_width, history_row, split_candidates
+from serving.encoder.window import EncodedLearner, candidate_width, history_row, split_candidates, widen
 from serving.state.cache import LearnerState, StateCache
 
 if TYPE_CHECKING:
@@ -73,6 +77,7 @@ class LearnerStates:
         self.learner_key = learner_key      # learner id -> its keyed hash (serving/sessions/keys.py)
         self.on_lookup = on_lookup
         self.max_appends = max_appends
+        self.filling: dict[str, asyncio.Future] = {}    # learner key -> Observe's fill in flight (state_fill.py)
 
     def forget(self, learner_key: str) -> int:
         """Drop the learner's cached states (ForgetLearner; `learner_key`: the keyed hash)."""
@@ -80,8 +85,7 @@ class LearnerStates:
 
     def learner_keys(self, learner_id: str) -> Keys:
         """A learner named by learner_id: its keyed hash."""
-        key = self.learner_key(learner_id)
-        return Keys("learner", key, (key,))
+        return self.learner_keys_of(self.learner_key(learner_id))
 
     def history_keys(self, learner: EncodedLearner) -> Keys:
         """A stateless learner (the prefix cache): hashes of its kept history and of that history without
@@ -91,9 +95,13 @@ class LearnerStates:
         return Keys("history", tried[0], tried)
 
     async def predict(self, model: ModelVersion, keys: list[Keys], learners: list[EncodedLearner],
-                      run: StepCall, rows: int, candidates: int) -> list[np.ndarray]:
+                      run: StepCall, rows: int, candidates: int, wait_s: float | None = None) -> list[np.ndarray]:
         """P(correct) per candidate, float32 [C_i], of each learner (`keys`: where its state is cached; its
-        encoded kept history and candidates in `learners`), answered by `model`'s step graphs through `run`."""
+        encoded kept history and candidates in `learners`), answered by `model`'s step graphs through `run`;
+        an Observe's fill of one of them in flight is waited for (at most `wait_s`), not done twice."""
+        filling = {self.filling[k.store] for k in keys if k.store in self.filling}
+        if filling:
+            await asyncio.wait(filling, timeout=wait_s)
         plans = [self._plan(model, i, k, learner) for i, (k, learner) in enumerate(zip(keys, learners))]
         out: list[np.ndarray] = [np.empty(0, np.float32)] * len(learners)
         for first in range(0, len(plans), rows):
@@ -106,6 +114,35 @@ class LearnerStates:
             for plan, probs in zip(chunk, await self._next(model, chunk, run, candidates)):
                 out[plan.index] = probs
         return out
+
+    async def observed(self, model: ModelVersion, learner_key: str, new: EncodedLearner, run: StepCall) -> str | None:
+        """Observe's fill: the learner's cached state of `model` advanced by the newly stored interactions
+        (`new`, in model ids, oldest first), so that its next Predict is a hit. "filled"; "dropped" when
+        the window would slide past W - 1 or more than max_appends arrived (the next Predict rebuilds);
+        "superseded" when a Predict replaced the entry meanwhile (its state is kept); None: no entry."""
+        state = self.cache.get(model.name, model.version, learner_key)
+        count = new.history_used
+        if state is None or count == 0:
+            return None
+        if count > self.max_appends or state.length + count > max(model.window - 1, 0):
+            self.cache.discard(model.name, model.version, learner_key)
+            return "dropped"
+        width = max(state.skills.shape[1], new.skills.shape[1])
+        history = EncodedLearner(np.concatenate([state.questions, new.questions]),
+                                 np.concatenate([widen(state.skills, width), widen(new.skills, width)]),
+                                 np.concatenate([state.responses, new.responses]),
+                                 new.candidate_questions, new.candidate_skills)
+        plan = _Learner(0, history, self.learner_keys_of(learner_key), state, count, learner_key)
+        await self._update(model, [plan], run)
+        if self.cache.peek(model.name, model.version, learner_key) is not state:
+            return "superseded"
+        self.cache.put(model.name, model.version, learner_key, plan.state)
+        return "filled"
+
+    @staticmethod
+    def learner_keys_of(learner_key: str) -> Keys:
+        """A learner by its keyed hash (Observe has hashed the id already)."""
+        return Keys("learner", learner_key, (learner_key,))
 
     def _plan(self, model: ModelVersion, index: int, keys: Keys, learner: EncodedLearner) -> _Learner:
         seen = None

@@ -6,6 +6,8 @@ ForgetLearner drops the learner's states; a second gateway on the same store tha
 history makes the first one rebuild, never answer from a stale state; with --state-cache-mb 0 nothing is cached."""
 from __future__ import annotations
 
+import time
+
 import grpc
 import numpy as np
 import pytest
@@ -26,16 +28,18 @@ pytest.importorskip("torch")
 WINDOW = 20
 SECRET = b"learner-states-test-secret-32b!!"
 RESULTS = ("miss", "hit", "appended", "stale")
+FILLS = ("filled", "dropped", "superseded", "skipped", "failed")
 
 
 class Served:
     """One gateway over the store at `store_path`, its stub and metrics."""
 
     def __init__(self, repository, store_path, state_cache_mb: float = 64.0, triton_url: str | None = None,
-                 prefix_cache: bool = False) -> None:
+                 prefix_cache: bool = False, fill: bool = True) -> None:
         """In-process onnxruntime, or (`triton_url`) the Triton backend over a running tritonserver."""
+        self.fill = fill
         settings = Settings(repository=repository, grpc_port=0, http_port=None, grace_period_s=0.5,
-                            state_cache_mb=state_cache_mb, prefix_cache=prefix_cache,
+                            state_cache_mb=state_cache_mb, prefix_cache=prefix_cache, fill_on_observe=fill,
                             **({"triton_url": triton_url} if triton_url else {}))
         self.metrics = Metrics()
         backend = {} if triton_url else {"backend": OnnxRuntimeBackend(settings)}
@@ -47,6 +51,17 @@ class Served:
     def lookups(self, key: str = "learner") -> dict[str, int]:
         return {r: int(self.metrics.registry.get_sample_value(
             "routerkt_state_lookups_total", {"model": "kt", "key": key, "result": r}) or 0) for r in RESULTS}
+
+    def fills(self) -> dict[str, int]:
+        return {r: int(self.metrics.registry.get_sample_value(
+            "routerkt_state_fills_total", {"model": "kt", "result": r}) or 0) for r in FILLS}
+
+    def await_fills(self, expected: dict[str, int]) -> None:
+        """Until Observe's background fills reach `expected` (10 s at most)."""
+        deadline = time.monotonic() + 10.0
+        while self.fills() != expected and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert self.fills() == expected
 
     def cached(self) -> tuple[int, int]:
         return (int(self.metrics.registry.get_sample_value("routerkt_state_cache_learners") or 0),
@@ -100,20 +115,37 @@ class Learner:
         return float(np.abs(np.asarray(by_id.probabilities) - np.asarray(explicit.probabilities)).max())
 
 
-def test_predict_by_learner_id_answers_as_the_explicit_history_on_every_path(setup) -> None:
+@pytest.mark.parametrize("fill", [True, False], ids=["fill-on-observe", "no-fill"])
+def test_predict_by_learner_id_answers_as_the_explicit_history_on_every_path(setup, fill: bool) -> None:
     repository, store_path, questions, skills = setup
-    served = Served(repository, store_path)
+    served = Served(repository, store_path, fill=fill)
     try:
         walk_every_path(served, questions, skills)
     finally:
         served.close()
 
 
+# Each step of the walk: answers observed (0: none), then the lookup of the next Predict by learner_id
+# (without fills, with Observe's fills) and the fill the Observe made (None: none).
+WALK = (
+    (5, "miss", "miss", None),                 # nothing cached: step_start, then step_next
+    (0, "hit", "hit", None),                   # the same history: step_next only (20 candidates)
+    (1, "appended", "hit", "filled"),          # one step_append (by the Predict, or by the Observe)
+    (4, "appended", "hit", "filled"),          # four, the most appended (MAX_APPENDS)
+    (5, "stale", "miss", "dropped"),           # five: rebuilt (15 kept)
+    (4, "appended", "hit", "filled"),          # 19 kept: the window is full
+    (0, "hit", "hit", None),
+    (1, "stale", "miss", "dropped"),           # the window slid: every cached value changed, rebuilt
+    (2, "stale", "miss", "dropped"),
+)
+
+
 def walk_every_path(served: Served, questions: list[int], skills: list[int]) -> None:
-    """One learner through miss, hit, appended, rebuilt at and past the window edge, forgotten: every Predict
-    by learner_id within 1e-5 of the explicit history, and the lookups metric naming each path."""
-    learner = Learner(served, "stepping-learner", questions, skills, seed=0)
-    expected = dict.fromkeys(RESULTS, 0)
+    """One learner through miss, hit, appended (or filled by Observe), rebuilt at and past the window edge,
+    forgotten: every Predict by learner_id within 1e-5 of the explicit history, and the lookups and fills
+    metrics naming each path."""
+    learner = Learner(served, f"stepping-learner-{served.fill}", questions, skills, seed=0)
+    expected, fills = dict.fromkeys(RESULTS, 0), dict.fromkeys(FILLS, 0)
     gaps = []
 
     def check(result: str, n_candidates: int = 3) -> None:
@@ -121,22 +153,13 @@ def walk_every_path(served: Served, questions: list[int], skills: list[int]) -> 
         expected[result] += 1
         assert served.lookups() == expected, result
 
-    learner.observe(5)
-    check("miss")                          # nothing cached: step_start, then step_next
-    check("hit", 20)                       # the same history: step_next only, 20 candidates
-    learner.observe(1)
-    check("appended")                      # one step_append
-    learner.observe(4)
-    check("appended")                      # four, the most appended (MAX_APPENDS)
-    learner.observe(5)
-    check("stale")                         # five: rebuilt (15 kept)
-    learner.observe(4)
-    check("appended")                      # 19 kept: the window is full
-    check("hit")
-    learner.observe(1)
-    check("stale")                         # the window slid: every cached value changed, rebuilt
-    learner.observe(2)
-    check("stale", 20)
+    for step, (observed, plain, filled, fill) in enumerate(WALK):
+        if observed:
+            learner.observe(observed)
+        if served.fill and fill is not None:
+            fills[fill] += 1
+        served.await_fills(fills)
+        check(filled if served.fill else plain, 20 if step in (1, 8) else 3)
     assert max(gaps) <= 1e-5, gaps
     learners, nbytes = served.cached()
     assert learners == 1 and nbytes > 0
