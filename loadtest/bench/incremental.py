@@ -16,8 +16,9 @@ and prefix/stateless. Last, the session pattern, three times: each caller takes 
 returning), answers a burst of `--burst` questions (Predict by learner_id, or with the history the caller
 keeps, then Observe the answer) and leaves, on the cache-on gateway (Observe fills the cached states), on
 a third gateway with the cache and --no-fill-on-observe (idle until then), and stateless on the prefix
-cache, with 1 and 8 callers, the three taking turns in 2 rounds: Predict's and Observe's p50 / p99, the gateway's CPU per answer, the hit rate
-(routerkt_state_lookups_total) and the fills (routerkt_state_fills_total).
+cache, with 1 and 8 callers, the three taking turns in 2 rounds: Predict's and Observe's p50 / p99, the
+gateway's CPU per answer, the hit rate (routerkt_state_lookups_total) and the fills
+(routerkt_state_fills_total).
 Writes OUT/incremental.json.
 """
 from __future__ import annotations
@@ -204,8 +205,8 @@ def _session_round(bench: Bench, callers: int, stateless: bool, gateway: str, ro
     before, fills_before = bench.lookups(key, gateway), bench.fills(gateway)
     pb, stub = bench.pb, bench.stubs[gateway]
     lock, counter = threading.Lock(), iter(range(10**9))
-    observe_ms: list[float] = []
-    predict_ms: list[float] = []
+    observe_s: list[float] = []
+    predict_s: list[float] = []
     returning: list[tuple[str, int]] = []
     kept: dict[str, list] = {}
 
@@ -226,8 +227,8 @@ def _session_round(bench: Bench, callers: int, stateless: bool, gateway: str, ro
                 event_id=f"{learner}-{seen}", question_id=candidates[0].question_id, correct=history[-1].correct,
                 timestamp_ms=1 + seen)]), timeout=30)
             with lock:
-                predict_ms.append((predicted - started) * 1e3)
-                observe_ms.append((time.perf_counter() - predicted) * 1e3)
+                predict_s.append(predicted - started)
+                observe_s.append(time.perf_counter() - predicted)
             seen += 1
         with lock:
             returning.append((learner, seen))
@@ -238,16 +239,17 @@ def _session_round(bench: Bench, callers: int, stateless: bool, gateway: str, ro
     after, fills = bench.lookups(key, gateway), bench.fills(gateway)
     return {"key": key, "gateway": gateway, "callers": callers, "burst": bench.args.burst, "visits": len(latencies),
             "failures": len(failures), "lookups": {r: after[r] - before[r] for r in RESULTS},
-            "fills": {r: fills[r] - fills_before[r] for r in FILLS}, "predict_ms": predict_ms,
-            "observe_ms": observe_ms, "cpu_s": cpu, "wall_s": wall}
+            "fills": {r: fills[r] - fills_before[r] for r in FILLS}, "predict_s": predict_s,
+            "observe_s": observe_s, "cpu_s": cpu, "wall_s": wall}
 
 
 def _merged(rounds: list[dict]) -> dict:
     """One row of the session table from its rounds."""
     first = rounds[0]
-    predict_ms = [v for r in rounds for v in r["predict_ms"]]
-    observe_ms = [v for r in rounds for v in r["observe_ms"]]
+    predict_s = [v for r in rounds for v in r["predict_s"]]
     wall, cpu = sum(r["wall_s"] for r in rounds), sum(r["cpu_s"] for r in rounds)
+    predict = summary(predict_s, [], wall)
+    observe = summary([v for r in rounds for v in r["observe_s"]], [], wall)
     counts = {k: sum(r["lookups"][k] for r in rounds) for k in RESULTS}
     total = sum(counts.values()) or 1.0
     return {"key": first["key"], "gateway": first["gateway"], "callers": first["callers"], "burst": first["burst"],
@@ -255,14 +257,10 @@ def _merged(rounds: list[dict]) -> dict:
             "failures": sum(r["failures"] for r in rounds), "lookups": counts,
             "hit_rate": (counts["hit"] + counts["appended"]) / total,
             "fills": {k: sum(r["fills"][k] for r in rounds) for k in FILLS},
-            "predict_p50_ms": _percentile(predict_ms, 50), "predict_p99_ms": _percentile(predict_ms, 99),
-            "observe_p50_ms": _percentile(observe_ms, 50), "observe_p99_ms": _percentile(observe_ms, 99),
-            "answers_per_s": len(predict_ms) / wall if wall else 0.0,
-            "gateway_cpu_ms_per_answer": cpu * 1e3 / max(len(predict_ms), 1)}
-
-
-def _percentile(values: list[float], q: float) -> float | None:
-    return float(np.percentile(values, q)) if values else None
+            "predict_p50_ms": predict["p50_ms"], "predict_p99_ms": predict["p99_ms"],
+            "observe_p50_ms": observe["p50_ms"], "observe_p99_ms": observe["p99_ms"],
+            "answers_per_s": predict["calls_per_s"],
+            "gateway_cpu_ms_per_answer": cpu * 1e3 / max(len(predict_s), 1)}
 
 
 def run(args: argparse.Namespace) -> int:

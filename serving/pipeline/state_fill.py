@@ -58,13 +58,8 @@ class StateFill:
             return
         task = asyncio.create_task(self._fill(learner_key, new, held))
         self._tasks.add(task)
-        self.states.filling[learner_key] = task          # the learner's next Predict waits for it
-
-        def done(task: asyncio.Task) -> None:
-            self._tasks.discard(task)
-            if self.states.filling.get(learner_key) is task:
-                del self.states.filling[learner_key]
-        task.add_done_callback(done)
+        task.add_done_callback(self._tasks.discard)
+        self.states.fill_started(learner_key, task)      # the learner's next Predict waits for it
 
     async def _fill(self, learner_key: str, new: LearnerInput, held: list[tuple[str, int]]) -> None:
         for name, version in held:

@@ -79,6 +79,15 @@ class LearnerStates:
         self.max_appends = max_appends
         self.filling: dict[str, asyncio.Future] = {}    # learner key -> Observe's fill in flight (state_fill.py)
 
+    def fill_started(self, learner_key: str, fill: asyncio.Future) -> None:
+        """An Observe's fill of the learner is running: its next Predict waits for it (until it is done)."""
+        self.filling[learner_key] = fill
+
+        def done(_: asyncio.Future) -> None:
+            if self.filling.get(learner_key) is fill:
+                del self.filling[learner_key]
+        fill.add_done_callback(done)
+
     def forget(self, learner_key: str) -> int:
         """Drop the learner's cached states (ForgetLearner; `learner_key`: the keyed hash)."""
         return self.cache.forget(learner_key)

@@ -105,7 +105,7 @@ def test_a_predict_waits_for_the_fill_in_flight_instead_of_appending_again() -> 
 
     async def scenario() -> None:
         fill = asyncio.create_task(paths.observed(MODEL, "k", new([40], [[5]]), run))
-        paths.filling["k"] = fill
+        paths.fill_started("k", fill)
         held = cache.get("m", 1, "k")
         history = EncodedLearner(np.append(held.questions, 40), np.vstack([held.skills, [[5]]]),
                                  np.append(held.responses, 0), np.array([7]), np.array([[2]]))
