@@ -88,6 +88,15 @@ class SkillRows(str, enum.Enum):
 class Protocol(str, enum.Enum):
     RECENT = "recent"  # the paper's: the most recent `window` interactions per learner
     CHUNKS = "chunks"  # split each history into consecutive `window`-long pieces (uses all data)
+    WHOLE = "whole"    # one sequence per learner, its whole history (band models: what the server computes)
+
+
+class Context(str, enum.Enum):
+    """What a prediction reads of a learner's history (docs/training.md, "Window and band models")."""
+    WINDOW = "window"  # the last W - 1 interactions (W = max_len; the paper's); past the window the server rebuilds
+    BAND = "band"      # the whole history through banded causal attention: every layer's query sees at most the
+                       # W - 1 positions before it, so per-position states are final once computed and a rolling
+                       # buffer of W - 1 columns per layer is exact at any length (trained on whole histories)
 
 
 @dataclass
@@ -118,6 +127,7 @@ class ModelConfig:
     # mean (valid positions <= t) of the router gates are selected, weighted by that mean; still causal
     person_topk: bool = False
     experts: ExpertKind = ExpertKind.HEADS
+    context: Context = Context.WINDOW   # window: the last W - 1 interactions; band: the whole history (see Context)
     d_model: int = 64               # embedding / hidden width
     n_blocks: int = 2               # AKT: encoder depth (retriever stack has 2x); CL4KT: depth of each stack
     n_heads: int = 8
@@ -150,6 +160,17 @@ class ModelConfig:
         if self.encoder_attention is EncoderAttention.SAME:
             return self.attention
         return AttentionKind(self.encoder_attention.value)
+
+    @property
+    def band(self) -> int:
+        """The attention band (max_len) of a band model, 0 for a window model (no band mask)."""
+        return self.max_len if self.context is Context.BAND else 0
+
+    @property
+    def table_len(self) -> int:
+        """Rows of the learner-independent bias tables: the window, or for a band model the W - 1 cached
+        columns plus a chunk of up to W new rows (training/models/band.py)."""
+        return 2 * self.max_len if self.context is Context.BAND else self.max_len
 
     @property
     def leaks_future(self) -> bool:

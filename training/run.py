@@ -30,7 +30,7 @@ from routerkt.atomic import atomic_write_json
 from training import device as devices
 from training import distributed
 from training.checkpoint import git_sha
-from training.config import RunConfig, from_dict, to_dict
+from training.config import Context, Protocol, RunConfig, from_dict, to_dict
 from training.data.pipeline import load_run_data, portable_data
 from training.data.protocol import Fold
 from training.loop import FoldData, train_fold
@@ -41,12 +41,22 @@ from training.models.registry import with_vocab
 def prepare(cfg: RunConfig, log=None):
     """Read and window the data; returns (config with vocabulary sizes, vocab, sequences, folds).
     `log` gets one line saying how the file's rows were read (merged multi-skill rows)."""
+    check_protocol(cfg)
     data = load_run_data(cfg.data)
     if log is not None:
         log(data.note)
     cfg.model = with_vocab(cfg.model, data.vocab.n_questions, data.vocab.n_skills)
     cfg.model.max_len = cfg.data.window
     return cfg, data.vocab, data.sequences, data.folds
+
+
+def check_protocol(cfg: RunConfig) -> None:
+    """A band model trains on whole histories (the function it serves); a window model on windows."""
+    band = cfg.model.context is Context.BAND
+    if band != (cfg.data.protocol is Protocol.WHOLE):
+        need = "data.protocol=whole" if band else "data.protocol=recent or chunks"
+        raise UserError(f"model.context={cfg.model.context.value} trains with {need}, not "
+                        f"data.protocol={cfg.data.protocol.value}")
 
 
 def _check_resume(out: Path, cfg: RunConfig) -> None:

@@ -6,6 +6,8 @@ Sequences (`make_sequences`):
 - `chunks`: each kept learner's whole history cut into consecutive, non-overlapping `window`-long
   pieces from the oldest interaction on; the last, partial piece is kept only if it has
   >= min_interactions rows.
+- `whole`: one sequence per kept learner holding its whole history; the arrays are as wide as the
+  longest history (band models: `window` is their band, not a cut).
 
 Padding is on the LEFT everywhere (training, offline evaluation and serving): the most recent
 interaction of a sequence sits at index W-1, padding fills indices 0 .. W-len-1 with
@@ -95,6 +97,8 @@ def _check_window(window: int, min_interactions: int) -> None:
 def _pieces(protocol: Protocol, starts: np.ndarray, lengths: np.ndarray, window: int,
             min_interactions: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(learner index, first row, length) of every sequence, for learners already filtered."""
+    if protocol is Protocol.WHOLE:
+        return np.arange(lengths.shape[0]), starts, lengths
     if protocol is Protocol.RECENT:
         take = np.minimum(lengths, window)
         return np.arange(lengths.shape[0]), starts + lengths - take, take
@@ -118,6 +122,8 @@ def make_sequences(inter: Interactions, vocab: Vocab, protocol: Protocol | str, 
     kept = lengths >= min_interactions
     users, starts, lengths = users[kept], starts[kept], lengths[kept]
     owner, first, length = _pieces(protocol, starts, lengths, window, min_interactions)
+    if protocol is Protocol.WHOLE:
+        window = max(int(length.max()) if length.size else 1, 1)
 
     # rows[s, t] = row of the interaction at window position t; valid where t >= W - length
     offset = np.arange(window)[None, :] - (window - length)[:, None]       # [S, W]

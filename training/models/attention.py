@@ -19,14 +19,16 @@ Inference cost: biases that do not depend on the learner add no [B, H, L, L] wor
 - Relative: softmax(-|i - j| / tau + M) V = (K (V * valid)) / (K valid) with K[h, i, j] =
   exp(-(distance to j minus distance to the nearest visible key) / tau_h) on visible (i, j), a
   [H, L, L] constant at inference: two small matmuls, no softmax over [B, H, L, L].
-- Tables for max_len, sliced to L (gathered at the window indices in the rank layout, see
+- Tables for max_len (band models: 2 max_len, cached columns and a chunk of rows), sliced to L
+  (gathered at the window indices in the rank layout, see
   `SequenceContext.table`): the ALiBi ones (`alibi`, `alibi_keys`) are fixed buffers built
   in `__init__`; the relative kernel depends on the learned tau_h, so training computes it in each
   forward pass and `freeze_biases()` (before export) turns it into [H, Lmax, Lmax] constants, one
   per mask kind.
-The explicit path (attention maps requested, fused_attention off, or the rank layout, whose
-[L, H + 1] key columns no fused kernel takes) materialises the probabilities; a unit test checks
-that both paths agree.
+The explicit path (attention maps requested, fused_attention off, or the rank and candidate layouts,
+whose [L, H + 1] key columns no fused kernel takes) materialises the probabilities; a unit test checks
+that both paths agree. A step context's appended rows (band models' chunks) take the fused kernel with
+their [L, P + L] mask (ALiBi's table added to it).
 """
 from __future__ import annotations
 
@@ -68,7 +70,7 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"d_model {cfg.d_model} is not divisible by n_heads {cfg.n_heads}")
         d, H = cfg.d_model, cfg.n_heads
         self.name, self.kind, self.n_heads, self.d_k = name, kind or cfg.attention, H, d // H
-        self.max_len, self.dropout, self.fused = cfg.max_len, cfg.attn_dropout, cfg.fused_attention
+        self.max_len, self.dropout, self.fused = cfg.table_len, cfg.attn_dropout, cfg.fused_attention
         self.recompute = cfg.recompute_attention
         self.qk = nn.Linear(d, d)
         self.v = nn.Linear(d, d)
@@ -80,8 +82,8 @@ class MultiHeadAttention(nn.Module):
             nn.init.xavier_uniform_(self.gamma)
         if self.kind is AttentionKind.ALIBI:
             slopes = torch.tensor(alibi_slopes(H))
-            self.register_buffer("alibi", alibi_table(H, cfg.max_len), persistent=False)      # [H, Lmax, Lmax]
-            key_pos = torch.arange(cfg.max_len, dtype=torch.float32) - (cfg.max_len - 1)      # -(Lmax-1) .. 0
+            self.register_buffer("alibi", alibi_table(H, self.max_len), persistent=False)     # [H, Lmax, Lmax]
+            key_pos = torch.arange(self.max_len, dtype=torch.float32) - (self.max_len - 1)    # -(Lmax-1) .. 0
             self.register_buffer("alibi_keys", slopes[:, None] * key_pos * math.sqrt(self.d_k),
                                  persistent=False)                                             # [H, Lmax]
         if self.kind is AttentionKind.RELATIVE:
@@ -111,9 +113,9 @@ class MultiHeadAttention(nn.Module):
         return ctx.restrict(weights)                                          # [H, L, L]
 
     def _relative_mix(self, content: Tensor, v: Tensor, mask: MaskKind, ctx: SequenceContext) -> Tensor:
-        """lam * content + (1 - lam) * recency attention applied to v; content/v: [B, H, L, dk]."""
-        weights = self._recency(mask, ctx).to(v.dtype)                       # [H, L, L]
-        valid = ctx.valid.to(v.dtype)                                        # [B, L]
+        """lam * content + (1 - lam) * recency attention applied to v; content [B, H, L, dk], v [B, H, K, dk]."""
+        weights = self._recency(mask, ctx).to(v.dtype)                       # [H, L, K]
+        valid = ctx.key_valid()[:, 0].to(v.dtype)                            # [B, K]
         values = v * valid[:, None, :, None]                                 # [B, H, L, dk]
         if torch.onnx.is_in_onnx_export():       # onnxruntime: broadcast MatMul is its fastest form
             recency = (weights @ values) / (weights @ valid[:, None, :, None]).clamp(min=1.0)
@@ -166,11 +168,14 @@ class MultiHeadAttention(nn.Module):
             else:
                 probs = self._monotonic_probs(q, k, mask, ctx)
             return F.dropout(probs, drop, self.training) @ v
-        if self.kind is AttentionKind.ALIBI:                                 # one extra channel
-            keys = ctx.key_table(self.alibi_keys)[None, :, :, None].expand(B, H, L, 1)
+        stepped = ctx.rank                   # a step context's appended rows: keys are cached columns, then them
+        if self.kind is AttentionKind.ALIBI and stepped:                     # the table as a bias [B, H, L, K]
+            bias = bias + ctx.table(self.alibi).to(bias.dtype)[None]
+        elif self.kind is AttentionKind.ALIBI:                               # one extra channel
+            keys = ctx.key_table(self.alibi_keys)[None, :, :, None].expand(B, H, k.shape[2], 1)
             q = torch.cat([q, torch.ones_like(q[..., :1])], dim=-1)          # [B, H, L, dk+1]
             k = torch.cat([k, keys], dim=-1)
-        widen = self.kind is AttentionKind.ALIBI and not torch.onnx.is_in_onnx_export()
+        widen = self.kind is AttentionKind.ALIBI and not stepped and not torch.onnx.is_in_onnx_export()
         if widen:                            # PyTorch's flash kernel needs equal q/k/v widths (2.5x faster)
             v = torch.cat([v, torch.zeros_like(v[..., :1])], dim=-1)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=drop, scale=1.0 / math.sqrt(dk))
@@ -195,7 +200,7 @@ class MultiHeadAttention(nn.Module):
         drop = self.dropout if self.training else 0.0
 
         with _float32():
-            if collect.want_attention or not self.fused or ctx.rank:
+            if collect.want_attention or not self.fused or not ctx.plain_keys:
                 probs = self._explicit_probs(q.float(), k.float(), mask, ctx)    # [B, H, L, K]
                 if collect.want_attention:
                     collect.attention.append(probs.detach())

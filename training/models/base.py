@@ -12,6 +12,10 @@ rank(...)[:, j] equals forward([history, candidate_j]).logits[:, -1]. Backbones 
 positions only through the context get it for free; others (DKT) override `rank`. The prediction
 MLP runs on the candidate positions only (`compute(read_from=H)`): served graphs compute only what
 is read, while `forward` (training, the score graph) keeps every position.
+
+Band models (ModelConfig.context=band): `forward` over more than W positions and `rank` after a history
+of W or more run in chunks against a rolling buffer (training/models/band.py), the function the server's
+step path computes; up to W positions a band mask changes nothing, so the plain layouts serve.
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from torch import Tensor, nn
 from routerkt.contract.signature import CANDIDATE_RESPONSE
 from training.config import Backbone, ModelConfig
 from training.models.attention import MultiHeadAttention
+from training.models.band import band_compute, band_state, cached_logits
 from training.models.context import SequenceContext
 from training.models.outputs import Collector, ModelOutput
 from training.models.skill_sets import as_sets
@@ -47,6 +52,8 @@ def masked_mean(values: Tensor, valid: Tensor) -> Tensor:
 class KTModel(nn.Module):
     # Parameter tables holding per-question difficulty; initialised to 0 (Rasch: start from the skill)
     zero_init: tuple[str, ...] = ()
+    # Attention backbones run a band model's long sequences in chunks (band.py); a recurrent one runs any length
+    chunked_band: bool = True
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -79,9 +86,12 @@ class KTModel(nn.Module):
     def forward(self, questions: Tensor, skills: Tensor, responses: Tensor, *,
                 return_attention: bool = False, return_routing: bool = False) -> ModelOutput:
         skills = as_sets(skills)                                     # [B, L] callers: one skill each
-        ctx = SequenceContext.build(skills)
         collect = Collector(want_attention=return_attention, want_routing=return_routing)
-        logits, terms = self.compute(questions, skills, responses.clamp(0, 1), ctx, collect)
+        if self._chunked(questions.shape[1]):
+            logits, terms, _ = band_compute(self, questions, skills, responses.clamp(0, 1), collect)
+        else:
+            ctx = SequenceContext.build(skills, self.config.band)
+            logits, terms = self.compute(questions, skills, responses.clamp(0, 1), ctx, collect)
         if collect.balance:
             terms["balance"] = (self.config.balance_beta, collect.balance_loss(logits.device))
         aux_loss = torch.zeros((), device=logits.device)
@@ -104,6 +114,9 @@ class KTModel(nn.Module):
         PAD_ID, get a meaningless logit). Entry j equals the last logit
         of the window [history, candidate_j] with response CANDIDATE_RESPONSE at the candidate."""
         H = history_skills.shape[1]
+        if self._chunked(H + 1):                    # a band model after W or more: the rolling buffer
+            state = band_state(self, history_questions, as_sets(history_skills), history_responses)
+            return cached_logits(self, state, candidate_questions, as_sets(candidate_skills)).float()
         logits, _ = self.compute(*self.rank_layout(history_questions, history_skills, history_responses,
                                                    candidate_questions, candidate_skills), Collector(), read_from=H)
         return logits.float()                                                                # [B, N]
@@ -116,12 +129,16 @@ class KTModel(nn.Module):
         if self.config.leaks_future:
             raise ValueError("the whole-window 'sequence' routing scope has no history-once ranking")
         history_skills, candidate_skills = as_sets(history_skills), as_sets(candidate_skills)
-        ctx = SequenceContext.build_rank(history_skills, candidate_skills)
+        ctx = SequenceContext.build_rank(history_skills, candidate_skills, self.config.band)
         questions = torch.cat([history_questions, candidate_questions], dim=1)               # [B, H+N]
         skills = torch.cat([history_skills, candidate_skills], dim=1)                        # [B, H+N, K]
         responses = torch.cat([history_responses.clamp(0, 1),
                                torch.full_like(candidate_questions, CANDIDATE_RESPONSE)], dim=1)
         return questions, skills, responses, ctx
+
+    def _chunked(self, length: int) -> bool:
+        """Whether `length` positions run in chunks: a band model's attention beyond its band."""
+        return bool(self.config.band) and self.chunked_band and length > self.config.max_len
 
     def freeze_biases(self) -> None:
         """Precompute learner-independent attention biases as constants (before export)."""

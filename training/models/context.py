@@ -22,6 +22,8 @@ Two layouts:
   so one forward over H + N positions gives exactly the N window results (the model is causal).
   `history()` is the window context of the history alone, for value streams that only PAST-masked
   queries read (a candidate's own value is never visible to anyone there, so it needs no encoding).
+Band models (ModelConfig.context=band) set `band` = W: a query may also see only keys at most W - 1
+positions before it (`allow`, `restrict`), on every layout; a window model has band 0 (no such limit).
 Layers read index-dependent facts only through the context (`distance`, `table`, `key_table`,
 `restrict`, `prefix_sum`, `scores`, `apply`, `later_keys`) and get their key columns from it
 (`extend`), so they work unchanged on both layouts and on the step layout of
@@ -55,19 +57,20 @@ class SequenceContext:
     distance: Tensor     # [L, K] float, index_i - index of key column j (window: K = L; rank: K = H + 1)
     index: Tensor | None = None     # rank layout: [L] long window index of each position (None: 0..L-1)
     visible: Tensor | None = None   # rank layout: [L, H + 1] bool, key column j may be seen by query i at all
+    band: int = 0                   # band models: keys more than band - 1 positions back are never visible
     _allow: dict = field(default_factory=dict)
     _bias: dict = field(default_factory=dict)
 
     @classmethod
-    def build(cls, skills: Tensor) -> "SequenceContext":
+    def build(cls, skills: Tensor, band: int = 0) -> "SequenceContext":
         valid = present(skills)                                      # [B, L]; skills [B, L, K]
         positions = (valid.long().cumsum(1) - 1).clamp(min=0)        # [B, L]
         idx = torch.arange(skills.shape[1], device=skills.device)
         distance = (idx[:, None] - idx[None, :]).to(torch.float32)   # [L, L]
-        return cls(valid=valid, positions=positions, distance=distance)
+        return cls(valid=valid, positions=positions, distance=distance, band=band)
 
     @classmethod
-    def build_rank(cls, history_skills: Tensor, candidate_skills: Tensor) -> "SequenceContext":
+    def build_rank(cls, history_skills: Tensor, candidate_skills: Tensor, band: int = 0) -> "SequenceContext":
         """history_skills [B, H, K] (left-padded), candidate_skills [B, N, K] -> context over H + N
         queries and H + 1 key columns."""
         H, N = history_skills.shape[1], candidate_skills.shape[1]
@@ -84,11 +87,18 @@ class SequenceContext:
                               torch.zeros_like(index)[:, None]], dim=1).to(torch.float32)   # own slot: 0
         own = (steps >= H)[:, None]                                                # [H+N, 1]: a candidate's own key
         visible = torch.cat([torch.ones_like(distance[:, :-1], dtype=torch.bool), own], dim=1)   # [H+N, H+1]
-        return cls(valid=valid, positions=positions, distance=distance, index=index, visible=visible)
+        return cls(valid=valid, positions=positions, distance=distance, index=index, visible=visible, band=band)
 
     @property
     def rank(self) -> bool:
         return self.visible is not None
+
+    @property
+    def plain_keys(self) -> bool:
+        """Key columns every query shares, scored by one product q k^T (the window layout; a step
+        context's appended rows): what a fused attention kernel takes. The rank and candidate layouts'
+        own slot is per query."""
+        return not self.rank
 
     def _h(self) -> int:
         """The rank layout's history length H (symbolic under export)."""
@@ -101,7 +111,8 @@ class SequenceContext:
         H = self._h()
         idx = torch.arange(H, device=self.valid.device)
         distance = (idx[:, None] - idx[None, :]).to(torch.float32)                 # [H, H]
-        return SequenceContext(valid=self.valid[:, :H], positions=self.positions[:, :H], distance=distance)
+        return SequenceContext(valid=self.valid[:, :H], positions=self.positions[:, :H], distance=distance,
+                               band=self.band)
 
     def history_only(self, encode: Callable[[Tensor, "SequenceContext"], Tensor], x: Tensor) -> Tensor:
         """encode(x, ctx) on the history positions alone in the rank layout, the candidates' rows of x
@@ -144,8 +155,14 @@ class SequenceContext:
         return full[..., -self.length:]
 
     def restrict(self, weights: Tensor) -> Tensor:
-        """Zero [..., L, K] pair weights of keys a query may never see (a history row's own column)."""
-        return weights * self.visible.to(weights.dtype) if self.rank else weights
+        """Zero [..., L, K] pair weights of keys a query may never see (a history row's own column, keys
+        beyond the band)."""
+        weights = weights * self.visible.to(weights.dtype) if self.rank else weights
+        return weights * self.in_band().to(weights.dtype) if self.band else weights
+
+    def in_band(self) -> Tensor:
+        """[L, K] bool: key column j is at most band - 1 positions before query i (all True without a band)."""
+        return self.distance <= (self.band - 1 if self.band else float("inf"))
 
     def prefix_sum(self, x: Tensor) -> Tensor:
         """[B, L, E] -> sum of x over the positions of each query's window up to itself."""
@@ -191,6 +208,8 @@ class SequenceContext:
             causal = self.distance >= (0.0 if kind is MaskKind.CURRENT else 1.0)                 # [L, K]
             if self.rank:
                 causal = causal & self.visible
+            if self.band:
+                causal = causal & self.in_band()
             self._allow[kind] = causal[None, None] & self.key_valid()[:, None]                 # [B,1,L,K]
         return self._allow[kind]
 

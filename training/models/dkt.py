@@ -22,6 +22,8 @@ from training.models.skill_sets import as_sets, embed_set, gather_positions, pre
 
 @register(Backbone.DKT)
 class DKT(KTModel):
+    chunked_band = False          # the LSTM runs a whole history as it is
+
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
         self.interaction = nn.Embedding(2 * cfg.n_skills, cfg.d_model)      # index 2*s + r

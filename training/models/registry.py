@@ -1,6 +1,7 @@
 """The one registry: backbone enum -> model class (filled by @register in each backbone module), and
 presets with the papers' names -> ModelConfig field values. `run_config` turns a preset and config
-overrides into a run's RunConfig. Trainer, exporter and evaluator call `build_model(config)` and
+overrides into a run's RunConfig (a band model, model.context=band, trains on whole histories:
+data.protocol=whole unless the overrides set one). Trainer, exporter and evaluator call `build_model(config)` and
 never branch on a model name.
 
 Every attention preset uses the same width and depth (d_model 64, 2 blocks, 8 heads, d_ff 256), so
@@ -14,7 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from routerkt.errors import UserError
-from training.config import Backbone, ModelConfig, RunConfig, apply_overrides, from_dict, to_dict
+from training.config import Backbone, Context, ModelConfig, Protocol, RunConfig, apply_overrides, from_dict, to_dict
 from training.models import akt, cl4kt, dkt, simplekt  # noqa: F401  (registration side effect)
 from training.models.base import MODELS, KTModel
 
@@ -74,10 +75,14 @@ def run_config(preset: str, data_path: str | os.PathLike = "", overrides: Iterab
     `train`, `reproduce` and `bench train` run); a bad override raises UserError."""
     cfg = RunConfig(preset=preset, model=preset_config(preset))
     cfg.data.path = str(data_path)
+    overrides = list(overrides)
     try:
-        return apply_overrides(cfg, list(overrides))
+        cfg = apply_overrides(cfg, overrides)
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    if cfg.model.context is Context.BAND and not any(o.strip().startswith("data.protocol=") for o in overrides):
+        cfg.data.protocol = Protocol.WHOLE      # a band model trains on what it serves: whole histories
+    return cfg
 
 
 def build_model(cfg: ModelConfig) -> KTModel:

@@ -46,6 +46,12 @@ every W/2 appends from a fresh half window, would serve between W/2 and W - 1 in
 change the served prediction: a product decision, not made here.) A batch rebuilds all its learners
 when one of them passes the edge (exact for all).
 
+Band models (ModelConfig.context=band; training/models/band.py) have no window edge: every layer's query
+sees at most the W - 1 positions before it, so the last W - 1 columns of each layer (with the routers'
+running sums and the interaction count) are all later positions read, and `step` appends past any length
+(the oldest column dropped), never rebuilding. `start_state` runs the whole given history through the
+band in chunks; DKT with context=band runs its LSTM over the whole history (no cut).
+
 Layout: learners of one batch are left-padded to P = the longest kept history (leading columns that
 are padding for every learner are dropped); every learner of a `step` call appends the same k
 interactions (no padding rows: a gap would change the index distances).
@@ -62,6 +68,7 @@ from torch.nn.utils.rnn import pack_padded_sequence
 
 from routerkt.contract.signature import CANDIDATE_RESPONSE, PAD_ID
 from training.models.akt import AKT
+from training.models.band import band_state, cached_logits
 from training.models.base import KTModel
 from training.models.cl4kt import CL4KT
 from training.models.dkt import DKT
@@ -90,6 +97,7 @@ def stepping(model: KTModel) -> Stepping:
 @dataclass
 class StepState:
     questions: Tensor                  # [B, P] kept history (each learner's last <= W - 1), left-padded
+                                       # (band models: the last W - 1 kept for reference; the state covers all)
     skills: Tensor                     # [B, P, K] skill sets, PAD_ID in unused slots and at padding
     responses: Tensor                  # [B, P] 0/1 (padding: anything)
     window: int                        # W: a served window holds W - 1 interactions and the candidate
@@ -127,6 +135,8 @@ def start_state(model: KTModel, questions: Tensor, skills: Tensor, responses: Te
     if not 1 <= window <= model.config.max_len:
         raise ValueError(f"window {window} must be in [1, max_len {model.config.max_len}] (the biases' tables)")
     skills = as_sets(skills)
+    if model.config.band:
+        return _band_start(model, questions, skills, responses)
     keep = max(window - 1, 0)
     start = max(questions.shape[1] - keep, 0)
     questions, skills, responses = questions[:, start:], skills[:, start:], responses[:, start:]
@@ -148,14 +158,32 @@ def start_state(model: KTModel, questions: Tensor, skills: Tensor, responses: Te
     return state
 
 
+def _band_start(model: KTModel, questions: Tensor, skills: Tensor, responses: Tensor) -> StepState:
+    """A band model's state after a whole left-padded history (its last W - 1 ids kept for reference)."""
+    keep = model.config.max_len - 1
+    valid = present(skills)
+    if bool((valid[:, :-1] & ~valid[:, 1:]).any()):
+        raise ValueError("the history must be left-padded (no padding after an interaction)")
+    state = StepState(questions[:, -keep:], skills[:, -keep:], responses[:, -keep:], model.config.max_len)
+    kind = stepping(model)
+    if kind is Stepping.ATTENTION:
+        state.layers = band_state(model, questions, skills, responses)
+    elif kind is Stepping.RECURRENT:
+        inputs, seen = model.history_inputs(skills, responses)                    # [B, L+1, d], [B, 1]
+        packed = pack_padded_sequence(inputs, (seen[:, 0] + 1).cpu(), batch_first=True, enforce_sorted=False)
+        _, state.recurrent = model.lstm(packed)
+    return state
+
+
 def append_rows(model: KTModel, cache: LayerCache, questions: Tensor, skills: Tensor,
                 responses: Tensor) -> LayerCache:
     """The cache grown by rows questions, responses [B, k], skills [B, k, K] (the model's own
     compute on those rows alone; its logits, all at history positions, are not computed). Rows
-    without an interaction are allowed before the first one (left padding: never visible)."""
-    ctx = StepContext.append(cache, present(skills))
+    without an interaction are allowed before the first one (left padding: never visible). A band
+    model keeps the last W - 1 columns (its rolling buffer)."""
+    ctx = StepContext.append(cache, present(skills), band=model.config.band)
     model.compute(questions, skills, responses.clamp(0, 1), ctx, Collector(), read_from=questions.shape[1])
-    return ctx.stored
+    return ctx.stored.last(model.config.max_len - 1) if model.config.band else ctx.stored
 
 
 @torch.no_grad()
@@ -170,9 +198,11 @@ def step(model: KTModel, state: StepState, questions: Tensor, skills: Tensor, re
     all_q = torch.cat([state.questions, questions], dim=1)                           # [B, P+k]
     all_s = torch.cat([_widen(state.skills, width), _widen(skills, width)], dim=1)   # [B, P+k, K]
     all_r = torch.cat([state.responses, responses], dim=1)
-    if all_q.shape[1] > state.window - 1:
+    band = bool(model.config.band)
+    if all_q.shape[1] > state.window - 1 and not band:
         return start_state(model, all_q, all_s, all_r, state.window)
-    grown = StepState(all_q, all_s, all_r, state.window, rebuilt=False)
+    keep = state.window - 1
+    grown = StepState(all_q[:, -keep:], all_s[:, -keep:], all_r[:, -keep:], state.window, rebuilt=False)
     kind = stepping(model)
     if kind is Stepping.ATTENTION:
         grown.layers = append_rows(model, state.layers, questions, _widen(skills, width), responses)
@@ -202,14 +232,6 @@ def predict_next(model: KTModel, state: StepState, candidate_questions: Tensor, 
     else:
         logits = _recompute(model, state, candidate_questions, candidate_skills)
     return torch.sigmoid(logits.float())
-
-
-def cached_logits(model: KTModel, layers: LayerCache, candidate_questions: Tensor,
-                  candidate_skills: Tensor) -> Tensor:
-    """Logits [B, C] of candidates (questions [B, C], skill sets [B, C, K]) against a learner's cached layers."""
-    ctx = StepContext.candidates(layers, present(candidate_skills))
-    responses = torch.full_like(candidate_questions, CANDIDATE_RESPONSE)
-    return model.compute(candidate_questions, candidate_skills, responses, ctx, Collector())[0]   # [B, C]
 
 
 def recurrent_logits(model: DKT, hidden: Tensor, candidate_skills: Tensor) -> Tensor:

@@ -12,6 +12,9 @@ their unchanged `compute` runs on new rows only when handed a `StepContext`:
   query's OWN slot, exactly as the rank layout's candidates (context.py). Nothing is stored.
 A layer's cached columns are found by its attention layer's name; prefix sums by that name and
 the order of the `prefix_sum` calls inside the layer (the router's numerator, then its count).
+Band models (context `band` = W) keep only the last W - 1 columns (`LayerCache.last`): a row never
+sees further back, so the rolling buffer is exact at any history length; `count` carries the number of
+interactions before the buffer's end (positions are counted from the learner's first interaction).
 """
 from __future__ import annotations
 
@@ -33,10 +36,23 @@ class LayerCache:
     valid: Tensor                                                  # [B, P] bool: the column holds an interaction
     keys: dict[str, KeyValues] = field(default_factory=dict)       # layer name -> (keys, values)
     sums: dict[str, list[Tensor]] = field(default_factory=dict)    # layer name -> running prefix sums [B, 1, E]
+    count: Tensor | None = None     # [B, 1] long: interactions so far (None: the valid columns, nothing dropped)
 
     @property
     def width(self) -> int:
         return self.valid.shape[1]
+
+    def seen(self) -> Tensor:
+        """[B, 1] long: the learner's interactions so far (dropped columns included)."""
+        return self.count if self.count is not None else self.valid.long().sum(1, keepdim=True)
+
+    def last(self, width: int) -> "LayerCache":
+        """The cache of the last `width` columns (a band model's rolling buffer); sums and count kept."""
+        if self.width <= width:
+            return self
+        return LayerCache(valid=self.valid[:, -width:],
+                          keys={n: (k[..., -width:, :], v[..., -width:, :]) for n, (k, v) in self.keys.items()},
+                          sums=self.sums, count=self.seen())
 
     def nbytes(self) -> int:
         """Bytes of the cached tensors (keys, values, sums and the validity mask)."""
@@ -53,34 +69,39 @@ class StepContext(SequenceContext):
     _calls: int = 0                     # prefix_sum calls made inside it so far
 
     @classmethod
-    def append(cls, cache: LayerCache, valid: Tensor) -> "StepContext":
+    def append(cls, cache: LayerCache, valid: Tensor, band: int = 0) -> "StepContext":
         """k new rows, valid [B, k] (every one holds an interaction, or the first step's padding)."""
         P, k = cache.width, valid.shape[1]
         dev = valid.device
         rows, columns = torch.arange(P, P + k, device=dev), torch.arange(P + k, device=dev)
         distance = (rows[:, None] - columns[None, :]).to(torch.float32)                     # [k, P+k]
-        seen = cache.valid.long().sum(1, keepdim=True)                                       # [B, 1]
+        seen = cache.seen()                                                                  # [B, 1]
         positions = (seen + valid.long().cumsum(1) - 1).clamp(min=0)                          # [B, k]
-        grown = LayerCache(valid=torch.cat([cache.valid, valid], dim=1))                     # [B, P+k]
+        grown = LayerCache(valid=torch.cat([cache.valid, valid], dim=1),                     # [B, P+k]
+                           count=seen + valid.long().sum(1, keepdim=True))
         return cls(valid=valid, positions=positions, distance=distance, index=rows,
-                   visible=torch.ones_like(distance, dtype=torch.bool), cache=cache, stored=grown)
+                   visible=torch.ones_like(distance, dtype=torch.bool), band=band, cache=cache, stored=grown)
 
     @classmethod
-    def candidates(cls, cache: LayerCache, valid: Tensor) -> "StepContext":
+    def candidates(cls, cache: LayerCache, valid: Tensor, band: int = 0) -> "StepContext":
         """C candidate rows, valid [B, C] (padding candidates: False)."""
         P, C = cache.width, valid.shape[1]
         dev = valid.device
         to_history = (P - torch.arange(P, device=dev)).to(torch.float32)                    # [P]
         distance = torch.cat([to_history.expand(C, P), torch.zeros(C, 1, device=dev)], dim=1)   # [C, P+1]
-        seen = cache.valid.long().sum(1, keepdim=True)                                       # [B, 1]
+        seen = cache.seen()                                                                  # [B, 1]
         return cls(valid=valid, positions=seen.expand(-1, C), distance=distance,
                    index=torch.full((C,), P, dtype=torch.long, device=dev),
-                   visible=torch.ones_like(distance, dtype=torch.bool), cache=cache, own=True)
+                   visible=torch.ones_like(distance, dtype=torch.bool), band=band, cache=cache, own=True)
 
     @property
     def width(self) -> int:
         """P, the number of cached columns."""
         return self.cache.width
+
+    @property
+    def plain_keys(self) -> bool:
+        return not self.own
 
     # -- the cached columns ----------------------------------------------------------------------
     def extend(self, name: str, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -127,7 +148,8 @@ class StepContext(SequenceContext):
         raise ValueError("key_table: the step layout has per-query key columns (use table)")
 
     def restrict(self, weights: Tensor) -> Tensor:
-        return weights                         # every key column may be seen by every row (masks decide)
+        """Every key column may be seen by every row (masks decide), within the band."""
+        return weights * self.in_band().to(weights.dtype) if self.band else weights
 
     def scores(self, q: Tensor, k: Tensor) -> Tensor:
         """q [B, h, rows, d], k [B, h, columns (append) or P + rows (candidates), d] -> [B, h, rows, K]."""
