@@ -43,9 +43,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="rewrite each attention core into one onnxruntime MultiHeadAttention op where the attention "
                         "kind allows (faster at batch 32, slower at 512 here: docs/benchmarks.md, "
                         "'Fused attention'; off by default)")
-    p.add_argument("--step-graphs", action="store_true",
-                   help="also write the step graphs (step_start / step_append / step_next.onnx: a learner's state "
-                        "appended one interaction at a time; docs/training.md, 'Step graphs'); off by default")
+    steps = p.add_mutually_exclusive_group()
+    steps.add_argument("--no-step-graphs", dest="step_graphs", action="store_false",
+                       help="leave out the step graphs (step_start / step_append / step_next.onnx: a learner's state "
+                            "that the gateway appends answers to; docs/training.md, 'Step graphs'), written by default")
+    steps.add_argument("--step-graphs", dest="step_graphs", action="store_true",
+                       help="write the step graphs (the default; kept for scripts that name it)")
+    p.set_defaults(step_graphs=True)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -184,6 +184,9 @@ def _serving_options(options: TritonModelOptions | None, backend: Backend, ckpt,
     stepped = step_graphs_of(ckpt.model) if step_graphs and target.steps and options.graph == signature.RANK.name \
         else None
     options.step_state = stepped.state_kind if stepped else None
+    if ckpt.config.model.band and stepped is None:
+        raise UserError("a band model (model.context=band) is served through its step graphs beyond its band: export "
+                        "it to the python backend, without --no-step-graphs")
     return options, target
 
 
@@ -285,7 +288,8 @@ def _model_info(ckpt, run: Path, name: str, options: TritonModelOptions, quantiz
                      backend=options.backend.value, quantization=quantize,
                      parity_max_abs_diff=exported["score"].report.max_abs_diff, served_graph=options.graph,
                      rank_parity_max_abs_diff=exported["rank"].report.max_abs_diff,
-                     explain_parity_max_abs_diff=_explain_parity(exported), provenance=provenance)
+                     explain_parity_max_abs_diff=_explain_parity(exported), provenance=provenance,
+                     context=model.context.value)
 
 
 def _explain_parity(exported: dict[str, Exported]) -> float:

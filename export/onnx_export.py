@@ -228,11 +228,13 @@ def export_rank_inputs_graph(served: nn.Module, graph: signature.Graph, path: Pa
 
 
 def dynamic_axes(max_len: int, graph: signature.Graph) -> dict:
-    """Each input's dynamic axes, by axis name: batch, seq (2 .. max_len), history (1 .. max_len - 1),
-    candidates, skills (every graph; any other axis, e.g. a step state's layers or heads, stays fixed)."""
+    """Each input's dynamic axes, by axis name: batch, seq (2 .. max_len), history (1 .. max_len - 1), appended
+    (1 .. max_len - 1), candidates, skills (every graph; any other axis, e.g. a step state's layers or heads,
+    stays fixed)."""
     dims = {"batch": torch.export.Dim("batch", min=1, max=1 << 16),
             "seq": torch.export.Dim("seq", min=2, max=max_len),
             "history": torch.export.Dim("history", min=1, max=max_len - 1),
+            "appended": torch.export.Dim("appended", min=1, max=max(max_len - 1, 2)),
             "candidates": torch.export.Dim("candidates", min=1, max=1 << 16),
             "skills": torch.export.Dim("skills", min=1, max=MAX_SKILLS)}
     return {spec.name: {i: dims[axis] for i, axis in enumerate(spec.axes) if axis in dims} for spec in graph.inputs}

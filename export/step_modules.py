@@ -4,8 +4,9 @@ fixed right-aligned buffers of `history` columns.
 
 Attention: step_start runs the step path's append on an empty cache with every history column (padding
 columns included: their keys are never visible), so the cache keeps the history's width; step_append
-appends one row after the `history` cached columns (window index `history`, the candidate's index in the
-rank layout) and drops the oldest column, padding while the learner has fewer than `history` kept.
+appends k rows after the `history` cached columns (window indices `history` ..) and keeps the last
+`history` columns, padding while the learner has fewer than `history` kept; the state's length counts
+every interaction (a band model's positions), its columns the last `history` of them.
 DKT: step_append and step_next are the step path's; step_start runs the model's LSTM over
 [padding..., start, interactions] where an extra input channel, set on padding steps only, closes the
 LSTM's input gate (weight -1e4: the gate is 0 in float32), so padding steps keep the zero initial state
@@ -61,7 +62,7 @@ class StateLayout:
         """The LayerCache of a flat state: column j of P is valid where j >= P - length."""
         P = keys.shape[3]
         columns = torch.arange(P, device=keys.device)
-        cache = LayerCache(valid=columns[None, :] >= P - length[:, None])                  # [B, P]
+        cache = LayerCache(valid=columns[None, :] >= P - length[:, None], count=length[:, None])   # [B, P]
         cache.keys = {name: (keys[:, i], values[:, i]) for i, name in enumerate(self.layers)}
         start = 0
         for name, widths in self.sums:
@@ -91,15 +92,16 @@ class AttentionStart(_OverModel):
 
 
 class AttentionAppend(_OverModel):
-    """state + one interaction per learner (question, response [B], skills [B, K]) -> the updated state."""
+    """state + k interactions per learner (question, response [B, k], skills [B, k, K]) -> the updated state."""
 
     def forward(self, state_length: Tensor, state_keys: Tensor, state_values: Tensor, state_sums: Tensor,
                 append_question: Tensor, append_skills: Tensor, append_response: Tensor):
+        P = state_keys.shape[3]
         cache = self.layout.unpack(state_length, state_keys, state_values, state_sums)
-        grown = append_rows(self.model, cache, append_question[:, None], append_skills[:, None],
-                            append_response[:, None])                                      # P + 1 columns
+        grown = append_rows(self.model, cache, append_question, append_skills, append_response)   # >= P columns
         keys, values, sums = self.layout.pack(grown)
-        return state_length + 1, keys[:, :, :, 1:], values[:, :, :, 1:], sums             # the oldest dropped
+        k = append_question.shape[1]
+        return state_length + k, keys[:, :, :, -P:], values[:, :, :, -P:], sums           # the oldest dropped
 
 
 class AttentionNext(_OverModel):
@@ -142,13 +144,12 @@ class RecurrentStart(_OverModel):
 
 
 class RecurrentAppend(_OverModel):
-    """state + one interaction per learner -> the updated state (one LSTM step)."""
+    """state + k interactions per learner -> the updated state (k LSTM steps)."""
 
     def forward(self, state_length: Tensor, state_hidden: Tensor, state_cell: Tensor,
                 append_question: Tensor, append_skills: Tensor, append_response: Tensor):
-        h, c = append_recurrent(self.model, (state_hidden[None], state_cell[None]), append_skills[:, None],
-                                append_response[:, None])
-        return state_length + 1, h[0], c[0]
+        h, c = append_recurrent(self.model, (state_hidden[None], state_cell[None]), append_skills, append_response)
+        return state_length + append_question.shape[1], h[0], c[0]
 
 
 class RecurrentNext(_OverModel):

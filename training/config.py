@@ -168,9 +168,9 @@ class ModelConfig:
 
     @property
     def table_len(self) -> int:
-        """Rows of the learner-independent bias tables: the window, or for a band model the W - 1 cached
-        columns plus a chunk of up to W new rows (training/models/band.py)."""
-        return 2 * self.max_len if self.context is Context.BAND else self.max_len
+        """Rows of the learner-independent bias tables: W - 1 cached columns plus up to W new rows (a band
+        model's chunk, training/models/band.py; a step graph's appended rows)."""
+        return 2 * self.max_len
 
     @property
     def leaks_future(self) -> bool:

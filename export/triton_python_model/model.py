@@ -90,6 +90,7 @@ class TritonPythonModel:
         self.model_name = args["model_name"]
         folder = os.path.join(args["model_repository"], args["model_version"])
         self.n_questions, self.n_skills = _id_bounds(folder, params)
+        self.band = _info(folder).get("context") == "band"      # a band model's state_length has no bound
         self.window = int(params[PARAM_WINDOW]) if params.get(PARAM_WINDOW, "").isdigit() else None
         self.graph = params.get(PARAM_GRAPH, "") or "score"
         if self.graph not in GRAPHS:
@@ -286,8 +287,10 @@ class TritonPythonModel:
             if name in RESPONSE_INPUTS and a.size and (a.min() < -1 or a.max() > 1):
                 return None, f"input '{name}' must hold only -1, 0 or 1"
         length = arrays.get(STATE_LENGTH)
-        if length is not None and self.window is not None and length.size and (
-                length.min() < 0 or length.max() > self.window - 1):
+        if length is not None and length.size and length.min() < 0:
+            return None, f"input '{STATE_LENGTH}' must be >= 0"
+        if length is not None and self.window is not None and not self.band and length.size and (
+                length.max() > self.window - 1):
             return None, f"input '{STATE_LENGTH}' must be in [0, {self.window - 1}]"
         return arrays, None
 
@@ -321,16 +324,21 @@ def _error(message, code):
     return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message, code))
 
 
-def _id_bounds(folder, params):
-    """(n_questions, n_skills): valid ids are [0, n). From the version folder's model_info.json, so a
-    version with a grown vocabulary needs no other config.pbtxt; for a version whose model_info.json
-    lacks them (or has none), from the config parameters N_QUESTIONS / N_SKILLS."""
+def _info(folder):
+    """The version folder's model_info.json as a dict ({} when missing or unreadable)."""
     try:
         with open(os.path.join(folder, INFO_FILE), encoding="utf-8") as f:
             info = json.load(f)
     except (OSError, ValueError):
         info = None
-    info = info if isinstance(info, dict) else {}
+    return info if isinstance(info, dict) else {}
+
+
+def _id_bounds(folder, params):
+    """(n_questions, n_skills): valid ids are [0, n). From the version folder's model_info.json, so a
+    version with a grown vocabulary needs no other config.pbtxt; for a version whose model_info.json
+    lacks them (or has none), from the config parameters N_QUESTIONS / N_SKILLS."""
+    info = _info(folder)
     bounds = []
     for field, key in INFO_BOUNDS:
         value = info.get(field)

@@ -10,9 +10,10 @@
 
 This dataclass owns the schema: `to_json` writes it, `from_json` checks it and raises
 ModelInfoError naming the file and the field. Format 1 (before the contract existed) had flat
-"inputs"/"outputs" lists for the one graph; it is still read. A version exported with --step-graphs
-also has "step_graphs" (the step graphs' names -> inputs/outputs, routerkt/contract/step_signature.py)
-and "step_parity_max_abs_diff"; both keys are absent otherwise (and in older files).
+"inputs"/"outputs" lists for the one graph; it is still read. A version exported with its step graphs
+(the default) also has "step_graphs" (the step graphs' names -> inputs/outputs,
+routerkt/contract/step_signature.py) and "step_parity_max_abs_diff"; both keys are absent otherwise (and
+in older files). "context" is "window" (absent in older files) or "band" (training/config.py Context).
 """
 from __future__ import annotations
 
@@ -39,6 +40,9 @@ def _graph_names() -> dict[str, dict[str, list[str]]]:
     return {g.name: {"inputs": list(g.input_names), "outputs": list(g.output_names)} for g in GRAPHS.values()}
 
 
+CONTEXTS = ("window", "band")     # training/config.py Context
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     """One model version, as export describes it to serving."""
@@ -63,6 +67,12 @@ class ModelInfo:
     provenance: dict[str, str] = field(default_factory=dict)
     step_graphs: dict[str, dict[str, list[str]]] = field(default_factory=dict)   # empty: no step graphs
     step_parity_max_abs_diff: float = math.nan
+    context: str = "window"         # window: the last window - 1 interactions; band: the whole history (step graphs)
+
+    @property
+    def band(self) -> bool:
+        """A band model: its prediction reads the whole history through its step state (no window edge)."""
+        return self.context == "band"
 
     @property
     def step_state(self) -> str | None:
@@ -104,13 +114,15 @@ class ModelInfo:
                 raise ModelInfoError(f"{where}: '{key}' must be an integer >= 0, got {value!r}")
             kwargs[key] = value
         for key in ("preset", "backbone", "attention", "heads", "routing_scope", "backend", "quantization",
-                    "padding", "served_graph"):
+                    "padding", "served_graph", "context"):
             if key in d:
                 if not isinstance(d[key], str):
                     raise ModelInfoError(f"{where}: '{key}' must be a string, got {d[key]!r}")
                 kwargs[key] = d[key]
         if kwargs.get("served_graph", "score") not in GRAPHS:
             raise ModelInfoError(f"{where}: served_graph must be one of {sorted(GRAPHS)}")
+        if kwargs.get("context", "window") not in CONTEXTS:
+            raise ModelInfoError(f"{where}: context must be one of {', '.join(CONTEXTS)}")
         if kwargs.get("padding", "left") != "left":
             raise ModelInfoError(f"{where}: padding is {kwargs['padding']!r}; this code serves left padding only")
         for key in ("parity_max_abs_diff", "rank_parity_max_abs_diff", "explain_parity_max_abs_diff",

@@ -1,4 +1,4 @@
-"""The step graphs (issue 50): a learner's state that a server holds, one interaction appended at a time, and
+"""The step graphs (issue 50): a learner's state that a server holds, interactions appended to it, and
 candidates scored against it; torch-free like signature.py, whose conventions hold here (left padding, skill sets
 with a last axis `skills`, int64 ids, float32 probabilities).
 
@@ -7,24 +7,30 @@ Three graphs, one ONNX file each in the version folder (beside rank.onnx, writte
 - `step_start`: history_questions, history_responses int64 [batch, history] and history_skills int64
   [batch, history, skills], a left-padded history of up to W - 1 interactions (W = the model's window;
   serve history = W - 1, which fixes the state's `history` axis; a new learner: all padding) -> the state.
-- `step_append`: the state + ONE new interaction per learner, append_question, append_response int64
-  [batch] and append_skills int64 [batch, skills] (a real interaction: a non-empty skill set) -> the
-  updated state: the same tensors, each named `updated_<name>`, the same shapes (feed them back as
-  <name>). The oldest column is dropped and the new interaction enters at the last one, so the call is
-  exact only while the learner's kept history is shorter than W - 1 (state_length < history axis).
+- `step_append`: the state + the next `appended` interactions of each learner (1 .. W - 1, the same count for
+  every learner of a call), append_question, append_response int64 [batch, appended] and append_skills int64
+  [batch, appended, skills] (real interactions: non-empty skill sets), oldest first -> the updated state: the
+  same tensors, each named `updated_<name>`, the same shapes (feed them back as <name>). The oldest
+  `appended` columns are dropped and the new interactions enter at the last ones. A window model's call is
+  exact only while the learner's kept history stays within W - 1 (state_length + appended <= history axis);
+  a band model's (model_info `context` "band") at any length: its state is a rolling buffer.
 - `step_next`: the state + candidate_questions int64 [batch, candidates] and candidate_skills int64
   [batch, candidates, skills] -> candidate_probs float32 [batch, candidates], equal (within 1e-5) to the
   rank graph's candidate_probs on the learner's kept history (its last W - 1 interactions).
 
-The window edge (training/models/step.py): a served prediction reads the last W - 1 interactions, so once
-a learner has W - 1 kept, every cached value changes with the next answer. The caller then REBUILDS: it
-runs step_start on the learner's last W - 1 interactions (it keeps the raw history for this) instead of
-step_append. Learners of one batch may hold different kept lengths (the state is right-aligned): each
-one appends or is rebuilt on its own.
+The window edge (training/models/step.py): a window model's served prediction reads the last W - 1
+interactions, so once a learner has W - 1 kept, every cached value changes with the next answer. The caller
+then REBUILDS: it runs step_start on the learner's last W - 1 interactions instead of step_append. A band
+model has no edge: every layer's query sees at most the W - 1 positions before it, so the last W - 1 columns
+are all a later position reads; its state after a history of n > W - 1 is step_start on the first W - 1
+then step_append of the rest (in calls of up to W - 1), and every later answer is one step_append.
+Learners of one batch may hold different kept lengths (the state is right-aligned): each one appends or is
+rebuilt on its own.
 
 The state, per learner (all axes but `batch` and `history` are fixed by the model; `history` = W - 1):
 - ATTENTION (AKT, CL4KT, SimpleKT backbones, every attention kind, dense or routed heads):
-  state_length int64 [batch]: the learner's kept interactions n (0 .. W - 1);
+  state_length int64 [batch]: the learner's interactions n (a window model's kept ones, 0 .. W - 1; a band
+  model's all of them, counted from its first: SimpleKT's positions);
   state_keys, state_values float32 [batch, layers, heads, history, head_dim]: each attention layer's
   projected keys and values of the history columns, right-aligned (the last column is the most recent
   interaction, the first history - n columns are padding and never read), layers in the model's order;
@@ -66,8 +72,8 @@ ATTENTION_STATE = (STATE_LENGTH,
                    _float32("state_values", "batch", "layers", "heads", "history", "head_dim"),
                    _float32("state_sums", "batch", "sums"))
 RECURRENT_STATE = (STATE_LENGTH, _float32("state_hidden", "batch", "hidden"), _float32("state_cell", "batch", "hidden"))
-APPENDED = (_int64("append_question", "batch"), _int64("append_skills", "batch", "skills"),
-            _int64("append_response", "batch"))
+APPENDED = (_int64("append_question", "batch", "appended"), _int64("append_skills", "batch", "appended", "skills"),
+            _int64("append_response", "batch", "appended"))
 HISTORY, CANDIDATES = RANK.inputs[:3], RANK.inputs[3:]
 
 

@@ -19,7 +19,7 @@ Inference cost: biases that do not depend on the learner add no [B, H, L, L] wor
 - Relative: softmax(-|i - j| / tau + M) V = (K (V * valid)) / (K valid) with K[h, i, j] =
   exp(-(distance to j minus distance to the nearest visible key) / tau_h) on visible (i, j), a
   [H, L, L] constant at inference: two small matmuls, no softmax over [B, H, L, L].
-- Tables for max_len (band models: 2 max_len, cached columns and a chunk of rows), sliced to L
+- Tables for 2 max_len (cached columns and a chunk of appended rows), sliced to L
   (gathered at the window indices in the rank layout, see
   `SequenceContext.table`): the ALiBi ones (`alibi`, `alibi_keys`) are fixed buffers built
   in `__init__`; the relative kernel depends on the learned tau_h, so training computes it in each
