@@ -109,12 +109,17 @@ def _check_repository(repository: Path) -> None:
 
 def real_batches(config, vocab, n: int = 48) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Up to two batches of real windows from the run's data file, read by training's pipeline
-    (empty if the file is not readable)."""
+    (empty if the file is not readable); a band model's whole histories as their last max_len (what the
+    score, rank and explain graphs take)."""
+    from training.config import Protocol
     from training.data.pipeline import load_sequences, resolve_data_path
     if not resolve_data_path(config.data.path).is_file():
         return []
+    data = config.data
+    if data.protocol is Protocol.WHOLE:
+        data = dataclasses.replace(data, protocol=Protocol.RECENT, window=config.model.max_len)
     try:
-        _, seqs = load_sequences(config.data, vocab)
+        _, seqs = load_sequences(data, vocab)
     except UserError:
         return []
     rng = np.random.default_rng(0)

@@ -60,6 +60,22 @@ def tiny_run(synthetic_csv: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 
 
 @pytest.fixture(scope="session")
+def band_run(synthetic_csv: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny RouterKT as a band model (band 20), trained on whole histories."""
+    return train_tiny(synthetic_csv, tmp_path_factory.mktemp("runs") / "band",
+                      extra=["model.context=band", "data.protocol=whole"], epochs=1)
+
+
+@pytest.fixture(scope="session")
+def kt_band_repository(band_run: Path, synthetic_csv: Path, tmp_path_factory: pytest.TempPathFactory) -> TinyRepository:
+    """The tiny band model exported as `routerkt export` does (step graphs included)."""
+    from export.exporter import export_run
+    repo = tmp_path_factory.mktemp("band_repository")
+    result = export_run(band_run, repo, name="kt", log=lambda *_: None, step_graphs=True)
+    return TinyRepository(path=repo, name=result.name, run=band_run, data=synthetic_csv)
+
+
+@pytest.fixture(scope="session")
 def kt_repository(tiny_run: Path, synthetic_csv: Path, tmp_path_factory: pytest.TempPathFactory) -> TinyRepository:
     from export.exporter import export_run
     repo = tmp_path_factory.mktemp("model_repository")

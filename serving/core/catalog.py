@@ -51,6 +51,7 @@ class ModelVersion:
     explain: bool = False    # the version holds explain.onnx and its config serves the explain outputs
     step_state: str | None = None   # the state kind of its step graphs (step_signature.py), None without them
     step_served: bool = False       # its config.pbtxt declares the step graphs too (Triton can run them)
+    band: bool = False              # a band model: a prediction reads the whole history (step graphs beyond W - 1)
 
     def probe_inputs(self) -> dict[str, np.ndarray]:
         """One padding-only request in the shape this version takes (warm-up and health probes)."""
@@ -165,6 +166,8 @@ class ModelCatalog:
             stepped = skill_sets and all((folder / file).is_file() for file in STEP_FILES.values())
             step_state = info.step_state if stepped else None
             step_served = step_state is not None and served_state_kind(shape.input_names) == step_state
+            if info.band and step_state is None:
+                raise UserError(f"a band model's version needs its step graphs ({', '.join(STEP_FILES.values())})")
         except (UserError, OSError, UnicodeDecodeError) as exc:
             self._broken[(name, version)] = stamp
             log.error("skipping model %s version %s: %s", name, version, str(exc).splitlines()[0])
@@ -177,7 +180,7 @@ class ModelCatalog:
                         "each set's first skill", name, version)
         return ModelVersion(name=name, version=version, window=window, max_batch_size=shape.max_batch_size,
                             vocab=vocab, graph=graph, skill_sets=skill_sets, explain=explain,
-                            step_state=step_state, step_served=step_served)
+                            step_state=step_state, step_served=step_served, band=info.band)
 
     def _stamp(self, config_path: Path, name: str, version: int) -> _Stamp | None:
         folder = self.repository / name / str(version)

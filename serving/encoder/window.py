@@ -87,10 +87,10 @@ class EncodedLearner:
 
 
 def encode_learner(learner: LearnerInput, vocab: Vocab, window: int,
-                   count_unknown: CountUnknown = lambda kind, n: None) -> EncodedLearner:
+                   count_unknown: CountUnknown = lambda kind, n: None, band: bool = False) -> EncodedLearner:
     """Map `learner` with `vocab` (ids it does not know -> UNK_ID, counted) and keep the most
-    recent window-1 interactions."""
-    keep = max(window - 1, 0)
+    recent window-1 interactions (a band model: all of them)."""
+    keep = learner.history_length if band else max(window - 1, 0)
     start = max(learner.history_length - keep, 0)
     questions, skills, unknown_questions, unknown_skills = _map(
         learner.history_questions[start:], learner.history_skills[start:], vocab)
@@ -198,7 +198,7 @@ class WindowEncoder:
         self.count_unknown = count_unknown
 
     def encode(self, learner: LearnerInput, model: ModelVersion) -> EncodedLearner:
-        return encode_learner(learner, model.vocab, model.window, self.count_unknown)
+        return encode_learner(learner, model.vocab, model.window, self.count_unknown, model.band)
 
     def inferences(self, learners: list[EncodedLearner], model: ModelVersion, rows_limit: int) -> list[Inference]:
         """Whole learners per inference, at most `rows_limit` rows each (learners: rank; candidates: score)."""

@@ -37,7 +37,8 @@ from serving.pipeline.parts import (BackendError, Encoder, FailureKind, HistoryS
                            PredictionRecord, PredictionSink, Route, VersionPolicy)
 from serving.core.calls import Deadline, LearnerPrediction, PredictQuery, PredictResult
 from serving.settings import Settings
-from serving.state.learner_states import LearnerStates, StepCall
+from serving.state.cache import StateCache
+from serving.state.learner_states import NONE, LearnerStates, StepCall
 from serving.core.validation import LearnerInput, validate_query
 
 log = logging.getLogger("routerkt.gateway.service")
@@ -62,6 +63,8 @@ class PredictionService:
         self.sink = sink
         self.issue_prediction_ids = issue_prediction_ids
         self.states = states                                  # the learner-state path (serving/state/), or None
+        # a band model's history beyond W - 1 goes through its step graphs, uncached without a state cache
+        self._band_steps = states or LearnerStates(StateCache(0), None)
         self._slots = asyncio.Semaphore(settings.max_inflight)
         self._inflight = 0
         self._queued = 0                                     # calls waiting for a slot
@@ -245,6 +248,9 @@ class PredictionService:
         a large PredictBatch queues one small inference at a time in Triton and the inferences of
         other callers get in between (fair sharing; its own latency is about the sum of its parts).
         `candidates_per_infer` (> 0) replaces rank_candidates_per_infer (Mastery: a vocabulary in one call)."""
+        long = [i for i, learner in enumerate(learners) if model.band and learner.history_used > model.window - 1]
+        if long:
+            return await self._infer_band(model, learners, long, deadline, candidates_per_infer)
         rank = model.graph.name == "rank"
         limit = self.settings.rank_rows_per_infer if rank else self.settings.max_rows_per_infer
         pieces, owners = (split_candidates(learners, candidates_per_infer or self.settings.rank_candidates_per_infer)
@@ -262,10 +268,33 @@ class PredictionService:
         out = [p[0] if len(p) == 1 else np.concatenate(p) for p in parts]
         return out  # type: ignore[return-value]
 
+    async def _infer_band(self, model: ModelVersion, learners: list[EncodedLearner], long: list[int],
+                          deadline: Deadline, candidates_per_infer: int) -> list[np.ndarray]:
+        """`infer` where the learners `long` have more than W - 1 interactions for a band model: those through
+        its step graphs (rebuilt, not cached: stateless), the others as usual."""
+        if not self.backend.steps(model):
+            raise errors.failed_precondition(f"model {shown(model.name)} version {model.version} is a band model and "
+                                             "this backend does not run its step graphs (needed beyond "
+                                             f"{model.window - 1} answers)")
+        rows = max(1, min(self.settings.rank_rows_per_infer, model.max_batch_size))
+        stepped = await self._band_steps.predict(model, [NONE] * len(long), [learners[i] for i in long],
+                                                 self.step_runner(model, deadline), rows,
+                                                 candidates_per_infer or self.settings.rank_candidates_per_infer)
+        short = [i for i in range(len(learners)) if i not in set(long)]
+        rest = await self.infer(model, [learners[i] for i in short], deadline, candidates_per_infer) if short else []
+        out: list[np.ndarray] = [np.empty(0, np.float32)] * len(learners)
+        for i, probs in zip(long + short, list(stepped) + list(rest)):
+            out[i] = probs
+        return out
+
     async def infer_outputs(self, model: ModelVersion, learner: EncodedLearner, outputs: tuple[str, ...],
                             deadline: Deadline) -> dict[str, np.ndarray]:
         """The named `outputs` of `model`'s graph for one encoded learner, in one backend call within
         the deadline (explain: the explain graph's outputs); backend failures as `client_error`."""
+        if model.band and learner.history_used > model.window - 1:
+            raise errors.failed_precondition(f"model {shown(model.name)} is a band model: its explanations cover "
+                                             f"histories of at most {model.window - 1} answers, this one has "
+                                             f"{learner.history_used}")
         feeds = self.encoder.inferences([learner], model, 1)[0].feeds
         return await self._backend_call(model, deadline, lambda timeout: self.backend.infer_outputs(
             model, feeds, outputs, timeout))

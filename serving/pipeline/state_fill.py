@@ -70,7 +70,7 @@ class StateFill:
             if not self.service.backend.steps(model):
                 continue
             # no unknown-id count here: the learner's next Predict counts its history's
-            encoded = encode_learner(new, model.vocab, model.window)
+            encoded = encode_learner(new, model.vocab, model.window, band=model.band)
             run = self.service.step_runner(model, Deadline.after(self.service.settings.default_deadline_s))
             try:
                 result = await self.states.observed(model, learner_key, encoded, run)

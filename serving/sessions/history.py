@@ -28,7 +28,9 @@ class SessionHistory:
     async def complete(self, learner: LearnerInput, model: ModelVersion, deadline: Deadline) -> LearnerInput:
         if not learner.learner_id:
             return learner
-        stored = await self.sessions.history(learner.learner_id, max(model.window - 1, 0), deadline)
+        # a band model reads the whole retained history (its state covers it), a window model its last W - 1
+        limit = self.sessions.settings.store_keep if model.band else max(model.window - 1, 0)
+        stored = await self.sessions.history(learner.learner_id, max(limit, model.window - 1, 0), deadline)
         # a stored skill this version does not know is mapped to the unknown id by the encoder, as in a request
         return LearnerInput(stored.questions, stored.skills, stored.correct, learner.candidate_questions,
                             learner.candidate_skills, learner.prefix, learner.learner_id,

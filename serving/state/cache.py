@@ -17,22 +17,28 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from routerkt.contract.signature import PAD_ID
+from serving.state.fingerprint import fingerprint
 
 Key = tuple[str, int, str]            # (model, version, learner key)
 
 
 @dataclass(frozen=True)
 class LearnerState:
-    """One learner's state for one model version, and the kept history it was computed from."""
+    """One learner's state for one model version, and the history it was computed from: the kept interactions
+    themselves and, for a band model's state that covers more (its rolling buffer), the `offset` interactions
+    before them as a fingerprint (serving/state/fingerprint.py), so the entry's size is bounded at any length."""
 
     questions: np.ndarray              # int64 [n] the kept history in model ids, oldest first
     skills: np.ndarray                 # int64 [n, K] its skill sets, PAD_ID in unused slots
     responses: np.ndarray              # int64 [n]
     tensors: dict[str, np.ndarray] = field(repr=False)    # the step graphs' state tensors, each [1, ...]
+    offset: int = 0                    # interactions before the kept ones that the state covers (band models)
+    prior: int = 0                     # their fingerprint
 
     @property
     def length(self) -> int:
-        return int(self.questions.shape[0])
+        """Interactions the state covers."""
+        return self.offset + int(self.questions.shape[0])
 
     @property
     def nbytes(self) -> int:
@@ -43,11 +49,13 @@ class LearnerState:
         """How many interactions the history (questions [m], skills [m, K'], responses [m]) adds to this
         state's (m - n), or None when this state's history is not its prefix (a new event order, a
         window that slid, a forgotten and re-observed learner)."""
-        n = self.length
+        n, k = self.length, self.offset
         if questions.shape[0] < n:
             return None
-        if not (np.array_equal(questions[:n], self.questions) and np.array_equal(responses[:n], self.responses)
-                and same_sets(skills[:n], self.skills)):
+        if k and fingerprint(questions[:k], skills[:k], responses[:k]) != self.prior:
+            return None
+        if not (np.array_equal(questions[k:n], self.questions) and np.array_equal(responses[k:n], self.responses)
+                and same_sets(skills[k:n], self.skills)):
             return None
         return int(questions.shape[0]) - n
 

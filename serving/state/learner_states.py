@@ -10,6 +10,10 @@ cache entry of (model, version, learner key) decides, by the kept history the en
 - miss (no entry) or stale (not a prefix: a new event order, a window that slid past W - 1, a
   forgotten learner observed again, more than max_appends added) -> step_start on the kept history
   (the rebuild of routerkt/contract/step_signature.py, exact at the window edge), then step_next.
+A band model (ModelVersion.band) keeps the whole history (the store's retained events): its window never
+slides, so an added answer is always `appended`; its rebuild is step_start on the first W - 1 interactions
+and step_append of the rest, W - 1 at a time. Its entry keeps the last W - 1 interactions and a
+fingerprint of the ones before (serving/state/cache.py), a fixed size at any length.
 Every path gives the rank graph's probabilities on the same kept history (<= 1e-5; the e2e and
 integration tests compare them), so a miss or an eviction costs time, never a different answer.
 The new state is cached after the call. Learners are taken in chunks of at most `rows` per backend
@@ -37,6 +41,7 @@ from routerkt.contract.signature import PAD_ID
 from routerkt.contract.step_signature import STEP_GRAPHS, UPDATED
 from serving.encoder.window import EncodedLearner, candidate_width, history_row, split_candidates, widen
 from serving.state.cache import LearnerState, StateCache
+from serving.state.fingerprint import extend
 
 if TYPE_CHECKING:
     from serving.core.catalog import ModelVersion
@@ -51,11 +56,14 @@ HISTORY = "history:"     # prefix-cache keys: a content hash, apart from the key
 
 @dataclass(frozen=True)
 class Keys:
-    """Where one learner's state is looked up and stored."""
+    """Where one learner's state is looked up and stored (`NONE`: nowhere, the step path only)."""
 
     kind: str                        # learner | history: the lookups metric's `key` label
     store: str                       # the entry written after the call
     tried: tuple[str, ...]           # the entries looked up, the longest history first
+
+
+NONE = Keys("none", "", ())
 
 
 @dataclass
@@ -66,6 +74,8 @@ class _Learner:
     state: LearnerState | None       # the cached entry, then the updated one
     appends: int | None              # interactions to append; None: rebuild
     found: str | None = None         # the key the cached entry was found under
+    base: int = 0                    # interactions before `encoded`'s first (Observe's fill: the entry's offset)
+    prior: int = 0                   # their fingerprint
 
 
 class LearnerStates:
@@ -119,7 +129,8 @@ class LearnerStates:
             for plan in chunk:
                 if plan.found is not None and plan.found != plan.keys.store:
                     self.cache.forget(plan.found)            # a shorter history's entry, now superseded
-                self.cache.put(model.name, model.version, plan.keys.store, plan.state)
+                if plan.keys.store:                          # NONE: a stateless band model's long history
+                    self.cache.put(model.name, model.version, plan.keys.store, plan.state)
             for plan, probs in zip(chunk, await self._next(model, chunk, run, candidates)):
                 out[plan.index] = probs
         return out
@@ -133,7 +144,7 @@ class LearnerStates:
         count = new.history_used
         if state is None or count == 0:
             return None
-        if count > self.max_appends or state.length + count > max(model.window - 1, 0):
+        if count > self.max_appends or (not model.band and state.length + count > max(model.window - 1, 0)):
             self.cache.discard(model.name, model.version, learner_key)
             return "dropped"
         width = max(state.skills.shape[1], new.skills.shape[1])
@@ -141,7 +152,8 @@ class LearnerStates:
                                  np.concatenate([widen(state.skills, width), widen(new.skills, width)]),
                                  np.concatenate([state.responses, new.responses]),
                                  new.candidate_questions, new.candidate_skills)
-        plan = _Learner(0, history, self.learner_keys_of(learner_key), state, count, learner_key)
+        plan = _Learner(0, history, self.learner_keys_of(learner_key), state, count, learner_key,
+                        base=state.offset, prior=state.prior)
         await self._update(model, [plan], run)
         if self.cache.peek(model.name, model.version, learner_key) is not state:
             return "superseded"
@@ -164,34 +176,50 @@ class LearnerStates:
             if appends is not None and appends <= self.max_appends:
                 self.on_lookup(model.name, keys.kind, "hit" if appends == 0 else "appended")
                 return _Learner(index, learner, keys, state, appends, key)
-        self.on_lookup(model.name, keys.kind, "miss" if seen is None else "stale")
+        if keys.tried:
+            self.on_lookup(model.name, keys.kind, "miss" if seen is None else "stale")
         return _Learner(index, learner, keys, None, None)
 
     async def _update(self, model: ModelVersion, chunk: list[_Learner], run: StepCall) -> None:
-        """Each learner's state brought to its kept history: rebuilt together, then appended step by step."""
+        """Each learner's state brought to its history: rebuilt together, then appended step by step."""
         graphs = STEP_GRAPHS[model.step_state]
         rebuild = [p for p in chunk if p.appends is None]
         if rebuild:
-            width = max(p.encoded.skills.shape[1] for p in rebuild)
-            rows = [history_row(p.encoded, model.window, width) for p in rebuild]
-            feeds = {spec.name: np.stack([r[j] for r in rows]) for j, spec in enumerate(graphs.start.inputs)}
-            tensors = await run(graphs.start.name, feeds)
-            for k, p in enumerate(rebuild):
-                p.state = _entry(p.encoded, p.encoded.history_used, {n: t[k:k + 1] for n, t in tensors.items()})
+            await self._rebuild(model, rebuild, run)
         for step in range(max((p.appends or 0 for p in chunk), default=0)):
             moving = [p for p in chunk if p.appends is not None and p.appends > step]
-            position = [p.state.length for p in moving]                # the interaction each one appends
-            width = max(p.encoded.skills.shape[1] for p in moving)
-            feeds = {name: np.concatenate([p.state.tensors[name] for p in moving]) for name in _names(graphs.state)}
-            feeds["append_question"] = np.array([p.encoded.questions[i] for p, i in zip(moving, position)], np.int64)
-            feeds["append_response"] = np.array([p.encoded.responses[i] for p, i in zip(moving, position)], np.int64)
-            skills = np.full((len(moving), width), PAD_ID, dtype=np.int64)
-            for k, (p, i) in enumerate(zip(moving, position)):
-                skills[k, :p.encoded.skills.shape[1]] = p.encoded.skills[i]
-            feeds["append_skills"] = skills
-            tensors = await run(graphs.append.name, feeds)
-            for k, (p, i) in enumerate(zip(moving, position)):
-                p.state = _entry(p.encoded, i + 1, {n: tensors[UPDATED + n][k:k + 1] for n in _names(graphs.state)})
+            tensors = await self._append(model, moving, [p.state.length - p.base for p in moving], 1, run)
+            for k, p in enumerate(moving):
+                p.state = _entry(model, p, p.state.length + 1, {n: t[k:k + 1] for n, t in tensors.items()})
+
+    async def _rebuild(self, model: ModelVersion, rebuild: list[_Learner], run: StepCall) -> None:
+        """step_start on each learner's first W - 1 interactions (all of a window model's kept ones); a band
+        model's longer history then in step_append calls of up to W - 1 interactions, learner by learner."""
+        graphs, first = STEP_GRAPHS[model.step_state], max(model.window - 1, 0)
+        width = max(p.encoded.skills.shape[1] for p in rebuild)
+        rows = [history_row(_head(p.encoded, first), model.window, width) for p in rebuild]
+        feeds = {spec.name: np.stack([r[j] for r in rows]) for j, spec in enumerate(graphs.start.inputs)}
+        tensors = await run(graphs.start.name, feeds)
+        for k, p in enumerate(rebuild):
+            covered = min(p.encoded.history_used, first)
+            p.state = _entry(model, p, covered, {n: t[k:k + 1] for n, t in tensors.items()})
+        for p in rebuild:
+            while p.state.length < p.encoded.history_used:         # a band model past its band
+                count = min(first, p.encoded.history_used - p.state.length)
+                tensors = await self._append(model, [p], [p.state.length], count, run)
+                p.state = _entry(model, p, p.state.length + count, tensors)
+
+    async def _append(self, model: ModelVersion, moving: list[_Learner], positions: list[int], count: int,
+                      run: StepCall) -> dict[str, np.ndarray]:
+        """step_append of `count` interactions of each learner from its encoded index `positions[k]` on."""
+        graphs = STEP_GRAPHS[model.step_state]
+        width = max(p.encoded.skills.shape[1] for p in moving)
+        feeds = {name: np.concatenate([p.state.tensors[name] for p in moving]) for name in _names(graphs.state)}
+        feeds["append_question"] = np.stack([p.encoded.questions[i:i + count] for p, i in zip(moving, positions)])
+        feeds["append_response"] = np.stack([p.encoded.responses[i:i + count] for p, i in zip(moving, positions)])
+        feeds["append_skills"] = np.stack([widen(p.encoded.skills[i:i + count], width) for p, i in zip(moving, positions)])
+        tensors = await run(graphs.append.name, feeds)
+        return {n: tensors[UPDATED + n] for n in _names(graphs.state)}
 
     async def _next(self, model: ModelVersion, chunk: list[_Learner], run: StepCall, limit: int) -> list[np.ndarray]:
         """step_next over the chunk's learners, candidates in pieces of at most `limit`."""
@@ -230,8 +258,20 @@ def _names(state) -> list[str]:
     return [spec.name for spec in state]
 
 
-def _entry(learner: EncodedLearner, length: int, tensors: dict[str, np.ndarray]) -> LearnerState:
-    """The cache entry of the learner's first `length` kept interactions (arrays copied: a batch's
-    output is not kept alive by one learner's slice)."""
-    return LearnerState(np.array(learner.questions[:length]), np.array(learner.skills[:length]),
-                        np.array(learner.responses[:length]), {n: np.array(t) for n, t in tensors.items()})
+def _head(learner: EncodedLearner, n: int) -> EncodedLearner:
+    """The learner with its first `n` history interactions only."""
+    return EncodedLearner(learner.questions[:n], learner.skills[:n], learner.responses[:n],
+                          learner.candidate_questions, learner.candidate_skills)
+
+
+def _entry(model: ModelVersion, plan: _Learner, length: int, tensors: dict[str, np.ndarray]) -> LearnerState:
+    """The cache entry of the learner's first `length` interactions (arrays copied: a batch's output is not
+    kept alive by one learner's slice). A band model's entry keeps the last W - 1 of them and the
+    fingerprint of the ones before."""
+    learner, base = plan.encoded, plan.base
+    keep = max(length - (model.window - 1), base) if model.band else base
+    prior = extend(plan.prior, *(a[:keep - base] for a in (learner.questions, learner.skills, learner.responses)))
+    end = length - base
+    return LearnerState(np.array(learner.questions[keep - base:end]), np.array(learner.skills[keep - base:end]),
+                        np.array(learner.responses[keep - base:end]), {n: np.array(t) for n, t in tensors.items()},
+                        offset=keep, prior=prior)

@@ -17,7 +17,7 @@ from serving.state.learner_states import LearnerStates
 
 pytestmark = pytest.mark.unit
 
-MODEL = SimpleNamespace(name="m", version=1, window=8, step_state=RECURRENT)
+MODEL = SimpleNamespace(name="m", version=1, window=8, step_state=RECURRENT, band=False)
 STATE = [spec.name for spec in STEP_GRAPHS[RECURRENT].state]
 
 
@@ -42,7 +42,7 @@ class Steps:
 
     async def __call__(self, graph: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         assert graph == "step_append"
-        self.appended += feeds["append_question"].tolist()
+        self.appended += feeds["append_question"][:, 0].tolist()     # [batch, appended]: one at a time here
         self.during()
         return {UPDATED + name: feeds[name] + 1 for name in STATE}
 
