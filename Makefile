@@ -57,7 +57,7 @@ $(DEFAULT_RUN)/metrics.json: | $(DEFAULT_DATA) install
 	$(RKT) train --data $(DEFAULT_DATA) --preset $(DEFAULT_MODEL) --folds 1 --epochs 4 --set train.batch_size=64 --out $(DEFAULT_RUN)
 
 model_repository/$(DEFAULT_MODEL)/config.pbtxt: | $(DEFAULT_RUN)/metrics.json install
-	$(RKT) export --run $(DEFAULT_RUN) --repository model_repository --name $(DEFAULT_MODEL) --step-graphs
+	$(RKT) export --run $(DEFAULT_RUN) --repository model_repository --name $(DEFAULT_MODEL)
 
 serve: install model_repository/$(DEFAULT_MODEL)/config.pbtxt
 	$(RKT) serve --repository model_repository --sample-model $(DEFAULT_MODEL)

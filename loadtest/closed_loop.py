@@ -6,9 +6,11 @@ per failed call: the gRPC status code name, else the exception's class) and the 
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -58,3 +60,12 @@ def summary(latencies: list[float], failures: list[str], wall: float) -> dict:
             "calls_per_s": len(latencies) / wall if wall > 0 else 0.0,
             "p50_ms": float(np.percentile(ms, 50)) if len(ms) else None,
             "p99_ms": float(np.percentile(ms, 99)) if len(ms) else None}
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (Linux /proc; 0.0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0

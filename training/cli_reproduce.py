@@ -27,6 +27,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epochs", type=int, default=300)
     p.add_argument("--set", dest="overrides", action="append", default=[], help="override for every run")
     p.add_argument("--report", action="store_true", help="only write OUT/RESULTS.md from finished runs")
+    p.add_argument("--protocols", action="store_true",
+                   help="only score every finished run under OUT by the paper's and the served protocol "
+                        "(cached per run) and write OUT/PROTOCOLS.md, window against band by fold")
     p.add_argument("--diversity", action="store_true",
                    help="attention-pattern analysis (Spearman/SSIM, heatmaps) of the finished runs of "
                         "--datasets x --presets")
@@ -52,6 +55,10 @@ def run(args: argparse.Namespace) -> int:
                 raise UserError(str(exc)) from None
             print(f"wrote {path}")
         write_report(out)
+        return 0
+    if args.protocols:
+        from training.served_protocol import write_table
+        print(f"wrote {write_table(out)}")
         return 0
     if args.report:
         path = write_report(out)

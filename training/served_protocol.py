@@ -166,3 +166,57 @@ def protocols(run: Path) -> dict:
         out["served_slid"] = aggregate([f["served"]["slid"] for f in folds], KEYS)
     atomic_write_json(cache, out)
     return out
+
+
+BAND = "+context=band"         # a variant folder's band version (training/variants.py)
+
+
+def _cell(stats: dict | None, key: str = "auc") -> str:
+    if not stats:
+        return "-"
+    return f"{stats[key]['mean']:.4f}"
+
+
+def _paired(window: dict, band: dict, part: str) -> str:
+    """Mean and per-fold band - window AUC of the folds both runs finished (same folds and seeds)."""
+    w = {f["fold"]: f for f in window.get("folds", [])}
+    pairs = [(b, w[b["fold"]]) for b in band.get("folds", []) if b["fold"] in w]
+    if not pairs:
+        return "-"
+
+    def auc(f: dict) -> float:
+        return f["paper"]["auc"] if part == "paper" else f["served"]["all" if part == "served" else "slid"]["auc"]
+    diffs = [auc(b) - auc(wf) for b, wf in pairs]
+    return f"{np.mean(diffs):+.4f} ({', '.join(f'{d:+.4f}' for d in diffs)})"
+
+
+def write_table(out: Path) -> Path:
+    """OUT/PROTOCOLS.md: paper and served protocol of every run under OUT/<dataset>/<variant>/ (computed and
+    cached per run), and each window variant against its band version, fold by fold."""
+    out = Path(out)
+    rows, pairs = [], []
+    for run in sorted(p.parent for p in out.glob("*/*/folds.json")):
+        if not _finished(run):
+            continue
+        table = protocols(run)
+        dataset, variant = run.parent.name, run.name
+        first = table["folds"][0]["served"]
+        rows.append(f"| {dataset} | {variant} | {len(table['folds'])} | {_cell(table.get('paper'))} | "
+                    f"{_cell(table.get('served'))} | {_cell(table.get('served_slid'))} | "
+                    f"{_cell(table.get('served'), 'logloss')} | {first['all']['n']:,} | {first['slid_share']:.0%} |")
+        if variant.endswith(BAND) and (run.parent / variant[:-len(BAND)] / CACHE).exists():
+            window = json.loads((run.parent / variant[:-len(BAND)] / CACHE).read_text())
+            pairs.append(f"| {dataset} | {variant[:-len(BAND)]} | {_paired(window, table, 'served')} | "
+                         f"{_paired(window, table, 'slid')} | {_paired(window, table, 'paper')} |")
+    lines = ["# Window and band models: the paper's protocol and the served one", "",
+             "Written by `routerkt reproduce --out OUT --protocols` (training/served_protocol.py). AUC means over the",
+             "finished folds. paper: each test learner's last W answers, each from its prefix inside them. served:",
+             "every answer of every test learner from what the server holds before it (window: the last W - 1; band:",
+             "the whole history); slid: the served answers with more than W - 1 before them. n and slid share: fold 0.",
+             "", "| dataset | variant | folds | paper AUC | served AUC | served AUC, slid | served log loss | "
+             "served n | slid share |", "|---|---|---|---|---|---|---|---|---|", *rows, "",
+             "Band minus window, paired by fold (same folds, same seeds): mean (per fold).", "",
+             "| dataset | preset | served AUC | served AUC, slid | paper AUC |", "|---|---|---|---|---|", *pairs, ""]
+    path = out / "PROTOCOLS.md"
+    path.write_text("\n".join(lines))
+    return path

@@ -18,7 +18,9 @@ keeps, then Observe the answer) and leaves, on the cache-on gateway (Observe fil
 a third gateway with the cache and --no-fill-on-observe (idle until then), and stateless on the prefix
 cache, with 1 and 8 callers, the three taking turns in 2 rounds: Predict's and Observe's p50 / p99, the
 gateway's CPU per answer, the hit rate (routerkt_state_lookups_total) and the fills
-(routerkt_state_fills_total).
+(routerkt_state_fills_total). `--pattern stored|real` runs instead learners who already have a history
+(stored: --histories long; real: placed at answer positions drawn from a real dataset), Predict by
+learner_id then Observe vs the same sent statelessly (loadtest/bench/stored_pattern.py).
 Writes OUT/incremental.json.
 """
 from __future__ import annotations
@@ -34,7 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
-from loadtest.closed_loop import run_phase, summary
+from loadtest.bench import stored_pattern
+from loadtest.closed_loop import process_cpu_s, run_phase, summary
 from loadtest.harness import GatewayProcess, add_common_flags, start_triton, stop_children_on_sigterm
 from loadtest.learners import load_vocabulary
 from routerkt.atomic import atomic_write_json
@@ -42,6 +45,7 @@ from routerkt.contract.model_info import ModelInfo
 from routerkt.contract.repository import version_dir
 from routerkt.contract.signature import INFO_FILE
 from routerkt.errors import UserError
+from training.data.pipeline import DATA_ROOT
 
 HISTORIES = (10, 50, 99, 300)
 CANDIDATES = (1, 20)
@@ -51,6 +55,7 @@ MODES = ("on", "off", "stateless", "prefix")
 RESULTS = ("hit", "appended", "miss", "stale")
 FILLS = ("filled", "dropped", "superseded", "skipped", "failed")
 BACKENDS = ("onnxruntime", "triton")
+PATTERNS = ("all", "stored", "real")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -64,6 +69,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the gateways' inference: in-process onnxruntime, or one tritonserver started here")
     p.add_argument("--histories", default=",".join(map(str, HISTORIES)), help="history lengths, comma-separated")
     p.add_argument("--callers", default=",".join(map(str, CALLERS)), help="caller counts, comma-separated")
+    p.add_argument("--pattern", choices=PATTERNS, default=PATTERNS[0],
+                   help="all: the phases and session pattern above; stored: learners with --histories answers stored, "
+                        "Predict by learner_id then Observe vs the same sent statelessly; real: the same on learners "
+                        "placed at answer positions drawn from --dataset (loadtest/bench/stored_pattern.py)")
+    p.add_argument("--dataset", default="assist2017", help="--pattern real: a dataset under --root, or a CSV path")
+    p.add_argument("--root", default=str(DATA_ROOT), help="datasets folder (default ../shared/datasets)")
 
 
 class Bench:
@@ -80,7 +91,7 @@ class Bench:
         info = ModelInfo.load(version_dir(args.repository, self.model, self.vocabulary.version) / INFO_FILE)
         if info.step_state is None:
             raise UserError(f"model {self.model!r} version {self.vocabulary.version} has no step graphs: export it "
-                            "with `routerkt export --step-graphs`")
+                            "with a plain `routerkt export` (no --no-step-graphs)")
         self.gateways, self.stubs = {}, {}
         backend = ["--backend", "onnxruntime"] if args.backend == "onnxruntime" else [
             "--backend", "triton", "--triton-url", start_triton(stack, args.repository.resolve(), args.out).grpc_url]
@@ -147,15 +158,6 @@ def _store_learners(bench: Bench, length: int) -> tuple[list[str], float]:
     return learners, gap
 
 
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process `pid` so far (Linux /proc; 0.0 elsewhere)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return 0.0
-
-
 def _phases(bench: Bench, length: int, learners: list[str], callers_list: list[int]) -> list[dict]:
     rows = []
     for n_candidates in CANDIDATES:
@@ -171,10 +173,10 @@ def _phases(bench: Bench, length: int, learners: list[str], callers_list: list[i
                     candidates = [rng.choice(bench.vocabulary.questions) for _ in range(n_candidates)]
                     bench.stubs[mode].Predict(bench.request(mode, rng.choice(learners), candidates), timeout=30)
                 gateway = bench.gateways[{"stateless": "off", "prefix": "on"}.get(mode, mode)]
-                cpu = _cpu_s(gateway.process.pid), time.process_time()
+                cpu = process_cpu_s(gateway.process.pid), time.process_time()
                 row[mode] = summary(*run_phase(call, callers, bench.args.seconds))
                 calls = max(row[mode]["calls"], 1)
-                row[mode]["gateway_cpu_ms_per_call"] = (_cpu_s(gateway.process.pid) - cpu[0]) * 1e3 / calls
+                row[mode]["gateway_cpu_ms_per_call"] = (process_cpu_s(gateway.process.pid) - cpu[0]) * 1e3 / calls
                 row[mode]["client_cpu_ms_per_call"] = (time.process_time() - cpu[1]) * 1e3 / calls
             row["on_vs_stateless"] = row["on"]["calls_per_s"] / max(row["stateless"]["calls_per_s"], 1e-9)
             row["on_vs_off"] = row["on"]["calls_per_s"] / max(row["off"]["calls_per_s"], 1e-9)
@@ -233,9 +235,9 @@ def _session_round(bench: Bench, callers: int, stateless: bool, gateway: str, ro
         with lock:
             returning.append((learner, seen))
 
-    cpu = _cpu_s(bench.gateways[gateway].process.pid)
+    cpu = process_cpu_s(bench.gateways[gateway].process.pid)
     latencies, failures, wall = run_phase(visit, callers, bench.args.seconds * 4 / SESSION_ROUNDS)
-    cpu = _cpu_s(bench.gateways[gateway].process.pid) - cpu
+    cpu = process_cpu_s(bench.gateways[gateway].process.pid) - cpu
     after, fills = bench.lookups(key, gateway), bench.fills(gateway)
     return {"key": key, "gateway": gateway, "callers": callers, "burst": bench.args.burst, "visits": len(latencies),
             "failures": len(failures), "lookups": {r: after[r] - before[r] for r in RESULTS},
@@ -274,6 +276,11 @@ def run(args: argparse.Namespace) -> int:
         stop_children_on_sigterm(stack)
         bench = Bench(args, stack)
         report["model"] = bench.model
+        if args.pattern != "all":
+            report["patterns"] = _stored_patterns(bench, args)
+            stored_pattern.print_rows(report["patterns"])
+            atomic_write_json(args.out / "incremental.json", report)
+            return 0
         for length in _ints(args.histories, "--histories"):
             learners, gap = _store_learners(bench, length)
             report["max_abs_diff"][str(length)] = gap
@@ -284,6 +291,22 @@ def run(args: argparse.Namespace) -> int:
     _print(report)
     atomic_write_json(args.out / "incremental.json", report)
     return 0
+
+
+def _stored_patterns(bench: Bench, args: argparse.Namespace) -> list[dict]:
+    """--pattern stored (every --histories length) or real (--dataset), at every --callers count."""
+    callers = _ints(args.callers, "--callers")
+    if args.pattern == "real":
+        from training.reproduce import dataset_file
+        path = Path(args.dataset) if Path(args.dataset).is_file() else dataset_file(Path(args.root), args.dataset)
+        learners, facts = stored_pattern.real(bench, path, args.seed)
+        print(f"real pattern: {facts}", file=sys.stderr)
+        return [{**row, **facts} for row in stored_pattern.run_pattern(bench, "real", learners, callers, args.seconds)]
+    rows = []
+    for length in _ints(args.histories, "--histories"):
+        rows += stored_pattern.run_pattern(bench, f"stored {length}", stored_pattern.stored(bench, length), callers,
+                                           args.seconds)
+    return rows
 
 
 def _ints(text: str, flag: str) -> list[int]:

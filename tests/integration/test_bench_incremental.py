@@ -38,3 +38,20 @@ def test_bench_incremental_compares_the_paths_and_the_fill(kt_step_repository, t
         elif key == "learner":
             assert row["lookups"]["hit"] == 0 and sum(row["fills"].values()) == 0, row
     assert "| 8 | learner | nofill |" in done.stdout
+
+
+def test_bench_incremental_stored_pattern_on_a_band_model(kt_band_repository, tmp_path) -> None:
+    """--pattern stored on the tiny band model (band 20), learners with 45 stored answers (past the band): by
+    learner_id every answer after the first is served from the cache (Observe's fill, never stale), and the
+    answers equal the same history sent (<= 1e-5); no call fails."""
+    out = tmp_path / "stored"
+    done = subprocess.run([sys.executable, "-m", "routerkt.cli", "bench", "incremental", "--pattern", "stored",
+                           "--repository", str(kt_band_repository.path), "--histories", "45", "--callers", "1",
+                           "--seconds", "1", "--learners", "2", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [row] = json.loads((out / "incremental.json").read_text())["patterns"]
+    assert row["pattern"] == "stored 45" and row["max_abs_diff"] <= 1e-5, row
+    assert row["on"]["failures"] == row["stateless"]["failures"] == 0, row
+    assert row["lookups"]["stale"] == 0 and row["lookups"]["hit"] > 0 and row["cached_share"] > 0.5, row
+    assert "| stored 45 | 1 |" in done.stdout

@@ -2,8 +2,8 @@
 append one interaction at a time, are rebuilt with step_start past the window edge (kept W - 1), and after
 each step step_next gives the exported rank graph's probabilities on each learner's last W - 1
 interactions (C = 1 with one-skill sets, C = 3 with sets of one or two), in one batch of learners of
-different kept lengths. A model the step path cannot step gets no step graph; `routerkt export
---step-graphs` publishes them beside rank.onnx and model_info.json names them; the default export does not.
+different kept lengths. A model the step path cannot step gets no step graph; `routerkt
+export` publishes them beside rank.onnx by default and model_info.json names them; --no-step-graphs leaves them out.
 
 Exports are slow (dynamo, ~5 s a graph), so each preset's four graphs are kept in pytest's cache folder
 under a key of everything they are made of (the model's weights, the sources of training/models, export and
@@ -177,9 +177,8 @@ def test_export_step_graphs_publishes_them_beside_the_rank_graph(kt_repository, 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     repo = tmp_path / "repo"
-    assert run(parser.parse_args(["--run", str(kt_repository.run), "--repository", str(repo), "--name", "kt",
-                                  "--step-graphs"])) == 0
-    version = repo / "kt" / "1"
+    assert run(parser.parse_args(["--run", str(kt_repository.run), "--repository", str(repo), "--name", "kt"])) == 0
+    version = repo / "kt" / "1"                   # a plain `routerkt export`: the step graphs too
     assert {p.name for p in version.glob("*.onnx")} >= {signature.RANK_ONNX_FILE, *STEP_FILES.values()}
     info = ModelInfo.load(version / signature.INFO_FILE)
     assert info.step_state == "attention" and set(info.step_graphs) == set(STEP_FILES)
@@ -190,3 +189,7 @@ def test_export_step_graphs_publishes_them_beside_the_rank_graph(kt_repository, 
     assert served_state_kind(t.name for t in stepped.input) == "attention"
     assert served_state_kind(t.name for t in plain.input) is None
     assert [t.name for t in plain.input] == [t.name for t in stepped.input][:len(plain.input)]
+    left_out = tmp_path / "without"
+    assert run(parser.parse_args(["--run", str(kt_repository.run), "--repository", str(left_out), "--name", "kt",
+                                  "--no-step-graphs"])) == 0
+    assert not list((left_out / "kt" / "1").glob("step_*.onnx"))

@@ -181,7 +181,7 @@ def test_relative_frozen_kernel_equals_learned():
         before = model(q, s, r).logits
         model.freeze_biases()
         after = model(q, s, r).logits
-    assert model.retriever[0].attn.get_buffer("frozen_recency_past").shape == (8, cfg.max_len, cfg.max_len)
+    assert model.retriever[0].attn.get_buffer("frozen_recency_past").shape == (8, cfg.table_len, cfg.table_len)
     assert torch.allclose(before, after, atol=1e-6)
 
 
