@@ -53,7 +53,8 @@ class Settings:
     max_learner_id_chars: int = 128               # learner_id length accepted (INVALID_ARGUMENT beyond)
     max_event_id_chars: int = 128                 # event_id length accepted
     max_observe_events: int = 1000                # events per Observe call
-    store_keep: int = 1000                        # events kept per learner: the newest max(store_keep, window)
+    store_keep: int = 10000                       # events kept per learner: the newest max(store_keep, window); a band
+                                                  # model is served on all of them (docs/operations.md)
     store_ttl_s: float = 0.0                      # learners inactive this long are deleted (0 = never)
     state_cache_mb: float = 256.0                 # learner states cached for Predict by learner_id on versions
                                                   # exported with step graphs (serving/state/); 0 = off

@@ -151,8 +151,18 @@ def _gap(bench, learners: Learners, sample: int = 16) -> float:
     return gap
 
 
+def _warm(bench, learners: Learners) -> None:
+    """One untimed Predict by learner_id per learner: its state built once, before the timed rounds."""
+    pb = bench.pb
+    wanted = [pb.Candidate(question_id=bench.vocabulary.questions[0])]
+    for learner in learners.names:
+        bench.stubs["on"].Predict(pb.PredictRequest(model=bench.model, learner_id=learner, candidates=wanted), timeout=60)
+
+
 def run_pattern(bench, name: str, learners: Learners, callers_list: list[int], seconds: float) -> list[dict]:
-    """The pattern's rows (one per caller count), each path `ROUNDS` times in turn."""
+    """The pattern's rows (one per caller count), each path `ROUNDS` times in turn, after one untimed Predict by
+    learner_id per learner (the states built: a miss each, not counted in the rows)."""
+    _warm(bench, learners)
     rows = []
     for callers in callers_list:
         rounds = [{path: _phase(bench, learners, path, callers, seconds / ROUNDS) for path in PATHS}

@@ -116,7 +116,7 @@ class Learners:
         append = [b for b in range(W) if kept[b] < W - 1]
         parts = []
         if append:
-            new = [np.stack([self.rows[b][f][self.seen[b]] for b in append]) for f in range(3)]
+            new = [np.stack([self.rows[b][f][self.seen[b]] for b in append])[:, None] for f in range(3)]   # [B, 1]
             parts.append((append, self.steps.append([s[append] for s in self.state], *new)))
         self.seen = [n + 1 for n in self.seen]
         rebuild = [b for b in range(W) if b not in append]

@@ -72,9 +72,9 @@ def test_one_batch_of_every_graph_answers_as_each_request_alone(model) -> None:
         assert all(np.abs(alone[n] - batched[n]).max() <= 1e-6 for n in alone)
 
     rng = np.random.default_rng(3)
-    appends = [{**s, "append_question": rng.integers(2, 12, len(s["state_length"])),
-                "append_skills": rng.integers(2, 5, (len(s["state_length"]), k)),
-                "append_response": rng.integers(0, 2, len(s["state_length"]))} for s, k in zip(states, (2, 1))]
+    appends = [{**s, "append_question": rng.integers(2, 12, (len(s["state_length"]), 1)),
+                "append_skills": rng.integers(2, 5, (len(s["state_length"]), 1, k)),
+                "append_response": rng.integers(0, 2, (len(s["state_length"]), 1))} for s, k in zip(states, (2, 1))]
     nexts = [{**s, **_candidates(len(s["state_length"]), n, k, seed=4 + n)} for s, n, k in zip(states, (3, 7), (1, 2))]
     ranks = [{**h, **_candidates(len(h["history_questions"]), n, h["history_skills"].shape[2], seed=9)}
              for h, n in zip(starts, (5, 2))]
@@ -100,8 +100,8 @@ def test_a_bad_step_request_fails_alone_naming_its_input(model) -> None:
         "state_keys": {**good, "state_keys": good["state_keys"][..., :3]},
         "candidate_questions": {**good, "candidate_questions": np.full((1, 2), 10 ** 6)},
         "state_length": {**good, "state_length": np.array([WINDOW])},
-        "append_response": {**state, "append_question": np.array([2]), "append_skills": np.array([[2]]),
-                            "append_response": np.array([3])},
+        "append_response": {**state, "append_question": np.array([[2]]), "append_skills": np.array([[[2]]]),
+                            "append_response": np.array([[3]])},
         "state_sums": {k: v for k, v in good.items() if k != "state_sums"},
     }
     responses = model.execute([_Request(good)] + [_Request(a) for a in bad.values()])
