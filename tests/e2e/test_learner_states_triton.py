@@ -2,7 +2,8 @@
 model whose config.pbtxt declares the step graphs too, and the gateway (Triton backend, real SQLite store) sends
 each learner's cached state with its step requests. Every Predict by learner_id answers as the same history sent
 explicitly (<= 1e-5) on every path (tests/integration/test_learner_states.py walks them); bad step requests sent
-straight to Triton get INVALID_ARG naming the input, and a plain rank request still answers."""
+straight to Triton get INVALID_ARG naming the input, and a plain rank request still answers. A band model's
+learner past its band is served from its rolling state through Triton too."""
 from __future__ import annotations
 
 import time
@@ -15,6 +16,7 @@ from routerkt.contract.repository import latest_version, read_vocab
 from routerkt.contract.step_signature import STEP_GRAPHS
 from serving.api import knowledge_tracing_pb2 as pb
 from tests.e2e.conftest import triton_over
+from tests.integration.test_band_serving import walk_past_the_band
 from tests.integration.test_learner_states import Served, walk_every_path
 
 pytestmark = pytest.mark.e2e
@@ -46,6 +48,18 @@ def test_predict_by_learner_id_through_triton_answers_as_the_explicit_history(tr
         walk_every_path(served, questions, sorted(vocab.skills))
     finally:
         served.close()
+
+
+def test_a_band_model_through_triton_answers_from_its_rolling_state(kt_band_repository, tmp_path) -> None:
+    """The band model's step graphs in Triton (state_length past W - 1 accepted): the walk of
+    tests/integration/test_band_serving.py, equal to PyTorch over the whole history."""
+    with triton_over(kt_band_repository.path, tmp_path) as server:
+        served = Served(kt_band_repository.path, tmp_path / "sessions.sqlite3", triton_url=server.grpc_url)
+        try:
+            _ready(served)
+            walk_past_the_band(served, kt_band_repository)
+        finally:
+            served.close()
 
 
 def test_triton_checks_step_requests_and_still_serves_the_rank_graph(triton_steps) -> None:
