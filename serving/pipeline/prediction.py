@@ -134,16 +134,12 @@ class PredictionService:
         if not named:
             return await self.infer(model, encoded, deadline)
         rest = [i for i, k in enumerate(keys) if k is None]
-        out: list[np.ndarray] = [np.empty(0, np.float32)] * len(learners)
-
-        rows = max(1, min(self.settings.rank_rows_per_infer, model.max_batch_size))
         stepped = await states.predict(model, [keys[i] for i in named], [encoded[i] for i in named],
-                                       self.step_runner(model, deadline), rows, self.settings.rank_candidates_per_infer,
+                                       self.step_runner(model, deadline), self._step_rows(model),
+                                       self.settings.rank_candidates_per_infer,
                                        wait_s=max(deadline.remaining() - self.settings.deadline_margin_s, 0.0) / 2)
         full = await self.infer(model, [encoded[i] for i in rest], deadline) if rest else []
-        for i, probs in zip(named + rest, list(stepped) + list(full)):
-            out[i] = probs
-        return out
+        return _placed(len(learners), (named, stepped), (rest, full))
 
     def step_runner(self, model: ModelVersion, deadline: Deadline) -> StepCall:
         """(step graph, feeds) -> outputs: `model`'s step graphs through the backend, within `deadline`."""
@@ -276,16 +272,16 @@ class PredictionService:
             raise errors.failed_precondition(f"model {shown(model.name)} version {model.version} is a band model and "
                                              "this backend does not run its step graphs (needed beyond "
                                              f"{model.window - 1} answers)")
-        rows = max(1, min(self.settings.rank_rows_per_infer, model.max_batch_size))
         stepped = await self._band_steps.predict(model, [NONE] * len(long), [learners[i] for i in long],
-                                                 self.step_runner(model, deadline), rows,
+                                                 self.step_runner(model, deadline), self._step_rows(model),
                                                  candidates_per_infer or self.settings.rank_candidates_per_infer)
         short = [i for i in range(len(learners)) if i not in set(long)]
         rest = await self.infer(model, [learners[i] for i in short], deadline, candidates_per_infer) if short else []
-        out: list[np.ndarray] = [np.empty(0, np.float32)] * len(learners)
-        for i, probs in zip(long + short, list(stepped) + list(rest)):
-            out[i] = probs
-        return out
+        return _placed(len(learners), (long, stepped), (short, rest))
+
+    def _step_rows(self, model: ModelVersion) -> int:
+        """Learners per step-graph call."""
+        return max(1, min(self.settings.rank_rows_per_infer, model.max_batch_size))
 
     async def infer_outputs(self, model: ModelVersion, learner: EncodedLearner, outputs: tuple[str, ...],
                             deadline: Deadline) -> dict[str, np.ndarray]:
@@ -391,6 +387,15 @@ class PredictionService:
             return await send(timeout)
         except BackendError as exc:
             raise client_error(exc, model) from None
+
+
+def _placed(n: int, *groups: tuple[list[int], Sequence[np.ndarray]]) -> list[np.ndarray]:
+    """The results of groups of learners (each group: their indices, their results) in the learners' order."""
+    out: list[np.ndarray] = [np.empty(0, np.float32)] * n
+    for indices, results in groups:
+        for i, probs in zip(indices, results):
+            out[i] = probs
+    return out
 
 
 def client_error(exc: BackendError, model: ModelVersion) -> ServingError:
