@@ -34,6 +34,16 @@ def dataset(name: str) -> Path:
     pytest.skip(f"needs ../shared/datasets/{name} (not present next to this checkout)")
 
 
+@pytest.fixture
+def one_thread():
+    """Tiny models: one intra-op thread is several times faster than contended ones."""
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def synthetic_csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from training.data.synthetic import generate, write_csv

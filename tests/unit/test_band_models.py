@@ -20,19 +20,13 @@ from training.models.outputs import Collector
 from training.models.registry import PRESETS, run_config
 from training.models.step import predict_next, start_state, step
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread")]
 TOL = 1e-5
 NQ, NS, W = 40, 12, 100
 LENGTHS = (1, W - 2, W - 1, W, W + 1, 500, 2000)
 STEPPED = 3                      # the last answers reach the state one step() at a time (1, then 2)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _widen_tables(model, n: int) -> None:

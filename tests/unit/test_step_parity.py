@@ -15,7 +15,7 @@ from training.config import ExpertKind, RoutingScope
 from training.models.registry import PRESETS
 from training.models.step import Stepping, predict_next, start_state, step, stepping
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread")]
 TOL = 1e-5
 NQ, NS, W = 40, 12, 12
 LONGEST = 2 * W + 3                 # the first learner passes through every length 1 .. LONGEST
@@ -29,13 +29,6 @@ VARIANTS = {name: (name, {}) for name in PRESETS} | {
 }
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models: one intra-op thread is several times faster than contended ones."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _model(variant: str, frozen: bool = False):
