@@ -2,13 +2,24 @@
 
 gRPC: grpc.dynamic_ssl_server_credentials, whose fetcher grpc calls for new handshakes; it returns
 a new configuration only when the files' stamps changed and the new pair loads. HTTP: uvicorn gets
-one ssl.SSLContext whose server-name callback (called for every handshake, with or without SNI)
-hands the connection to the context built from the files last loaded; `maintain()` checks the
-files every RELOAD_CHECK_S and builds a NEW context when they changed. Both transports thus start
-from an empty trust store at every reload: a client CA removed from the file is no longer trusted
-(loading the file again into the same context would only add to its store). With a client CA
-(`--tls-client-ca`) both ports require a client certificate signed by it (mTLS). A pair caught
+one ssl.SSLContext (`HandingContext`) that makes no TLS object itself: asyncio asks it to wrap each
+new connection and it hands that to the context built from the files last loaded; `maintain()`
+checks the files every RELOAD_CHECK_S and builds a NEW context when they changed. Both transports
+thus start from an empty trust store at every reload: a client CA removed from the file is no longer
+trusted (loading the file again into the same context would only add to its store). With a client
+CA (`--tls-client-ca`) both ports require a client certificate signed by it (mTLS). A pair caught
 half-written (a key that does not match its certificate) is skipped until it loads.
+
+Session resumption skips the client certificate's check, so a session or ticket issued before a
+reload must not be resumed after it. OpenSSL resumes from the session cache and ticket keys of the
+SSL_CTX a connection STARTED with; the connection is therefore made by the current context itself
+(its own cache and ticket keys, fresh at every reload), not switched to it from a long-lived one
+during the handshake: switching (a server-name callback) let a TLS 1.2 session id and a TLS 1.3
+ticket from before a CA switch pass, and so did turning tickets off (`num_tickets = 0`,
+OP_NO_TICKET), since Python cannot turn off the server's session-id cache. Within one load,
+resumption stays on. grpc makes a new SSL_CTX per configuration, which refuses the same resumption
+(tests/integration/test_security_tls.py checks both ports with TLS 1.2 and 1.3). Connections open
+at a reload keep going until they close.
 """
 from __future__ import annotations
 
@@ -26,6 +37,20 @@ log = logging.getLogger("routerkt.security")
 RELOAD_CHECK_S = 1.0
 
 
+class HandingContext(ssl.SSLContext):
+    """The context uvicorn holds: each connection is wrapped by `files`' current context (see above).
+    It has no certificate, so anything that handshakes on it directly fails rather than pass."""
+
+    files: "TlsFiles"
+
+    def wrap_bio(self, incoming, outgoing, server_side=False, server_hostname=None, session=None):
+        return self.files.current.wrap_bio(incoming, outgoing, server_side=server_side,
+                                           server_hostname=server_hostname, session=session)
+
+    def wrap_socket(self, sock, *args, **kwargs):
+        return self.files.current.wrap_socket(sock, *args, **kwargs)
+
+
 class TlsFiles:
     """The certificate, key and optional client CA of both ports (a Background part)."""
 
@@ -36,11 +61,11 @@ class TlsFiles:
             if not path.is_file():
                 raise UserError(f"{flag} {path}: no such file")
         try:
-            self._current = self._new_context()        # what HTTP connections are handed to
-            self.context = self._new_context()         # what uvicorn holds: hands each handshake over
+            self.current = self._new_context()         # what HTTP connections are made by
         except (ssl.SSLError, OSError) as exc:
             raise UserError(f"--tls-cert/--tls-key: cannot load the pair ({exc.__class__.__name__})") from None
-        self.context.sni_callback = self._hand_over
+        self.context = HandingContext(ssl.PROTOCOL_TLS_SERVER)      # what uvicorn holds
+        self.context.files = self
         self._http_stamp = self._grpc_stamp = self.stamp()
 
     def stamp(self) -> tuple:
@@ -87,18 +112,13 @@ class TlsFiles:
         return config
 
     # -- HTTP ----------------------------------------------------------------------------------
-    def _hand_over(self, connection, server_name, context) -> None:
-        """The server-name callback: the handshake goes on with the context of the files last loaded
-        (its certificate, its trust store for client certificates)."""
-        connection.context = self._current
-
     def reload_http(self) -> bool:
         """A new HTTP context from changed files (a fresh trust store); True when it did."""
         stamp = self.stamp()
         if stamp == self._http_stamp:
             return False
         try:
-            self._current = self._new_context()
+            self.current = self._new_context()
         except (ssl.SSLError, OSError):
             return False                            # half-written: next time
         self._http_stamp = stamp

@@ -1,12 +1,18 @@
 """TLS on the gateway's two ports with certificates made inside the test (openssl): a TLS client
-predicts, a plaintext one fails, mTLS refuses a client certificate from another CA, and a renewed
-certificate is served without a restart (both ports)."""
+predicts, a plaintext one fails, mTLS refuses a client certificate from another CA, a renewed
+certificate is served without a restart, and a TLS session from before a client-CA switch is not
+resumed after it (both ports)."""
 from __future__ import annotations
 
+import contextlib
+import http.client
+import json
 import os
 import shutil
+import socket
 import ssl
 from pathlib import Path
+from typing import Callable
 
 import grpc
 import httpx
@@ -140,5 +146,75 @@ def test_a_client_ca_removed_from_the_file_is_refused_after_reload_on_both_ports
         wait_for(lambda: not http_ok(pki["stranger"]), 10, "HTTP to refuse the removed CA's client")
         assert grpc_ok(pki["client"]) and http_ok(pki["client"])  # the remaining CA's clients still pass
         assert served_certificate(gw.http_port) == der(pki["server"].cert)
+    finally:
+        gw.stop(0.5)
+
+
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])     # + an empty SETTINGS
+
+
+def http_predict_over(sock: ssl.SSLSocket) -> bool:
+    """POST /v1/predict on an open TLS socket: True when answered 200 with a prediction."""
+    body = json.dumps(BODY).encode()
+    sock.sendall(b"POST /v1/predict HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
+                 b"content-length: %d\r\n\r\n" % len(body) + body)
+    answer = http.client.HTTPResponse(sock)
+    answer.begin()
+    return answer.status == 200 and json.loads(answer.read())["model"] == "kt"
+
+
+def grpc_settings_over(sock: ssl.SSLSocket) -> bool:
+    """The HTTP/2 preface on an open TLS socket: True when the gRPC server answers its SETTINGS (it took
+    the connection)."""
+    sock.sendall(H2_PREFACE)
+    frame = sock.recv(9)
+    return len(frame) == 9 and frame[3] == 4
+
+
+def tls_exchange(port: int, context: ssl.SSLContext, talk: Callable[[ssl.SSLSocket], bool],
+                 session: ssl.SSLSession | None = None) -> tuple[bool, ssl.SSLSession | None, bool]:
+    """One connection offering `session`: (whether `talk` got through, the session to offer next,
+    whether this one was resumed). Ends with a clean TLS shutdown, so that the server keeps the
+    session (OpenSSL drops the session of a connection closed without one)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+        try:
+            sock = context.wrap_socket(raw, server_hostname="localhost", session=session)
+            through = talk(sock)
+        except (ssl.SSLError, OSError, http.client.HTTPException):
+            return False, None, False
+        state = (through, sock.session, sock.session_reused)
+        with contextlib.suppress(ssl.SSLError, OSError):
+            sock.unwrap()
+        return state
+
+
+@pytest.mark.parametrize("version", [ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3], ids=["tls1.2", "tls1.3"])
+def test_a_session_from_before_a_client_ca_switch_is_not_resumed_after_it(handmade_repository, pki, tmp_path,
+                                                                          version) -> None:
+    """A resumed session skips the client certificate's check: one saved under CA A (a TLS 1.2 session
+    id or a TLS 1.3 ticket) must not pass once the --tls-client-ca file names CA B only."""
+    client_ca = tmp_path / "client-ca.pem"
+    shutil.copy(pki["ca"].cert, client_ca)
+    gw = start(handmade_repository, tls_cert=pki["server"].cert, tls_key=pki["server"].key, tls_client_ca=client_ca)
+    ports = {"gRPC": (gw.grpc_port, "h2", grpc_settings_over), "HTTP": (gw.http_port, "http/1.1", http_predict_over)}
+    contexts, saved, resumed = {}, {}, {}
+    try:
+        for name, (port, alpn, talk) in ports.items():
+            contexts[name] = context = client_context(pki["ca"], pki["client"])
+            context.minimum_version = context.maximum_version = version
+            context.set_alpn_protocols([alpn])
+            through, session, _ = tls_exchange(port, context, talk)
+            assert through and session is not None, name
+            through, again, resumed[name] = tls_exchange(port, context, talk, session)
+            assert through, name
+            saved[name] = again if again is not None else session
+        assert resumed == {"gRPC": True, "HTTP": True}      # within one load both resume: the test would see it
+        shutil.copy(pki["other_ca"].cert, client_ca.with_suffix(".new"))       # CA B replaces CA A
+        os.replace(client_ca.with_suffix(".new"), client_ca)
+        for name, (port, _, talk) in ports.items():
+            context = contexts[name]
+            wait_for(lambda: not tls_exchange(port, context, talk)[0], 10, f"{name} to refuse CA A's client")
+            through, _, reused = tls_exchange(port, context, talk, saved[name])
+            assert not through and not reused, f"{name} resumed a session from before the switch"
     finally:
         gw.stop(0.5)
