@@ -149,7 +149,9 @@ class GatewayServer:
         if self._http_socket is not None:
             app = create_app(self.endpoints)
             tls = self.tls
+            proxies = self.settings.forwarded_allow_ips     # X-Forwarded-For from these only (none by default)
             config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off",
+                                    proxy_headers=bool(proxies), forwarded_allow_ips=proxies or None,
                                     timeout_graceful_shutdown=max(1, int(self.settings.grace_period_s)),
                                     ssl_context_factory=None if tls is None else lambda config, default: tls.context)
             self._http = _EmbeddedUvicorn(config)

@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -128,6 +129,9 @@ class Settings:
                                                   # at once before further failures answer RESOURCE_EXHAUSTED
                                                   # (429); 0 = no limit. Valid keys never wait (failures.py)
     auth_failure_per_s: float = 1.0               # ... refilled at this many a second
+    trusted_proxies: tuple[str, ...] = ()         # IP addresses / CIDR networks of reverse proxies whose
+                                                  # X-Forwarded-For names the HTTP client; () = none: the
+                                                  # connection's own address is the client's (limit, logs)
 
     def validate(self) -> "Settings":
         """Raise UserError naming the first bad field; returns self."""
@@ -188,6 +192,7 @@ class Settings:
                             f"HOST:PORT, got {self.triton_url!r}")
         if not self.host:
             raise UserError("settings.host must not be empty")
+        self.trusted_proxies = _proxies(self.trusted_proxies)
         return self
 
     @property
@@ -196,9 +201,41 @@ class Settings:
         per replica, in order (the replica index in metrics and /readyz is the position here)."""
         return [url.strip() for url in (self.triton_url or "").split(",")]
 
+    @property
+    def forwarded_allow_ips(self) -> list[str]:
+        """trusted_proxies for uvicorn, each IPv4 one also as IPv4-mapped IPv6 (::ffff:a.b.c.d: how a
+        dual-stack socket, a wildcard --host, names an IPv4 client)."""
+        out = []
+        for text in self.trusted_proxies:
+            network = ipaddress.ip_network(text)
+            out.append(text)
+            if network.version == 4:
+                mapped = ipaddress.IPv6Address(f"::ffff:{network.network_address}")
+                out.append(f"{mapped}/{96 + network.prefixlen}" if "/" in text else str(mapped))
+        return out
+
     def describe(self) -> dict[str, object]:
         """The settings as plain values (logged once at start; holds no secrets)."""
         return {f.name: (str(v) if isinstance(v := getattr(self, f.name), Path) else v) for f in fields(self)}
+
+
+def _proxies(value: object) -> tuple[str, ...]:
+    """trusted_proxies as a tuple (a comma-separated string is split); UserError for anything but IP
+    addresses and CIDR networks (uvicorn would take other text as a literal that never matches)."""
+    if isinstance(value, str):
+        value = value.split(",") if value.strip() else ()
+    if not isinstance(value, (tuple, list)):
+        raise UserError(f"--trusted-proxies must be IP addresses or CIDR networks, got {value!r}")
+    out = []
+    for item in value:
+        text = item.strip() if isinstance(item, str) else item
+        try:
+            ipaddress.ip_network(text) if "/" in text else ipaddress.ip_address(text)
+        except (TypeError, ValueError):
+            raise UserError(f"--trusted-proxies: {text!r} is not an IP address or a CIDR network "
+                            "(e.g. 10.0.0.7 or 10.0.0.0/8, no host bits after the /)") from None
+        out.append(text)
+    return tuple(out)
 
 
 def _host_port(url: str) -> bool:

@@ -2,9 +2,11 @@
 
 Every failure is counted in routerkt_auth_failures_total{transport, reason} (reason: missing,
 malformed, invalid, denied, limited; never anything of the key) and logged on "routerkt.security"
-with the peer's address, the key id when it names a key of the file ("unknown" otherwise: no
-caller-chosen text reaches the log) and the method or route; at most one line per transport and
-reason per LOG_EVERY_S, the next line saying how many were left out.
+with the peer's address, the key id when it names a key of the file ("unknown" otherwise) and the
+method or route; at most one line per transport and reason per LOG_EVERY_S, the next line saying how
+many were left out. The peer is the connection's own address (HTTP: a forwarded one only from
+settings.trusted_proxies); peer, key id and target are escaped (`printable`: anything but printable
+ASCII as a backslash escape, bounded), so no caller-chosen byte can forge or break a log line.
 
 The limit: a token bucket of `burst` failed attempts per peer address and per key id, refilled at
 `per_s` a second. A failure finding its peer's or its key id's bucket empty is answered
@@ -67,15 +69,27 @@ class TokenBuckets:
         return len(self._buckets)
 
 
+def printable(text: str, limit: int) -> str:
+    """`text` fit for a log line: printable ASCII as it is (a backslash doubled), anything else as its
+    escape (\\n, \\x85, \\u2028, ...), cut to `limit` characters."""
+    escaped = text.encode("unicode_escape").decode("ascii")
+    return escaped if len(escaped) <= limit else escaped[:limit] + "..."
+
+
 @dataclass(frozen=True)
 class Failure:
-    """One failed call: how it failed, where it came from, which key it named and what it called."""
+    """One failed call: how it failed, where it came from, which key it named and what it called
+    (peer, key id and target escaped by `printable` as the failure is made)."""
 
     transport: str          # "grpc" | "http"
     reason: str             # missing | malformed | invalid | denied
     peer: str               # the client's address, without its port
     key_id: str             # a key id of the file, or UNKNOWN / "-"
     target: str             # the gRPC method or "METHOD /route"
+
+    def __post_init__(self) -> None:
+        for name, limit in (("peer", 64), ("key_id", 64), ("target", 160)):
+            object.__setattr__(self, name, printable(str(getattr(self, name)), limit))
 
 
 def peer_address(peer: str | None) -> str:

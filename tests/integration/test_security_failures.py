@@ -2,7 +2,8 @@
 failure is counted by transport and reason with no key material in the labels, logged at a bounded
 rate with the peer and the key id (PERMISSION_DENIED on ForgetLearner included), limited per peer
 and per key id (RESOURCE_EXHAUSTED / 429 past the budget) while a valid key from the same address
-still passes at once; and HTTP checks the key before it reads or parses the body."""
+still passes at once; HTTP checks the key before it reads or parses the body; X-Forwarded-For counts
+only from --trusted-proxies; and caller-chosen text reaches the log only escaped."""
 from __future__ import annotations
 
 import logging
@@ -149,3 +150,74 @@ def test_token_buckets_refill_and_stay_bounded() -> None:
         now[0] += 0.01
         buckets.take(f"peer-{i}")
     assert len(buckets) <= 101
+
+
+UNKNOWN_KEY = {"authorization": "Bearer nosuch.secret"}          # names no key: only the peer's bucket
+
+
+def security_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "routerkt.security"]
+
+
+def test_x_forwarded_for_from_loopback_is_not_trusted_by_default(handmade_repository, tmp_path, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="routerkt.security")
+    gw, _ = start(handmade_repository, tmp_path, auth_failure_burst=5, auth_failure_per_s=0.01)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{gw.http_port}", timeout=10, trust_env=False) as http:
+            statuses = [http.post("/v1/predict", json=BODY, headers={**UNKNOWN_KEY,
+                                                                      "x-forwarded-for": f"198.51.100.{i}"}).status_code
+                        for i in range(40)]
+    finally:
+        gw.stop(0.5)
+    assert statuses == [401] * 5 + [429] * 35          # one address, one budget, whatever the header says
+    logged = [m for m in security_lines(caplog) if m.startswith("authentication failure (http)")]
+    assert logged and all("from 127.0.0.1," in m for m in logged), logged
+    assert not any("198.51.100." in m for m in security_lines(caplog))
+
+
+def test_x_forwarded_for_names_the_client_behind_a_trusted_proxy(handmade_repository, tmp_path, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="routerkt.security")
+    gw, _ = start(handmade_repository, tmp_path, auth_failure_burst=5, auth_failure_per_s=0.01,
+                  trusted_proxies=("127.0.0.1",))
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{gw.http_port}", timeout=10, trust_env=False) as http:
+            statuses = {client: [http.post("/v1/predict", json=BODY, headers={
+                **UNKNOWN_KEY, "x-forwarded-for": f"{client}, 127.0.0.1"}).status_code for _ in range(7)]
+                for client in ("198.51.100.7", "203.0.113.9")}
+    finally:
+        gw.stop(0.5)
+    assert statuses == {client: [401] * 5 + [429] * 2 for client in ("198.51.100.7", "203.0.113.9")}
+    assert any("from 198.51.100.7," in m for m in security_lines(caplog))
+
+
+def test_caller_chosen_text_reaches_the_log_only_escaped(handmade_repository, tmp_path, caplog) -> None:
+    """A forwarded address (from a trusted proxy, which passes on what the client sent) with C1
+    controls (NEL is a line break to str.splitlines and many viewers, CSI starts a terminal escape)
+    and a path with a newline and ESC: every log line stays one line of printable ASCII."""
+    caplog.set_level(logging.INFO, logger="routerkt.security")
+    gw, _ = start(handmade_repository, tmp_path, auth_failure_burst=0, trusted_proxies=("127.0.0.0/8",))
+    forged = b"10.9.8.7\x85authentication ok from 10.0.0.1\x9b2J"
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{gw.http_port}", timeout=10, trust_env=False) as http:
+            assert http.post("/v1/predict", json=BODY, headers={**UNKNOWN_KEY, "x-forwarded-for": forged}) \
+                .status_code == 401
+            assert http.put("/v1/rollout/kt%0aFAKE%1b[31m", json={}).status_code == 401
+    finally:
+        gw.stop(0.5)
+    logged = security_lines(caplog)
+    assert any("from 10.9.8.7\\x85authentication ok from 10.0.0.1\\x9b2J," in m for m in logged), logged
+    assert any("calling PUT /v1/rollout/{model}" in m for m in logged), logged
+    for line in logged:
+        assert line.isascii() and line.isprintable() and "FAKE" not in line, line
+
+
+def test_trusted_proxies_are_addresses_or_networks() -> None:
+    from routerkt.errors import UserError
+    settings = Settings(trusted_proxies="10.0.0.7, 10.1.0.0/16,fd00::/8").validate()
+    assert settings.trusted_proxies == ("10.0.0.7", "10.1.0.0/16", "fd00::/8")
+    assert settings.forwarded_allow_ips == ["10.0.0.7", "::ffff:a00:7", "10.1.0.0/16", "::ffff:a01:0/112",
+                                            "fd00::/8"]
+    for bad in ("proxy.local", "10.0.0.1/8", "10.0.0.7,,10.0.0.8", ("10.0.0.7", None)):
+        with pytest.raises(UserError, match="^--trusted-proxies") as info:
+            Settings(trusted_proxies=bad).validate()
+        assert "\n" not in str(info.value)
