@@ -13,7 +13,8 @@ Everything is found relative to the CURRENT interpreter (sys.executable's venv).
 byte-compiled before start (the stub writes __pycache__ otherwise, which reloads poll-mode models).
 Servers listen on 127.0.0.1 only; only processes started here are signalled, by PID. Each server
 gets a guard process (serving/tritonserver/watchdog.py) that stops it, its stubs and their shared memory
-if the process that started it dies without doing so.
+if the process that started it dies without doing so. Each server runs with a /dev/shm of its own where
+the host allows it (serving/tritonserver/private_shm.py): other local users cannot read its tensors.
 
 With a `TritonAccess` (what `routerkt serve` gives its Triton, docs/security.md), Triton's gRPC
 listens on a Unix socket in a private folder (mode 0700: no other user of the host can connect),
@@ -43,6 +44,7 @@ from serving.processes import free_port
 from serving.security.triton_access import RESTRICTED_GROUPS, TritonAccess
 from serving.tritonserver.command import HOST, ModelControl, TritonCommand, TritonPorts, socket_path
 from serving.tritonserver.install import STUB_NAME, TritonInstall, backend_dir, find_install, server_env
+from serving.tritonserver.private_shm import private_shm_prefix, warn_shared
 from serving.tritonserver.procfs import alive, children, cmdline, mapped_files, start_time, wait_gone
 from serving.tritonserver.readiness import GrpcReadiness, HttpReadiness, ReadinessCheck
 
@@ -58,9 +60,13 @@ class TritonServer:
     def __init__(self, repository: Path | str, ports: TritonPorts | None = None,
                  model_control: str = "explicit", log_path: Path | None = None,
                  extra_args: Sequence[str] = (), exit_timeout_s: int = 10,
-                 access: TritonAccess | None = None) -> None:
+                 access: TritonAccess | None = None, private_shm: bool = True) -> None:
         self.repository = Path(repository).resolve()
         self.access = access                  # restricted APIs keyed by a header; gRPC on a private socket
+        # a /dev/shm of its own (serving/tritonserver/private_shm.py) where the host allows it
+        self.shm_prefix = private_shm_prefix() if private_shm else None
+        if private_shm and self.shm_prefix is None:
+            warn_shared()
         self._socket_dir: Path | None = None  # made on the first start, kept across restarts (close())
         self._auto_ports = ports is None
         self.ports = ports or TritonPorts(free_port(), free_port(), free_port())
@@ -178,6 +184,11 @@ class TritonServer:
         return f"{HOST}:{self.ports.metrics}"
 
     @property
+    def private_shm(self) -> bool:
+        """Whether the server runs with a /dev/shm of its own (no other user can read its tensors)."""
+        return self.shm_prefix is not None
+
+    @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
@@ -213,7 +224,8 @@ class TritonServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             # A new session: Ctrl-C in a terminal reaches our process, which stops Triton in order.
-            self._proc = subprocess.Popen(self.command(install, backends), stdin=subprocess.DEVNULL,
+            argv = [*(self.shm_prefix or ()), *self.command(install, backends)]
+            self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
                                           stdout=log, stderr=subprocess.STDOUT,
                                           env=server_env(install), start_new_session=True)
             self._watchdog = _start_watchdog(self._proc.pid, log, self._socket_dir)
@@ -257,7 +269,7 @@ class TritonServer:
                 self._watchdog.kill()
                 self._watchdog.wait()
             self._watchdog = None
-        reap_stubs(dict(self._stubs_seen), self._shm_seen)
+        reap_stubs(dict(self._stubs_seen), set() if self.private_shm else self._shm_seen)
         self._stubs_seen.clear()
         self._shm_seen.clear()
         if self._own_log and self.log_path is not None:   # a temp log of ours: pass log_path to keep it

@@ -5,6 +5,7 @@ with serving/tritonserver/launcher.py; inference goes through tritonclient over 
 """
 from __future__ import annotations
 
+import os
 import re
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -157,8 +158,10 @@ def test_start_failure_raises_with_the_log_tail_and_stops_the_server(tiny_kt_onn
 
 
 def test_kill_takes_down_the_server_its_stubs_and_their_shared_memory(served) -> None:
+    """Without a private /dev/shm (a host that allows no mount namespace) the launcher removes the
+    regions itself."""
     _, _, _, repo = served
-    server = TritonServer(repo, exit_timeout_s=2)
+    server = TritonServer(repo, exit_timeout_s=2, private_shm=False)
     server.start(timeout=60)
     try:
         stubs = server.stub_pids()
@@ -170,6 +173,24 @@ def test_kill_takes_down_the_server_its_stubs_and_their_shared_memory(served) ->
     assert not server.is_running()
     assert not any(_alive(pid) for pid in stubs)
     assert not any(Path(p).exists() for p in regions)
+
+
+def test_the_shared_memory_is_private_to_the_server(served) -> None:
+    """The default: the regions live in a tmpfs of mode 0700 mounted on the server's own /dev/shm,
+    none in the host's; they go with the server."""
+    _, _, _, repo = served
+    server = TritonServer(repo, exit_timeout_s=2)
+    assert server.private_shm, "this host allows a private mount namespace (unshare)"
+    server.start(timeout=60)
+    try:
+        stubs = server.stub_pids()
+        inside = [Path(f"/proc/{server.pid}/root{p}") for p in server._shm_seen]
+        assert inside and all(p.exists() for p in inside)      # seen through the server's own root
+        assert not any(Path(p).exists() for p in server._shm_seen)   # nothing in the host's /dev/shm
+        assert os.stat(f"/proc/{server.pid}/root/dev/shm").st_mode & 0o777 == 0o700
+    finally:
+        server.kill()
+    assert not any(_alive(pid) for pid in stubs)
 
 
 def _alive(pid: int) -> bool:
