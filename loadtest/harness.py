@@ -138,7 +138,8 @@ def start_servers(stack: ExitStack, repository: Path, model: str, out: Path) -> 
 
 # -- the gateway as a child process --------------------------------------------------------------
 class GatewayProcess:
-    """`routerkt serve` on loopback ports; `grace_period_s` None: serve's own default."""
+    """`routerkt serve` on loopback ports, keyless (`--insecure`) unless `args` name `--api-keys`;
+    `grace_period_s` None: serve's own default."""
 
     def __init__(self, repository: Path, folder: Path, args: Sequence[str] = (), env: dict[str, str] | None = None,
                  http: bool = True, grace_period_s: float | None = 2.0, log_name: str | None = None) -> None:
@@ -162,9 +163,11 @@ class GatewayProcess:
     def start(self) -> GatewayProcess:
         self.starts += 1
         grace = [] if self.grace_period_s is None else ["--grace-period", f"{self.grace_period_s:g}"]
+        # the harness's own clients send no key: keyless (--insecure) unless the args give --api-keys
+        keyless = [] if "--api-keys" in self.args else ["--insecure"]
         command = [*ROUTERKT, "serve", "--repository", str(self.repository), "--grpc-port", str(self.grpc_port),
                    "--http-port", str(self.http_port), "--state-dir", str(self.folder / "state"),
-                   "--log-format", "json", *grace, *self.args]
+                   "--log-format", "json", *grace, *keyless, *self.args]
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.env,
                                             start_new_session=True)

@@ -12,8 +12,9 @@ from typing import Iterator
 
 
 @contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path next to `path`; after the block it replaces `path` (fsynced)."""
+def atomic_path(path: str | os.PathLike, mode: int = 0o644) -> Iterator[Path]:
+    """Yield a temporary path next to `path`; after the block it replaces `path` (fsynced), with `mode`
+    (0o600 for a secret: it is never readable by others, not even for a moment)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
@@ -23,15 +24,15 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         yield tmp
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)                       # mkstemp's 0600 would carry over to the target
+        os.chmod(tmp, mode)                        # mkstemp's 0600 would carry over to the target
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    with atomic_path(path) as tmp:
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> None:
+    with atomic_path(path, mode) as tmp:
         tmp.write_bytes(data)
 
 

@@ -26,7 +26,10 @@ ROUTERKT_STORE_SECRET or --store-secret-file (created when missing). With a stor
 is on (what was served waits --outcome-ttl seconds for its answer). The rollout policy file
 (default <state dir>/rollout.json, watched; absent = latest version everywhere) is what
 `routerkt rollout` edits. Logs are JSON lines when stderr is not a terminal. A --host beyond
-loopback needs --tls-cert/--tls-key and --api-keys, or --insecure (docs/security.md). With
+loopback needs --tls-cert/--tls-key and --api-keys, or --insecure (docs/security.md); on loopback,
+without --api-keys, the state folder (made 0700) gets keys.jsonl with an admin key in admin.key
+(0600), which the sample and the `routerkt` commands run from the same folder send (--insecure:
+no keys, for a host of one user). With
 --triton-tls-ca (and --triton-tls-cert/--triton-tls-key for Triton's mutual TLS) the gateway talks
 TLS to every --triton-url Triton.
 """
@@ -35,13 +38,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 from pathlib import Path
 
 from routerkt.errors import UserError
 from serving.backends import BACKENDS
 from serving.logs import configure_logging
-from serving.security.exposure import refuse_exposure
+from serving.security.client_flags import ENV_KEY
+from serving.security.default_keys import default_keys, default_token, private_dir
+from serving.security.exposure import is_loopback, refuse_exposure
 from serving.settings import Settings
 
 log = logging.getLogger("routerkt.serve")
@@ -122,14 +128,20 @@ def _add_security_arguments(parser: argparse.ArgumentParser, defaults: Settings)
     security.add_argument("--tls-client-ca", type=Path, default=None, metavar="PEM",
                           help="require client certificates signed by this CA (mTLS)")
     security.add_argument("--api-keys", type=Path, default=None, metavar="FILE",
-                          help="API keys file (`routerkt keys issue`); every call then needs a key with its scope")
+                          help="API keys file (`routerkt keys issue`); every call then needs a key with its scope "
+                               "(default on loopback: <state dir>/keys.jsonl, made with an admin key in "
+                               "<state dir>/admin.key)")
     security.add_argument("--auth-failure-burst", type=int, default=defaults.auth_failure_burst, metavar="N",
                           help="failed key checks a client address (and a key id) may make at once before further "
                                "failures answer RESOURCE_EXHAUSTED / 429; valid keys are never limited (0: no limit)")
     security.add_argument("--auth-failure-rate", type=float, default=defaults.auth_failure_per_s, metavar="PER_S",
                           help="failed key checks given back to each client address and key id a second")
     security.add_argument("--insecure", action="store_true",
-                          help="allow a non-loopback --host without TLS or API keys (logged at every start)")
+                          help="serve without API keys (on loopback: any local user may call every RPC) and allow "
+                               "a non-loopback --host without TLS or keys; logged at every start")
+    security.add_argument("--trusted-proxies", default="", metavar="ADDR[,ADDR...]",
+                          help="reverse proxies (IP addresses or CIDR networks) whose X-Forwarded-For names the HTTP "
+                               "client; default none: the connection's own address is the client's")
     security.add_argument("--triton-key-file", type=Path, default=None, metavar="FILE",
                           help="file holding KEY or HEADER=KEY sent on Triton's model-control calls "
                                "(Triton's --grpc-restricted-protocol); the Triton serve starts is keyed "
@@ -155,6 +167,11 @@ def run(args: argparse.Namespace) -> int:
     repository = Path(args.repository)
     if not repository.is_dir():
         raise UserError(f"model repository {repository} is not a folder (run `routerkt export` first)")
+    api_keys = args.api_keys
+    if api_keys is None and not args.insecure and is_loopback(args.host):
+        api_keys = default_keys(args.state_dir)                 # keys on by default (docs/security.md)
+    else:
+        private_dir(args.state_dir)
     settings = Settings(repository=repository, backend=args.backend, host=args.host, grpc_port=args.grpc_port,
                         http_port=None if args.http_port is not None and args.http_port < 0 else args.http_port,
                         max_inflight=args.max_inflight, max_queued=args.max_queued,
@@ -165,7 +182,8 @@ def run(args: argparse.Namespace) -> int:
                         track_outcomes=not args.no_track_outcomes, outcome_ttl_s=args.outcome_ttl,
                         rollout_policy=args.rollout_policy or args.state_dir / "rollout.json",
                         tls_cert=args.tls_cert, tls_key=args.tls_key, tls_client_ca=args.tls_client_ca,
-                        api_keys=args.api_keys, insecure=args.insecure, triton_key_file=args.triton_key_file,
+                        api_keys=api_keys, insecure=args.insecure, trusted_proxies=args.trusted_proxies,
+                        triton_key_file=args.triton_key_file,
                         auth_failure_burst=args.auth_failure_burst, auth_failure_per_s=args.auth_failure_rate,
                         triton_tls_ca=args.triton_tls_ca, triton_tls_cert=args.triton_tls_cert,
                         triton_tls_key=args.triton_tls_key)
@@ -296,7 +314,8 @@ async def _serve(settings: Settings, args: argparse.Namespace, triton=None) -> i
             restarter = asyncio.create_task(TritonRestarter(triton, server.metrics).run())
         try:
             if args.sample_model:
-                await sample_prediction(server, args.sample_model)
+                key = None if settings.api_keys is None else os.environ.get(ENV_KEY) or default_token(args.state_dir)
+                await sample_prediction(server, args.sample_model, api_key=key)
             if restarter is not None:
                 await restarter
         finally:

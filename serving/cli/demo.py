@@ -19,8 +19,9 @@ log = logging.getLogger("routerkt.serve")
 SAMPLE_WAIT_S = 120.0          # how long the sample waits for the model to become ready
 
 
-async def sample_prediction(server, model: str) -> None:
-    """One Predict over real gRPC loopback with a made-up history; prints request and answer."""
+async def sample_prediction(server, model: str, api_key: str | None = None) -> None:
+    """One Predict over real gRPC loopback with a made-up history; prints request and answer (sending
+    `api_key` when the gateway needs one)."""
     deadline = time.monotonic() + SAMPLE_WAIT_S
     while not server.backend.ready_versions(model) and time.monotonic() < deadline:
         await asyncio.sleep(0.5)
@@ -36,8 +37,12 @@ async def sample_prediction(server, model: str) -> None:
     request = pb.PredictRequest(model=model, history=history,
                                 candidates=[pb.Candidate(question_id=q) for q in questions[5:]])
     host = "127.0.0.1" if server.settings.host in ("0.0.0.0", "::") else server.settings.host
+    if server.settings.api_keys is not None and not api_key:
+        log.error("sample prediction skipped: the gateway needs an API key (set ROUTERKT_API_KEY)")
+        return
+    metadata = (("authorization", f"Bearer {api_key}"),) if api_key else None
     async with grpc.aio.insecure_channel(f"{host}:{server.grpc_port}") as channel:
-        stub = pb_grpc.KnowledgeTracingServiceStub(channel)
+        stub = _Keyed(pb_grpc.KnowledgeTracingServiceStub(channel), metadata)
         try:
             response = await stub.Predict(request, timeout=10.0)
         except grpc.aio.AioRpcError as exc:
@@ -52,6 +57,17 @@ async def sample_prediction(server, model: str) -> None:
               f"history_used {response.history_used}, P(correct) {pairs}", flush=True)
         if server.sessions is not None:
             await sample_session(stub, request, response)
+
+
+class _Keyed:
+    """A stub whose calls all carry `metadata` (the API key)."""
+
+    def __init__(self, stub, metadata) -> None:
+        self.stub, self.metadata = stub, metadata
+
+    def __getattr__(self, name: str):
+        method = getattr(self.stub, name)
+        return lambda request, **kwargs: method(request, metadata=self.metadata, **kwargs)
 
 
 def without_empty(value):

@@ -141,7 +141,5 @@ def revoke_key(path: Path, key_id: str) -> None:
 
 
 def write_keys_text(path: Path, text: str) -> None:
-    with atomic_path(path) as tmp:
+    with atomic_path(path, mode=0o600) as tmp:
         tmp.write_text(text, encoding="utf-8")
-        os.chmod(tmp, 0o600)
-    os.chmod(path, 0o600)

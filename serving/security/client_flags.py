@@ -1,6 +1,7 @@
 """The client side of the gateway's security for the `routerkt` commands that call it (predict,
-rollout status): an API key (--api-key-file, or the ROUTERKT_API_KEY environment variable; never a
-flag value, which would land in shell history and process lists) and the CA of its TLS certificate."""
+rollout status): an API key (--api-key-file, the ROUTERKT_API_KEY environment variable, or the admin
+key `routerkt serve` made in .routerkt/admin.key of the current folder; never a flag value, which
+would land in shell history and process lists) and the CA of its TLS certificate."""
 from __future__ import annotations
 
 import argparse
@@ -9,13 +10,15 @@ import ssl
 from pathlib import Path
 
 from routerkt.errors import UserError
+from serving.security.default_keys import DEFAULT_STATE_DIR, TOKEN_FILE, default_token
 
 ENV_KEY = "ROUTERKT_API_KEY"
 
 
 def add_client_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key-file", type=Path, default=None,
-                        help=f"file holding the API key to send (default: ${ENV_KEY} when set)")
+                        help=f"file holding the API key to send (default: ${ENV_KEY} when set, else "
+                             f"{DEFAULT_STATE_DIR / TOKEN_FILE} when it exists: the key `routerkt serve` made)")
     parser.add_argument("--tls-ca", type=Path, default=None,
                         help="PEM of the CA that signed the gateway's certificate (the gateway serves TLS)")
 
@@ -30,7 +33,7 @@ def api_key(args: argparse.Namespace) -> str | None:
         if not key:
             raise UserError(f"--api-key-file {args.api_key_file}: the file is empty")
         return key
-    return os.environ.get(ENV_KEY) or None
+    return os.environ.get(ENV_KEY) or default_token()
 
 
 def tls_ca(args: argparse.Namespace) -> bytes | None:

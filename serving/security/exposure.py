@@ -1,4 +1,5 @@
-"""Safe defaults: a gateway bound beyond loopback needs TLS and API keys, unless `--insecure`."""
+"""Safe defaults: a gateway bound beyond loopback needs TLS and API keys, unless `--insecure`; one
+on loopback without keys (`--insecure`) is warned about at every start."""
 from __future__ import annotations
 
 import ipaddress
@@ -41,6 +42,9 @@ def refuse_exposure(settings) -> None:
 
 def warn_exposure(settings) -> None:
     """The warning an --insecure gateway logs at every start."""
-    if exposure_problem(settings) is not None:
+    if settings.insecure and settings.api_keys is None and is_loopback(settings.host):
+        log.warning("INSECURE: serving on %s without API keys (--insecure): any local user of this host may "
+                    "call every RPC (read learners, forget them, change the rollout)", settings.host)
+    elif exposure_problem(settings) is not None:
         log.warning("INSECURE: serving on %s without %s (--insecure): anyone who reaches the ports may call "
                     "every RPC", settings.host, "TLS" if settings.tls_cert is None else "API keys")

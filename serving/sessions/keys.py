@@ -56,8 +56,7 @@ def load_secret(path: Path | None, create: bool = True) -> bytes:
         if not create:
             raise UserError(f"store secret file {path} does not exist")
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(path, secrets.token_hex(32).encode())
-        os.chmod(path, 0o600)
+        atomic_write_bytes(path, secrets.token_hex(32).encode(), mode=0o600)
     try:
         secret = path.read_bytes().strip()
     except OSError as exc:

@@ -179,7 +179,8 @@ def test_sigterm_drains_in_flight_calls_and_exits_zero(cluster: Cluster, vocab) 
     grpc_port, http_port = free_port(), free_port()
     proc, _, err = spawn_routerkt(["serve", "--repository", str(cluster.repository), "--triton-url",
                                    cluster.triton.grpc_url, "--grpc-port", str(grpc_port), "--http-port",
-                                   str(http_port), "--grace-period", "20"], cluster.logs, "sigterm")
+                                   str(http_port), "--grace-period", "20", "--insecure",
+                                   "--state-dir", str(cluster.logs / "sigterm-state")], cluster.logs, "sigterm")
     channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
     try:
         wait_for(lambda: health(channel) == SERVING, 60, "the gateway subprocess to serve")
@@ -209,7 +210,8 @@ def test_sigterm_drains_in_flight_calls_and_exits_zero(cluster: Cluster, vocab) 
 def test_routerkt_serve_starts_triton_prints_a_sample_and_stops_both(kt_repository, tmp_path) -> None:
     grpc_port, http_port = free_port(), free_port()
     proc, out, err = spawn_routerkt(["serve", "--repository", str(kt_repository.path), "--grpc-port", str(grpc_port),
-                                     "--http-port", str(http_port), "--sample-model", "kt"], tmp_path, "serve")
+                                     "--http-port", str(http_port), "--sample-model", "kt",
+                                     "--state-dir", str(tmp_path / "state")], tmp_path, "serve")
     try:
         wait_for(lambda: "sample response:" in out.read_text() or proc.poll() is not None, 150,
                  "the sample prediction", step=0.2)
@@ -242,7 +244,8 @@ def test_a_sigkilled_serve_leaves_no_triton_and_no_stubs(kt_repository, tmp_path
     from serving.tritonserver.launcher import STUB_NAME, shm_files
     grpc_port, http_port = free_port(), free_port()
     proc, out, err = spawn_routerkt(["serve", "--repository", str(kt_repository.path), "--grpc-port", str(grpc_port),
-                                     "--http-port", str(http_port)], tmp_path, "serve")
+                                     "--http-port", str(http_port), "--state-dir", str(tmp_path / "state")],
+                                tmp_path, "serve")
     try:
         with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
             wait_for(lambda: proc.poll() is not None or health(channel) == SERVING, 150, "SERVING", step=0.2)
@@ -250,8 +253,8 @@ def test_a_sigkilled_serve_leaves_no_triton_and_no_stubs(kt_repository, tmp_path
         messages = [json.loads(line)["message"] for line in err.read_text().splitlines() if line.strip()]
         triton_pid = int(re.search(r"\(pid (\d+),", next(m for m in messages if m.startswith("Triton: gRPC"))).group(1))
         stubs = [pid for pid in children(triton_pid) if STUB_NAME in cmdline(pid)]
-        shm = shm_files([triton_pid, *stubs])
-        assert stubs and shm
+        shm = [f"/proc/{triton_pid}/root{p}" for p in shm_files([triton_pid, *stubs])]   # its private /dev/shm
+        assert stubs and shm and all(Path(p).exists() for p in shm)
         (address,) = [a for a in cmdline(triton_pid).split() if a.startswith("--grpc-address=unix:")]
         socket_folder = Path(address.split("unix:", 1)[1]).parent              # serve's private socket folder
         proc.kill()                                                   # no handler, no atexit: only the guard is left

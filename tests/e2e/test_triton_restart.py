@@ -36,7 +36,8 @@ def test_a_killed_triton_is_restarted_and_leaves_nothing_behind(kt_repository, t
     grpc_port, http_port = free_port(), free_port()
     log = open(tmp_path / "serve.log", "wb")
     serve = subprocess.Popen([str(ROUTERKT), "serve", "--repository", str(kt_repository.path), "--grpc-port",
-                              str(grpc_port), "--http-port", str(http_port), "--store", "none", "--log-format", "json"],
+                              str(grpc_port), "--http-port", str(http_port), "--store", "none", "--log-format", "json",
+                              "--insecure", "--state-dir", str(tmp_path / "state")],
                              stdout=log, stderr=log)
     channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
     stub = pb_grpc.KnowledgeTracingServiceStub(channel)

@@ -134,7 +134,9 @@ def test_served_triton_refuses_local_processes_without_the_key_and_the_gateway_s
         # the gateway (which sends the key on its index/load calls) still serves the model
         with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
             stub = pb_grpc.KnowledgeTracingServiceStub(channel)
-            reply = stub.Predict(pb.PredictRequest(model="kt", candidates=[pb.Candidate(question_id=1)]), timeout=10)
+            key = (state / "admin.key").read_text().strip()          # serve's default admin key (0600)
+            reply = stub.Predict(pb.PredictRequest(model="kt", candidates=[pb.Candidate(question_id=1)]), timeout=10,
+                                 metadata=(("authorization", f"Bearer {key}"),))
         assert len(reply.probabilities) == 1
         ready = httpx.get(f"http://127.0.0.1:{http_port}/readyz", timeout=5, trust_env=False)
         assert ready.status_code == 200, ready.text
