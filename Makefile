@@ -38,8 +38,11 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 install: $(VENV)/.installed
 
+# Two workers (pytest-xdist), a test file per worker at a time: module fixtures (a Triton, a trained
+# tiny model) are made once per file; TEST_WORKERS=0 runs in this process.
+TEST_WORKERS ?= 2
 test: install
-	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests -n $(TEST_WORKERS) --dist loadfile --durations=15 $(PYTEST_ARGS)
 
 unit: install
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
