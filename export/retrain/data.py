@@ -126,14 +126,15 @@ def split_events(events_csv: Path, train_csv: Path, cutoff_ms: int | None) -> Sp
     return split
 
 
-def grown_vocab(served: Vocab, data: Vocab) -> tuple[Vocab, dict[str, int]]:
-    """The served vocabulary plus the questions and skills the platform added since (ids by ascending raw
-    id, as Vocab.build); a question keeps the served version's skill set. Returns (vocab, counts)."""
-    questions = sorted(set(served.questions) | set(data.questions))
-    skills = sorted(set(served.skills) | set(data.skills))
+def grown_vocab(base: Vocab, data: Vocab) -> tuple[Vocab, dict[str, int]]:
+    """The base version's vocabulary (export/retrain/base.py) plus the questions and skills the platform
+    added since (ids by ascending raw id, as Vocab.build); a question keeps the base version's skill set.
+    Returns (vocab, counts): the new ids are those `base` does not know."""
+    questions = sorted(set(base.questions) | set(data.questions))
+    skills = sorted(set(base.skills) | set(data.skills))
     vocab = Vocab(questions={q: FIRST_ID + i for i, q in enumerate(questions)},
                   skills={s: FIRST_ID + i for i, s in enumerate(skills)},
-                  question_skills=dict(sorted({**data.question_skills, **served.question_skills}.items())))
-    return vocab, {"new_questions": len(set(data.questions) - set(served.questions)),
-                   "new_skills": len(set(data.skills) - set(served.skills)),
+                  question_skills=dict(sorted({**data.question_skills, **base.question_skills}.items())))
+    return vocab, {"new_questions": len(set(data.questions) - set(base.questions)),
+                   "new_skills": len(set(data.skills) - set(base.skills)),
                    "questions": len(questions), "skills": len(skills)}

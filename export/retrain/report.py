@@ -22,7 +22,8 @@ def render(report) -> str:
     """The report as the table printed at the end (report.txt)."""
     sizes = report.sizes
     store = f" from the {report.store} store" if report.store else ""
-    lines = [f"retrain of {report.model}{store}; served version {report.served_version}"]
+    base = "" if report.base_version in (None, report.served_version) else f"; base version {report.base_version}"
+    lines = [f"retrain of {report.model}{store}; served version {report.served_version}{base}"]
     if report.canary is not None:
         lines.append(f"canary: {report.canary['text']}")
     if sizes:
@@ -32,7 +33,8 @@ def render(report) -> str:
                   f"({sizes.get('train_learners', 0):,} learners), held out {sizes.get('heldout_events', 0):,} "
                   f"({sizes.get('heldout_learners', 0):,} learners)",
                   f"vocabulary: {vocab.get('questions', 0)} questions ({vocab.get('new_questions', 0)} new), "
-                  f"{vocab.get('skills', 0)} skills ({vocab.get('new_skills', 0)} new); "
+                  f"{vocab.get('skills', 0)} skills ({vocab.get('new_skills', 0)} new) against version "
+                  f"{vocab.get('against_version', '?')}; "
                   f"warm start: {_warm_text(report.warm_start)}",
                   "", f"{'held-out events':<24}{'AUC':>8}{'log loss':>10}{'Brier':>8}"]
     rows = [(f"served v{v}" if int(v) == report.served_version else f"canary candidate v{v}", metrics)
@@ -53,5 +55,5 @@ def _warm_text(warm: dict | None) -> str:
         return "off"
     if "note" in warm:
         return warm["note"]
-    return (f"from run {warm['from']} ({warm['copied']} tensors copied, {warm['row_mapped']} question/skill tables "
-            f"row by row, {len(warm['fresh'])} fresh)")
+    return (f"from version {warm.get('version', '?')}'s run {warm['from']} ({warm['copied']} tensors copied, "
+            f"{warm['row_mapped']} question/skill tables row by row, {len(warm['fresh'])} fresh)")

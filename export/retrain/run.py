@@ -1,12 +1,13 @@
-"""`retrain`, the stages of `routerkt retrain`: export, split, train, score, gate, publish, canary.
+"""`retrain`, the stages of `routerkt retrain`: export, split, score, train, gate, publish, canary.
 
-The store is exported and split forward in time; the new model is trained, both versions are scored on the
-held-out events, and the new one is published only past the offline gate, then canaried.
+The store is exported and split forward in time; the versions in force are scored on the held-out events,
+the better one is the base (export/retrain/base.py: the new model trains from it and must beat it), the new
+model is trained and scored, and published only past the offline gate, then canaried over the base.
 
 A canary still undecided when the retrain starts (docs/learning-loop.md, "An undecided canary"): until its
 candidate has `canary_patience` outcomes the retrain leaves it running and publishes nothing (exit 3); after
 that, its test is taken as "no difference it can detect", both of its versions are scored offline, and the
-new model must beat the better of the two, which becomes the new canary's baseline."""
+new model is trained from the better of the two and must beat it; it becomes the new canary's baseline."""
 from __future__ import annotations
 
 import math
@@ -17,9 +18,10 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from export.retrain import commands
+from export.retrain.base import Base, choose_base
 from export.retrain.lock import retrain_lock
 from export.retrain.private import private_data, sweep
 from routerkt.atomic import atomic_write_bytes
@@ -27,8 +29,11 @@ from routerkt.contract.repository import latest_version, list_versions, read_mod
 from routerkt.contract.signature import CONFIG_FILE
 from routerkt.errors import UserError
 
+if TYPE_CHECKING:
+    from export.retrain.train import Trained
+
 PUBLISHED, NOT_PUBLISHED = 0, 3
-MARGIN = 0.002             # the new version's held-out log loss must be below the served one's minus this
+MARGIN = 0.002             # the new version's held-out log loss must be below the base version's minus this
 WEIGHT = 0.1               # the canary's share of learners
 CANARY_PATIENCE = 3000     # candidate outcomes an undecided canary gets before a retrain may replace it
 DEFAULT_POLICY_FILE = Path(".routerkt") / "rollout.json"
@@ -69,6 +74,7 @@ class Report:
     model: str
     store: str = ""
     served_version: int | None = None
+    base_version: int | None = None   # the version the new model must beat, trained from (export/retrain/base.py)
     new_version: int | None = None
     outcome: str = ""              # published | not_better | canary_undecided
     decision: str = ""
@@ -133,14 +139,12 @@ def retrain(opts: RetrainOptions, log=print) -> tuple[int, Report]:
 
 def _run(opts: RetrainOptions, report: Report, log) -> int:
     started = time.perf_counter()
-    repo = Path(opts.repository)
     state, served = _served_state(opts, report, log)
     if report.canary is not None and not report.canary["replace"]:
         return _finish(report, "canary_undecided", report.canary["text"] + "; nothing published", started, log)
-    info, served_vocab = read_model_info(repo, opts.model, served), read_vocab(repo, opts.model, served)
     compare = [served] + ([report.canary["candidate"]] if report.canary is not None else [])
-    trained = _train_and_score(opts, report, info, served_vocab, compare, log)
-    reference = min(compare, key=lambda v: report.compared[str(v)]["log_loss"])
+    trained, base = _train_and_score(opts, report, compare, log)
+    reference = base.version
     report.served = report.compared[str(reference)]
     better = report.candidate["log_loss"] < report.served["log_loss"] - opts.margin
     if not better:
@@ -151,10 +155,10 @@ def _run(opts: RetrainOptions, report: Report, log) -> int:
     with report.stage("export_candidate", log):
         from export.exporter import export_run
         candidate_repo = Path(opts.out) / "candidate"
-        # the served version's step graphs carry over: the model keeps one config.pbtxt (a candidate without
+        # the base version's step graphs carry over: the model keeps one config.pbtxt (a candidate without
         # them would change it, and Triton would reload every version, the canary's baseline included)
-        result = export_run(trained.run, candidate_repo, name=opts.model, backend=info.backend or "python",
-                            log=lambda *_: None, step_graphs=info.step_state is not None)
+        result = export_run(trained.run, candidate_repo, name=opts.model, backend=base.info.backend or "python",
+                            log=lambda *_: None, step_graphs=base.info.step_state is not None)
         candidate_dir = version_dir(candidate_repo, opts.model, result.version)
     with report.stage("publish", log):
         report.new_version = _publish_and_canary(opts, state, reference, candidate_repo, candidate_dir, report, log)
@@ -188,9 +192,11 @@ def _served_state(opts: RetrainOptions, report: Report, log) -> tuple[dict, int]
     return state, served
 
 
-def _train_and_score(opts: RetrainOptions, report: Report, info, served_vocab, compare: list[int], log):
+def _train_and_score(opts: RetrainOptions, report: Report, compare: list[int], log) -> tuple[Trained, Base]:
     """The stages on the learners' data (a private folder, removed after): export the store, split it forward
-    in time, train, then score each version of `compare` and the new model on the held-out events."""
+    in time, score each version of `compare` on the held-out events, which chooses the base (the version the
+    new model must beat, export/retrain/base.py), train from that base, then score the new model.
+    Returns (the trained model, the base)."""
     from export.retrain.data import split_events
     from export.retrain.score import score_model, score_version
     repo, out = Path(opts.repository), Path(opts.out)
@@ -206,19 +212,20 @@ def _train_and_score(opts: RetrainOptions, report: Report, info, served_vocab, c
             report.sizes, report.cutoff_ms, report.cutoff = split.sizes, split.cutoff_ms, split.cutoff_text
             log(f"split at {split.cutoff_text}: {split.sizes['train_events']:,} events train, "
                 f"{split.sizes['heldout_events']:,} held out")
-        with report.stage("train", log):
-            trained = _train(opts, info, served_vocab, train_csv, out, report, log)
         with report.stage("evaluate", log):
-            from training.checkpoint import load_checkpoint
             for version in compare:
-                vocab, window = ((served_vocab, info.window) if version == report.served_version else
-                                 (read_vocab(repo, opts.model, version),
-                                  read_model_info(repo, opts.model, version).window))
-                report.compared[str(version)] = score_version(version_dir(repo, opts.model, version), vocab, window,
-                                                              split)
+                report.compared[str(version)] = score_version(
+                    version_dir(repo, opts.model, version), read_vocab(repo, opts.model, version),
+                    read_model_info(repo, opts.model, version).window, split)
+        base = choose_base(repo, opts.model, report.compared)
+        report.base_version = base.version
+        with report.stage("train", log):
+            trained = _train(opts, base, train_csv, out, report, log)
+        with report.stage("evaluate_new", log):
+            from training.checkpoint import load_checkpoint
             report.candidate = score_model(load_checkpoint(trained.run / "fold-0").model, trained.vocab,
                                            trained.window, split)
-    return trained
+    return trained, base
 
 
 def _canary(state: dict, status: dict, opts: RetrainOptions) -> dict | None:
@@ -245,30 +252,34 @@ def _canary(state: dict, status: dict, opts: RetrainOptions) -> dict | None:
     seen = f"after {counts[candidate]:,} candidate / {counts[baseline] or 0:,} baseline outcomes{interval}"
     out["replace"] = counts[candidate] >= opts.canary_patience
     out["text"] = (f"{name} undecided {seen}: " + (
-        f"past the patience of {opts.canary_patience:,} candidate outcomes, so the new model is compared with both "
-        "and canaried over the better one" if out["replace"] else
+        f"past the patience of {opts.canary_patience:,} candidate outcomes, so both are scored and the new model is "
+        "trained from the better one, must beat it and is canaried over it" if out["replace"] else
         f"it keeps running until its candidate has {opts.canary_patience:,} outcomes or its test decides"))
     return out
 
 
-def _train(opts: RetrainOptions, info, served_vocab, train_csv: Path, out: Path, report: Report, log):
+def _train(opts: RetrainOptions, base: Base, train_csv: Path, out: Path, report: Report, log) -> Trained:
+    """Train from the base (export/retrain/base.py): its run's configuration, warm from its checkpoint, its
+    vocabulary grown by the ids the platform added since."""
     from export.retrain.train import build_config, train
-    from export.retrain.warm import find_served_run
-    served_fold = find_served_run(opts.runs, info)
-    cfg = build_config(info, served_fold, opts.preset, train_csv, opts.epochs, opts.overrides)
+    from export.retrain.warm import find_run
+    base_fold = find_run(opts.runs, base.info)
+    cfg = build_config(base.info, base_fold, opts.preset, train_csv, opts.epochs, opts.overrides)
     warm_fold = None
     if opts.warm_start:
-        if served_fold is None:
-            report.warm_start = {"note": f"the served version's run ({info.provenance.get('run_id', '?')}) is not "
-                                         f"under {opts.runs}: trained from scratch"}
-        elif cfg.preset != info.preset or cfg.data.window != info.window:
-            report.warm_start = {"note": "another preset or window than the served version's: trained from scratch"}
+        run_id = base.info.provenance.get("run_id", "?")
+        if base_fold is None:
+            report.warm_start = {"version": base.version, "note": f"version {base.version}'s run ({run_id}) is "
+                                                                  f"not under {opts.runs}: trained from scratch"}
+        elif cfg.preset != base.info.preset or cfg.data.window != base.info.window:
+            report.warm_start = {"version": base.version, "note": f"another preset or window than version "
+                                                                  f"{base.version}'s: trained from scratch"}
         else:
-            warm_fold = served_fold
-    trained = train(cfg, served_vocab, out, warm_fold, log)
-    report.vocab = trained.vocab_growth
+            warm_fold = base_fold
+    trained = train(cfg, base.vocab, out, warm_fold, log)
+    report.vocab = {"against_version": base.version, **trained.vocab_growth}
     if trained.warm:
-        report.warm_start = trained.warm
+        report.warm_start = {"version": base.version, **trained.warm}
     report.training = {"preset": cfg.preset, "epochs_run": trained.result.get("epochs_run"),
                        "best_epoch": trained.result.get("best_epoch"), "valid_auc": trained.result.get("valid_auc"),
                        "device": cfg.train.device.value}

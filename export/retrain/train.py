@@ -1,4 +1,4 @@
-"""The retrain's training step: the served version's configuration (or a preset) on the training rows.
+"""The retrain's training step: the base version's configuration (or a preset) on the training rows.
 
 It trains with the grown vocabulary, from scratch or warm (export/retrain/warm.py)."""
 from __future__ import annotations
@@ -30,17 +30,18 @@ class Trained:
     window: int              # the model's window (scoring windows)
 
 
-def build_config(info: ModelInfo, served_fold: Path | None, preset: str | None, train_csv: Path, epochs: int,
+def build_config(info: ModelInfo, base_fold: Path | None, preset: str | None, train_csv: Path, epochs: int,
                  overrides: list[str]):
-    """The served run's whole configuration when its run is known and no other --preset is asked for,
-    else the preset's (default: the served version's); the retrain defaults, then --set, on top."""
+    """The base run's whole configuration (`info`: the base version's, export/retrain/base.py) when its run
+    is known and no other --preset is asked for, else the preset's (default: the base version's); the
+    retrain defaults, then --set, on top."""
     from training.config import RunConfig, apply_overrides, from_dict
     from training.models.registry import run_config
     preset = preset or info.preset
     if not preset:
-        raise UserError("the served version names no preset (model_info.json); give --preset")
-    if served_fold is not None and preset == info.preset:
-        cfg = from_dict(RunConfig, json.loads((served_fold / "meta.json").read_text())["config"])
+        raise UserError("the base version names no preset (model_info.json); give --preset")
+    if base_fold is not None and preset == info.preset:
+        cfg = from_dict(RunConfig, json.loads((base_fold / "meta.json").read_text())["config"])
         cfg.data.path, cfg.data.folds_file, cfg.data.run_folds, cfg.data.dataset = str(train_csv), "", 0, ""
     else:
         try:
@@ -55,21 +56,22 @@ def build_config(info: ModelInfo, served_fold: Path | None, preset: str | None, 
     return cfg
 
 
-def train(cfg, served_vocab: Vocab, out: Path, warm_fold: Path | None, log) -> Trained:
-    """Train one model on `cfg.data.path` into `out` (a run folder export_run reads)."""
+def train(cfg, base_vocab: Vocab, out: Path, warm_fold: Path | None, log) -> Trained:
+    """Train one model on `cfg.data.path` into `out` (a run folder export_run reads), its vocabulary
+    `base_vocab` grown by the data's new ids (counted against `base_vocab`)."""
     import torch
     from export.retrain.data import grown_vocab
     from export.retrain.warm import warm_start
     from training import device as devices
     from training.data.pipeline import load_interactions, load_run_data
     from training.data.protocol import make_folds
-    from training.loop import FoldData, train_fold
+    from training.fold_training import FoldData, train_fold
     from training.models.registry import build_model, with_vocab
 
     devices.resolve(cfg.train.device)                      # an unusable train.device fails before any work
     if cfg.train.threads > 0:
         torch.set_num_threads(cfg.train.threads)
-    vocab, growth = grown_vocab(served_vocab, Vocab.build(load_interactions(cfg.data)))
+    vocab, growth = grown_vocab(base_vocab, Vocab.build(load_interactions(cfg.data)))
     data = load_run_data(cfg.data, vocab=vocab)
     cfg.model = with_vocab(cfg.model, vocab.n_questions, vocab.n_skills)
     cfg.model.max_len = cfg.data.window

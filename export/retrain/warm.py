@@ -1,6 +1,6 @@
-"""Warm start: the served version's weights copied into a model with a grown vocabulary.
+"""Warm start: the base version's weights (export/retrain/base.py) copied into a model with a grown vocabulary.
 
-It finds the training run the served version was exported from and maps its checkpoint onto the new ids."""
+It finds the training run the base version was exported from and maps its checkpoint onto the new ids."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -20,7 +20,7 @@ class WarmStart:
     fresh: list[str] = field(default_factory=list)   # tensors whose shape no mapping explains (kept fresh)
 
 
-def find_served_run(runs: Path, info: ModelInfo) -> Path | None:
+def find_run(runs: Path, info: ModelInfo) -> Path | None:
     """The fold folder (meta.json + model.pt) the version described by `info` was exported from: a run
     folder under `runs` (or `runs` itself) whose '<folder name>-<preset>' is the version's run_id."""
     run_id, fold = info.provenance.get("run_id", ""), info.provenance.get("fold", "")

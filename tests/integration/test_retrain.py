@@ -1,17 +1,18 @@
-"""`routerkt retrain` on real SQLite stores and a tiny served version: the gate (exit 3, nothing published), the publish path (exit 0, v2 in canary), the lock and each fault (one line, exit 2, nothing half-written)."""
+"""`routerkt retrain` on real SQLite stores and a tiny served version: the gate (exit 3, nothing published), the publish path (exit 0, v2 in canary), the next night's base after a canary, the lock and each fault (one line, exit 2, nothing half-written)."""
 from __future__ import annotations
 
 import asyncio
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 
 from export.retrain.lock import retrain_lock
 from routerkt.cli import main as routerkt_main
-from routerkt.contract.repository import list_versions
+from routerkt.contract.repository import list_versions, read_vocab
 from tests.conftest import TINY_OVERRIDES
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -47,10 +48,12 @@ def served(kt_repository, tmp_path) -> tuple[Path, Path]:
     return repo, tmp_path / "rollout.json"
 
 
-def retrain(store: str, repo: Path, policy: Path | None, kt_repository, tmp_path: Path, *extra: str) -> int:
+def retrain(store: str, repo: Path, policy: Path | None, kt_repository, tmp_path: Path, *extra: str,
+            runs: Path | None = None, out: Path | None = None) -> int:
     where = ["--policy-file", str(policy)] if policy is not None else []
     args = ["retrain", "--store", store, "--repository", str(repo), "--model", "kt", *where,
-            "--runs", str(kt_repository.run.parent), "--out", str(tmp_path / "retrain"), "--epochs", "2",
+            "--runs", str(runs or kt_repository.run.parent), "--out", str(out or tmp_path / "retrain"),
+            "--epochs", "2",
             *(f"--set={o}" for o in TINY_OVERRIDES if not o.startswith("data.window")), *extra]
     return routerkt_main(args)
 
@@ -105,9 +108,59 @@ def test_population_b_is_published_as_a_canary(stores, served, kt_repository, tm
     assert list_versions(repo, "kt") == [1, 2]
     entry = json.loads(policy.read_text())["models"]["kt"]
     assert (entry["policy"], entry["baseline"], entry["candidate"], entry["weight"]) == ("canary", 1, 2, 0.1)
-    from routerkt.contract.repository import read_vocab
     assert len(read_vocab(repo, "kt", 2).questions) == 240
     assert "published version 2" in capsys.readouterr().out
+
+
+def test_after_a_canary_the_next_retrain_starts_from_the_version_it_must_beat(stores, served, kt_repository,
+                                                                              tmp_path) -> None:
+    """Night 1 canaries v2 (trained on population B) over v1. Night 2, past the canary's patience, scores both on
+    B's held-out events: v2 is the better, so the new model must beat v2, is warm-started from v2's run (not from
+    the canary's baseline v1) and counts new ids against v2's vocabulary: the one question and one skill the
+    store added since (v1 lacks 40 questions more)."""
+    import httpx
+
+    from routerkt.contract.repository import read_model_info
+    from serving.backends.onnxruntime import OnnxRuntimeBackend
+    from serving.metrics import Metrics
+    from serving.server import ThreadedGateway
+    from serving.settings import Settings
+    from training.data.synthetic import generate
+    repo, policy = served
+    runs = tmp_path / "runs"
+    shutil.copytree(kt_repository.run, runs / kt_repository.run.name)          # night 1 warm-starts from v1's run
+    assert retrain(stores["b"], repo, policy, kt_repository, tmp_path, "--epochs", "1", runs=runs,
+                   out=runs / "night-1") == 0
+    assert json.loads(policy.read_text())["models"]["kt"]["baseline"] == 1
+    assert read_model_info(repo, "kt", 2).provenance["run_id"].startswith("night-1-")
+    grown = generate(n_learners=200, seed=11, n_questions=240)                # B, its first learner's first two
+    first = (grown["user_id"] == grown["user_id"].iloc[0]) & (grown["order"] < 2)   # answers on ids no version knows
+    grown.loc[first, "question_id"], grown.loc[first, "skill_id"] = 9_002, 9_001
+    store = f"sqlite:///{tmp_path / 'grown.sqlite3'}"
+    fill(store, grown)
+    settings = Settings(repository=repo, grpc_port=0, http_port=0, rollout_policy=policy, rollout_poll_s=0.1,
+                        probe_interval_s=0.5, grace_period_s=1.0)
+    gateway = ThreadedGateway(settings, Metrics(), backend=OnnxRuntimeBackend(settings)).start()
+    url = f"http://127.0.0.1:{gateway.http_port}"
+    try:
+        deadline = time.monotonic() + 30                # the gateway counts the canary's outcomes (none yet)
+        while "since_canary_began" not in httpx.get(url + "/v1/rollout", timeout=5).json()["models"].get("kt", {}):
+            assert time.monotonic() < deadline, "the gateway never started counting the canary's outcomes"
+            time.sleep(0.1)
+        code = retrain(store, repo, None, kt_repository, tmp_path, "--gateway", url, "--canary-patience", "0",
+                       "--margin", "10", "--epochs", "1", runs=runs, out=runs / "night-2")
+    finally:
+        gateway.stop(grace=1.0)
+    report = json.loads((runs / "night-2" / "report.json").read_text())
+    assert code == 3 and report["canary"]["replace"] is True and set(report["compared"]) == {"1", "2"}
+    assert report["compared"]["2"]["log_loss"] < report["compared"]["1"]["log_loss"]    # v2 is the better offline
+    assert report["warm_start"]["from"] == "night-1", report["warm_start"]             # v2's run, not v1's (tiny)
+    assert (report["vocab"]["new_questions"], report["vocab"]["new_skills"]) == (1, 1), report["vocab"]
+    assert report["vocab"] == {"against_version": 2, "new_questions": 1, "new_skills": 1, "questions": 241,
+                               "skills": len(read_vocab(repo, "kt", 2).skills) + 1}
+    assert report["warm_start"]["version"] == 2 and report["warm_start"]["row_mapped"] > 0   # 240 rows known, 1 new
+    assert report["base_version"] == 2 and report["served"] == report["compared"]["2"]  # the gate's version
+    assert "version 2's" in report["decision"]
 
 
 def test_a_failure_after_publishing_takes_the_version_back(stores, served, kt_repository, tmp_path, capsys) -> None:

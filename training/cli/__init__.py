@@ -1,0 +1,1 @@
+"""The `routerkt` training commands: train, evaluate, audit, reproduce, validity."""

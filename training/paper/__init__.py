@@ -1,0 +1,1 @@
+"""The paper's comparison: the grid of variants, resumable runs, RESULTS.md with the published numbers."""
