@@ -12,6 +12,7 @@ from pathlib import Path
 from export.retrain.run import CANARY_PATIENCE, DEFAULT_POLICY_FILE, MARGIN, WEIGHT, RetrainOptions
 from export.retrain.train import EPOCHS
 from routerkt.errors import UserError
+from routerkt.flag_groups import add_client_flags, add_store_credentials
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -46,19 +47,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy-file", type=Path, default=None,
                    help="without --gateway: the rollout policy file the gateway watches "
                         f"(default {DEFAULT_POLICY_FILE})")
-    p.add_argument("--gateway-ca-file", type=Path, default=None, metavar="PEM",
-                   help="CA of the gateway's HTTPS certificate")
-    p.add_argument("--api-key-file", type=Path, default=None, metavar="FILE",
-                   help="the gateway's admin API key (default: $ROUTERKT_API_KEY when set)")
+    add_client_flags(p, ca_flag="--gateway-ca-file")         # the gateway's admin key and CA
     p.add_argument("--canary-patience", type=int, default=CANARY_PATIENCE, metavar="N",
                    help="an undecided canary keeps running (exit 3) until its candidate has N outcomes; then the new "
                         f"model must beat the better of its two versions (default {CANARY_PATIENCE}; needs --gateway)")
     p.add_argument("--load-timeout", type=float, default=300.0,
                    help="seconds to wait for --gateway to load the new version")
-    p.add_argument("--store-password-file", type=Path, default=None, metavar="FILE",
-                   help="password of the rediss:// store user")
-    p.add_argument("--store-ca-file", type=Path, default=None, metavar="PEM",
-                   help="CA of the store's certificate (rediss://)")
+    add_store_credentials(p)
     p.add_argument("--keep-data", action="store_true",
                    help="keep the exported events.csv and train.csv in OUT/.data (folder 0700, files 0600)")
     p.add_argument("--json", action="store_true",

@@ -1,6 +1,7 @@
-"""Settings of the gateway: one dataclass, every knob documented, validated in one place.
+"""Settings of the gateway: one frozen dataclass, every knob documented, validated in one place.
 
-`routerkt serve` builds it from its flags; tests build it directly (ports 0 = any free port).
+`routerkt serve` builds it from its --config file and flags (serving/cli/serve_config.py); tests
+build it directly (ports 0 = any free port) and change it with dataclasses.replace.
 """
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ SERVICE_NAME = "routerkt.v1.KnowledgeTracingService"   # health-check service na
 SESSIONS_SERVICE_NAME = "routerkt.v1.Sessions"         # health-check name of the session store's state
 
 
-@dataclass
+@dataclass(frozen=True)
 class Settings:
-    """How the gateway listens, talks to Triton and protects itself."""
+    """How the gateway listens, talks to Triton and protects itself. Frozen: a changed copy is
+    dataclasses.replace(settings, ...).validate()."""
 
     # -- where things are ------------------------------------------------------------------------
     repository: Path = Path("model_repository")  # Triton model repository (vocab.json + model_info.json per version)
@@ -133,15 +135,17 @@ class Settings:
                                                   # X-Forwarded-For names the HTTP client; () = none: the
                                                   # connection's own address is the client's (limit, logs)
 
+    def __post_init__(self) -> None:
+        """Normalise the forms a caller may pass: a str for a Path field, "A,B" or a list for
+        trusted_proxies (spaces around items dropped). Checking is validate()'s."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type in ("Path", "Path | None") and value is not None and not isinstance(value, Path):
+                object.__setattr__(self, f.name, Path(value))
+        object.__setattr__(self, "trusted_proxies", _proxy_items(self.trusted_proxies))
+
     def validate(self) -> "Settings":
-        """Raise UserError naming the first bad field; returns self."""
-        self.repository = Path(self.repository)
-        if self.rollout_policy is not None:
-            self.rollout_policy = Path(self.rollout_policy)
-        for name in ("tls_cert", "tls_key", "tls_client_ca", "api_keys", "triton_key_file", "triton_tls_ca",
-                     "triton_tls_cert", "triton_tls_key"):
-            if getattr(self, name) is not None:
-                setattr(self, name, Path(getattr(self, name)))
+        """Raise UserError naming the first bad field; returns self (normalised at construction)."""
         if (self.tls_cert is None) != (self.tls_key is None) or (self.tls_client_ca and not self.tls_cert):
             raise UserError("--tls-cert and --tls-key go together (and --tls-client-ca needs them)")
         if (self.triton_tls_cert is None) != (self.triton_tls_key is None):
@@ -192,7 +196,7 @@ class Settings:
                             f"HOST:PORT, got {self.triton_url!r}")
         if not self.host:
             raise UserError("settings.host must not be empty")
-        self.trusted_proxies = _proxies(self.trusted_proxies)
+        _check_proxies(self.trusted_proxies)
         return self
 
     @property
@@ -219,23 +223,27 @@ class Settings:
         return {f.name: (str(v) if isinstance(v := getattr(self, f.name), Path) else v) for f in fields(self)}
 
 
-def _proxies(value: object) -> tuple[str, ...]:
-    """trusted_proxies as a tuple (a comma-separated string is split); UserError for anything but IP
-    addresses and CIDR networks (uvicorn would take other text as a literal that never matches)."""
+def _proxy_items(value: object) -> object:
+    """trusted_proxies as a tuple of stripped items (a comma-separated string is split); anything
+    else is left for _check_proxies to refuse."""
     if isinstance(value, str):
         value = value.split(",") if value.strip() else ()
-    if not isinstance(value, (tuple, list)):
+    if isinstance(value, (tuple, list)):
+        return tuple(item.strip() if isinstance(item, str) else item for item in value)
+    return value
+
+
+def _check_proxies(value: object) -> None:
+    """UserError for anything but IP addresses and CIDR networks (uvicorn would take other text as a
+    literal that never matches)."""
+    if not isinstance(value, tuple):
         raise UserError(f"--trusted-proxies must be IP addresses or CIDR networks, got {value!r}")
-    out = []
-    for item in value:
-        text = item.strip() if isinstance(item, str) else item
+    for text in value:
         try:
             ipaddress.ip_network(text) if "/" in text else ipaddress.ip_address(text)
         except (TypeError, ValueError):
             raise UserError(f"--trusted-proxies: {text!r} is not an IP address or a CIDR network "
                             "(e.g. 10.0.0.7 or 10.0.0.0/8, no host bits after the /)") from None
-        out.append(text)
-    return tuple(out)
 
 
 def _host_port(url: str) -> bool:

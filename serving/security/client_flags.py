@@ -7,20 +7,11 @@ from __future__ import annotations
 import argparse
 import os
 import ssl
-from pathlib import Path
 
 from routerkt.errors import UserError
-from serving.security.default_keys import DEFAULT_STATE_DIR, TOKEN_FILE, default_token
-
-ENV_KEY = "ROUTERKT_API_KEY"
-
-
-def add_client_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--api-key-file", type=Path, default=None,
-                        help=f"file holding the API key to send (default: ${ENV_KEY} when set, else "
-                             f"{DEFAULT_STATE_DIR / TOKEN_FILE} when it exists: the key `routerkt serve` made)")
-    parser.add_argument("--tls-ca", type=Path, default=None,
-                        help="PEM of the CA that signed the gateway's certificate (the gateway serves TLS)")
+from routerkt.flag_groups import API_KEY_ENV as ENV_KEY
+from routerkt.flag_groups import add_client_flags  # noqa: F401  (declared once, for retrain too)
+from serving.security.default_keys import default_token
 
 
 def api_key(args: argparse.Namespace) -> str | None:

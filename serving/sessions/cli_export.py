@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from routerkt.errors import UserError
+from routerkt.flag_groups import add_store_credentials
 from routerkt.timestamps import parse_time
 from serving.sessions.factory import open_store
 from serving.sessions.store import NO_TIMESTAMP, SessionStore, StoredEvent, StoreUnavailable
@@ -33,10 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--until", default=None, metavar="T", help="only events with timestamp_ms < T")
     parser.add_argument("--chunk-learners", type=int, default=CHUNK_LEARNERS,
                         help=f"learners read per store call (memory: one chunk; default {CHUNK_LEARNERS})")
-    parser.add_argument("--store-password-file", type=Path, default=None, metavar="FILE",
-                        help="password of the --store redis(s)://USER@HOST:PORT/DB user")
-    parser.add_argument("--store-ca-file", type=Path, default=None, metavar="PEM",
-                        help="CA that signed the store's certificate (rediss://)")
+    add_store_credentials(parser)
 
 
 def user_id(learner_key: str) -> int:

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from routerkt.errors import UserError
+from routerkt.flag_groups import add_store_credentials
 from serving.sessions.keys import LearnerKeys, load_secret
 from serving.sessions.factory import open_store
 from serving.sessions.store import StoredEvent
@@ -34,10 +35,12 @@ CHUNK_LEARNERS = 256
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", type=Path, required=True, help="canonical interactions CSV (plain or .gz)")
-    parser.add_argument("--store", required=True, help="sqlite:///PATH or redis://HOST:PORT/DB")
+    parser.add_argument("--store", required=True,
+                        help="sqlite:///PATH, redis://HOST:PORT/DB or rediss://USER@HOST:PORT/DB")
     parser.add_argument("--keep", type=int, default=1000, help="events kept per learner (the gateway's --store-keep)")
     parser.add_argument("--secret-file", type=Path, default=Path(".routerkt/store.secret"),
                         help="HMAC secret for learner keys, the gateway's (ROUTERKT_STORE_SECRET wins)")
+    add_store_credentials(parser)
 
 
 def read_learners(path: Path) -> dict[str, list[tuple[int, tuple[int, ...], int, int]]]:
@@ -91,7 +94,7 @@ async def import_learners(learners: dict[str, list[tuple[int, tuple[int, ...], i
 def run(args: argparse.Namespace) -> int:
     if args.keep < 1:
         raise UserError(f"--keep must be >= 1, got {args.keep}")
-    store = open_store(args.store)
+    store = open_store(args.store, password_file=args.store_password_file, ca_file=args.store_ca_file)
     keys = LearnerKeys(load_secret(args.secret_file))
     started = time.perf_counter()
     learners = read_learners(args.data)

@@ -3,6 +3,7 @@ answers of newly stored events once, by learner key or prediction id, and never 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import numpy as np
 import pytest
@@ -107,7 +108,7 @@ def test_joins_run_in_call_order(tmp_path) -> None:
 
 def test_a_full_queue_drops_and_counts(tmp_path) -> None:
     async def body(tracker, metrics):
-        tracker.settings.max_pending_served = 3
+        tracker.settings = dataclasses.replace(tracker.settings, max_pending_served=3).validate()
         record(tracker, "cy", [1, 2], [0.5, 0.5])
         record(tracker, "cy", [3, 4], [0.5, 0.5])                  # would make 4 > 3
         assert metrics.registry.get_sample_value("routerkt_served_dropped_total") == 2

@@ -374,8 +374,7 @@ def test_candidates_beyond_the_models_max_batch_size_are_invalid(setup) -> None:
     request.model = "small"
     run(service.predict(request, Deadline.after(5)))                         # 3 rows fit max_batch_size 3
     request.candidates.append(pb.Candidate(question_id=100))
-    settings = service.settings
-    settings.max_candidates = 4
+    _settings(service, max_candidates=4)                                    # Settings are frozen: a replaced copy
     error = code_of(service.predict(request, Deadline.after(5)))
     assert error.code is grpc.StatusCode.INVALID_ARGUMENT and error.field == "candidates"
 
