@@ -136,7 +136,7 @@ def export_run(run: Path, repository: Path, name: str | None = None, version: in
     rollout policy file `policy_file` names (a canary's baseline must stay loaded). `step_graphs`: the
     step graphs too, where the model can be stepped."""
     from training.checkpoint import load_checkpoint
-    from training.run import best_fold_dir
+    from training.training_run import best_fold_dir
 
     run, repository = Path(run), Path(repository)
     _check_repository(repository)

@@ -46,7 +46,7 @@ def timed(fn, repeats: int, device: str) -> list[float]:
 def training_step_diff(cfg, feeds: dict[str, np.ndarray], device: str) -> float:
     """Max |parameter difference| after one Adam step (dropout off) on `device` vs on the CPU."""
     from training.batching import Batch
-    from training.loop import batch_loss
+    from training.fold_training import batch_loss
     rows = min(64, len(feeds["questions"]))
     batch = Batch(*(torch.from_numpy(feeds[k][:rows]) for k in ("questions", "skills", "responses")),
                   index=np.arange(rows))

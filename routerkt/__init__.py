@@ -1,2 +1,3 @@
-"""RouterKT Serving: the `routerkt` console script and the error type shared by every package."""
+"""RouterKT Serving: the `routerkt` console script, the error type and the helpers shared by every package,
+and contract/ (signature, vocabulary, model info: what training, export and serving agree on, torch-free)."""
 __version__ = "0.1.0"

@@ -26,13 +26,13 @@ class OneLineParser(argparse.ArgumentParser):
 # command -> (module, help). Command groups (GROUPS) nest: "bench <name>", "sessions <name>".
 COMMANDS: dict[str, tuple[str, str]] = {
     "synth": ("training.data.cli_synth", "write a synthetic learner dataset (canonical CSV)"),
-    "train": ("training.cli_train", "train a preset with K-fold cross-validation"),
-    "evaluate": ("training.cli_evaluate", "evaluate a run on a dataset and write plots"),
-    "audit": ("training.cli_audit",
+    "train": ("training.cli.cli_train", "train a preset with K-fold cross-validation"),
+    "evaluate": ("training.cli.cli_evaluate", "evaluate a run on a dataset and write plots"),
+    "audit": ("training.cli.cli_audit",
               "leak audit of a trained run: perturbation probe, visible answers, shuffled-label control"),
-    "validity": ("training.cli_validity",
+    "validity": ("training.cli.cli_validity",
                  "validity of mastery and explanations against the truth of synthetic learners"),
-    "reproduce": ("training.cli_reproduce", "run the paper's comparison grid, resumable"),
+    "reproduce": ("training.cli.cli_reproduce", "run the paper's comparison grid, resumable"),
     "export": ("export.cli_export", "export a run to ONNX and the Triton model repository"),
     "serve": ("serving.cli.cli_serve", "start tritonserver and the gRPC/HTTP gateway"),
     "predict": ("serving.cli.cli_predict", "call the gateway's Predict from the command line"),
@@ -42,8 +42,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                 "retrain on the store's events, gate offline against the served version, publish as canary"),
 }
 BENCHES: dict[str, tuple[str, str]] = {
-    "train": ("training.bench_train", "training throughput per preset"),
-    "step": ("training.bench_step", "incremental learner state vs the full forward: step, predict_next, bytes"),
+    "train": ("training.bench.bench_train", "training throughput per preset"),
+    "step": ("training.bench.bench_step", "incremental learner state vs the full forward: step, predict_next, bytes"),
     "incremental": ("loadtest.bench.incremental",
                     "Predict by learner_id: state cache on vs off vs stateless, histories 10-300, C=1/20"),
     "throughput": ("loadtest.bench.throughput", "inference throughput: PyTorch vs onnxruntime vs Triton"),
@@ -59,7 +59,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "replicas": ("loadtest.bench.replicas", "one gateway over 1 vs 2 Triton replicas: calls/s, p50 / p99"),
     "security": ("loadtest.bench.security",
                  "Predict with TLS + API keys vs plain, 1 and 32 callers: p50 / p99, calls/s"),
-    "distributed": ("training.bench_distributed", "data-parallel training throughput: 1 vs N processes (DDP, gloo)"),
+    "distributed": ("training.bench.bench_distributed", "data-parallel training throughput: 1 vs N processes (DDP, gloo)"),
     "retrain": ("loadtest.bench.retrain",
                 "routerkt retrain's stages: export, training, evaluation per store size and kind"),
     "loop": ("loadtest.bench.loop",

@@ -20,6 +20,7 @@
     outcomes/          served predictions joined with answers: online quality per version
     metrics/           Prometheus metrics declared by concern (__init__.py), the gRPC interceptor
                        (interceptor.py), the prediction sink (sink.py), online quality per version (quality.py)
-    security/          TLS, API keys, scopes, audit, failed-key limits
+    state/             the learner-state cache: states per learner, the step path (learner_states.py), fingerprints
+    security/          TLS, API keys, scopes, audit, failed-key limits, serve's own keys
     api/               the routerkt.v1 proto, its generated code and codegen.py; dashboards/, deploy/: ops files
 """

@@ -56,7 +56,7 @@ def train_tiny(data: Path, out: Path, preset: str = "routerkt-akt", extra: list[
                epochs: int = 2) -> Path:
     from training.config import RunConfig, apply_overrides
     from training.models.registry import preset_config
-    from training.run import run_training
+    from training.training_run import run_training
     cfg = RunConfig(preset=preset, model=preset_config(preset))
     cfg.data.path, cfg.data.folds, cfg.train.epochs = str(data), 1, epochs
     cfg = apply_overrides(cfg, TINY_OVERRIDES + (extra or []))

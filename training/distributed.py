@@ -1,7 +1,7 @@
 """Data-parallel training with torch.distributed, seen from inside one training process: its rank,
 the process group, its shard of the global batch and the collectives (N processes, one model replica
 each (DDP), one global batch of train.batch_size rows split across them). Starting the processes is
-training/launcher.py's job; nothing here imports the launcher, the run or the loop.
+training/launch.py's job; nothing here imports the launcher, the run or the loop.
 
 Backend: gloo on CPU, NCCL when train.device resolves to CUDA (training/device.py: rank r on GPU
 `local_rank`, one GPU per process). The collectives below put their small tensors on that device

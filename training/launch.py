@@ -32,7 +32,7 @@ from routerkt.errors import UserError
 from training.config import RunConfig, from_dict, to_dict
 from training.device import resolve as resolve_device
 from training.distributed import RankInfo, from_env, peer_failure, process_group
-from training.run import run_training
+from training.training_run import run_training
 
 JOB_ENV = "ROUTERKT_DIST_JOB"          # launcher -> worker: the run (config, out, progress) as JSON
 ERRORS_ENV = "ROUTERKT_DIST_ERRORS"    # launcher -> worker: folder for one-line UserError messages
@@ -82,7 +82,7 @@ def launch(cfg, out: Path, nproc: int, progress: bool) -> dict:
                  JOB_ENV: json.dumps({"config": to_dict(cfg), "out": str(out), "progress": progress})})
     # workers run with the malloc setting of the training commands (routerkt/memory.py)
     base = with_malloc_setting(base)
-    code = "import sys; from training.launcher import _worker; sys.exit(_worker())"
+    code = "import sys; from training.launch import _worker; sys.exit(_worker())"
     procs: list[subprocess.Popen] = []
     try:
         for rank in range(nproc):

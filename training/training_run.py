@@ -33,7 +33,7 @@ from training.checkpoint import git_sha
 from training.config import Context, Protocol, RunConfig, from_dict, to_dict
 from training.data.pipeline import load_run_data, portable_data
 from training.data.protocol import Fold
-from training.loop import FoldData, train_fold
+from training.fold_training import FoldData, train_fold
 from training.metrics import aggregate
 from training.models.registry import with_vocab
 

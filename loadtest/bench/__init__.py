@@ -17,5 +17,5 @@
 A benchmark imports no other benchmark (import-linter checks it); what they share lives beside them
 in loadtest/: harness.py (Triton and gateways, the common flags), learners.py, locustfile.py,
 locust_runner.py, load_sessions.py, closed_loop.py, timing.py, rank_costs.py, replay_days.py and
-loop_report.py. The training benchmarks are training/bench_train.py and training/bench_distributed.py.
+loop_report.py. The training benchmarks are training/bench/bench_train.py and training/bench/bench_distributed.py.
 """

@@ -297,7 +297,7 @@ def _stored_patterns(bench: Bench, args: argparse.Namespace) -> list[dict]:
     """--pattern stored (every --histories length) or real (--dataset), at every --callers count."""
     callers = _ints(args.callers, "--callers")
     if args.pattern == "real":
-        from training.reproduce import dataset_file
+        from training.paper.reproduce import dataset_file
         path = Path(args.dataset) if Path(args.dataset).is_file() else dataset_file(Path(args.root), args.dataset)
         learners, facts = stored_pattern.real(bench, path, args.seed)
         print(f"real pattern: {facts}", file=sys.stderr)

@@ -81,7 +81,7 @@ def _served_version(out: Path, preset: str) -> Path:
     from training.config import RunConfig
     from training.data.synthetic import generate, write_csv
     from training.models.registry import preset_config
-    from training.run import run_training
+    from training.training_run import run_training
     repo = out / "repository"
     if (repo / "kt").is_dir():
         return repo

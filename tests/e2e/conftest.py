@@ -155,5 +155,5 @@ def checkpoint(kt_repository):
     """The PyTorch checkpoint behind the tiny exported routerkt-akt (the reference of e2e tests; a
     module may define its own)."""
     from training.checkpoint import load_checkpoint
-    from training.run import best_fold_dir
+    from training.training_run import best_fold_dir
     return load_checkpoint(best_fold_dir(kt_repository.run))

@@ -73,7 +73,7 @@ def stub(gateway) -> pb_grpc.KnowledgeTracingServiceStub:
 @pytest.fixture(scope="module")
 def checkpoint(kt_repository):
     from training.checkpoint import load_checkpoint
-    from training.run import best_fold_dir
+    from training.training_run import best_fold_dir
     return load_checkpoint(best_fold_dir(kt_repository.run))
 
 

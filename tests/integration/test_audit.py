@@ -68,7 +68,7 @@ def test_expanded_rows_are_visible_unless_merged(expanded_csv: Path, tmp_path: P
 
 
 def test_visible_answers_definition():
-    from training.audit import visible_answers
+    from training.eval.leak_audit import visible_answers
     from training.data.protocol import Sequences
     # one window of 7, two padding positions; position 3 repeats 2 (another skill): visible;
     # 5 repeats 4 with the same skill (a retry: not judged); 6 repeats 5's question, other answer
@@ -93,7 +93,7 @@ def test_probe_catches_a_leaking_model(synthetic_csv: Path):
     import torch
 
     from tests.conftest import TINY_OVERRIDES
-    from training.audit import perturbation_probe
+    from training.eval.leak_audit import perturbation_probe
     from training.config import RoutingScope, RunConfig, apply_overrides
     from training.data.pipeline import load_sequences
     from training.models.registry import build_model, preset_config, with_vocab
@@ -111,7 +111,7 @@ def test_probe_catches_a_leaking_model(synthetic_csv: Path):
 
 
 def test_verdict_rules():
-    from training.audit import CONTROL_TOL, FAIL, LEAKS, PASS, verdict
+    from training.eval.leak_audit import CONTROL_TOL, FAIL, LEAKS, PASS, verdict
     clean = {"max_diff": 0.0}
     leaky = {"max_diff": 1e-3}
     seen = {"visible_share": 0.0}
@@ -130,7 +130,7 @@ def test_verdict_rules():
 
 
 def test_control_band_widens_with_the_null_std_only_on_small_test_sets():
-    from training.audit import CONTROL_TOL, control_tolerance, null_auc_std
+    from training.eval.leak_audit import CONTROL_TOL, control_tolerance, null_auc_std
     small = np.array([1] * 350 + [0] * 350)            # 700 positions: null std ~0.022
     large = np.array([1] * 70_000 + [0] * 30_000)
     assert abs(control_tolerance(null_auc_std(small)) - 3 * null_auc_std(small)) < 1e-12
@@ -145,7 +145,7 @@ def test_shuffled_label_control_is_computed(run_copy: Path, synthetic_csv: Path)
     (test_verdict_rules checks the bound)."""
     import dataclasses
 
-    from training.audit import permute_labels
+    from training.eval.leak_audit import permute_labels
     from training.checkpoint import load_checkpoint
     from training.data.pipeline import load_sequences
 

@@ -21,7 +21,7 @@ BAND = 20
 def reference(run, vocab, history, candidates) -> np.ndarray:
     """P(correct) of each candidate after the whole history, from the PyTorch checkpoint (model ids)."""
     from training.checkpoint import load_checkpoint
-    from training.run import best_fold_dir
+    from training.training_run import best_fold_dir
     model = load_checkpoint(best_fold_dir(run)).model.eval()
     q = torch.tensor([[vocab.questions[h[0]] for h in history]])
     width = max(len(h[1]) for h in history + candidates)

@@ -1,4 +1,4 @@
-"""Data-parallel training (training/distributed.py, started by training/launcher.py) on CPU, gloo
+"""Data-parallel training (training/distributed.py, started by training/launch.py) on CPU, gloo
 over loopback, 2 processes: the same preset, seed and global batch train like one process (same
 validation AUCs and losses per epoch, same early stop, same test AUC within 1e-4); a process killed
 mid-run fails the run with one line, leaves no half-written file, and the resumed run keeps the
@@ -39,9 +39,9 @@ def test_shards_losses_and_gradients_add_up_to_the_global_batch(synthetic_csv):
 
     from training.batching import iterate
     from training.distributed import RankInfo, shard
-    from training.loop import batch_loss
+    from training.fold_training import batch_loss
     from training.models.registry import build_model, run_config
-    from training.run import prepare
+    from training.training_run import prepare
     cfg, _, seqs, _ = prepare(run_config("akt-standard", synthetic_csv, [*TINY_OVERRIDES, "model.dropout=0"]))
     torch.manual_seed(0)
     model = build_model(cfg.model).train()
@@ -71,7 +71,7 @@ def test_shards_losses_and_gradients_add_up_to_the_global_batch(synthetic_csv):
 
 @pytest.mark.slow
 def test_two_processes_train_like_one(synthetic_csv, tmp_path):
-    from training import launcher
+    from training import launch as launcher
     from training.config import RunConfig, apply_overrides
     from training.models.registry import preset_config
     one = train_tiny(synthetic_csv, tmp_path / "one", extra=COMPARE, epochs=4)

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.integration
 
 
 def _args(tmp_path, **kw) -> argparse.Namespace:
-    from training import cli_reproduce
+    from training.cli import cli_reproduce
     parser = argparse.ArgumentParser()
     cli_reproduce.add_arguments(parser)
     argv = ["--datasets", "toy", "--root", str(tmp_path / "datasets"), "--out", str(tmp_path / "results"),
@@ -25,8 +25,8 @@ def _args(tmp_path, **kw) -> argparse.Namespace:
 
 
 def test_reproduce_runs_resumes_and_reports(synthetic_csv, tmp_path):
-    from training import cli_reproduce as reproduce
-    from training.history_score import HISTORY_SCORING
+    from training.cli import cli_reproduce as reproduce
+    from training.eval.history_score import HISTORY_SCORING
     (tmp_path / "datasets" / "toy").mkdir(parents=True)
     (tmp_path / "datasets" / "toy" / "interactions.csv").write_bytes(synthetic_csv.read_bytes())
     presets = "routerkt-akt,akt-standard,dkt,routerkt-akt+model.routing_scope=sequence"

@@ -28,9 +28,9 @@ def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
 def test_short_training_beats_per_question_baseline(tmp_path):
     from training.checkpoint import load_checkpoint
     from training.data.synthetic import generate, write_csv
-    from training.loop import predict
+    from training.fold_training import predict
     from training.metrics import auc
-    from training.run import prepare
+    from training.training_run import prepare
     data = tmp_path / "synthetic400.csv"
     write_csv(generate(n_learners=400, seed=3), data)
     run = train_tiny(data, tmp_path / "run", epochs=6, extra=[
@@ -57,7 +57,7 @@ def test_assist2009_short_run_reaches_auc_070(tmp_path):
     path = dataset("assist2009")
     from training.config import RunConfig, apply_overrides
     from training.models.registry import preset_config
-    from training.run import run_training
+    from training.training_run import run_training
     cfg = RunConfig(preset="routerkt-akt", model=preset_config("routerkt-akt"))
     cfg.data.path, cfg.data.folds, cfg.train.epochs = str(path), 5, 3
     cfg = apply_overrides(cfg, ["data.run_folds=1"])             # multi-skill rows merged by default: no flag
@@ -73,7 +73,7 @@ def test_runs_resume_fold_by_fold(synthetic_csv, tmp_path):
     assert not (run / "fold-1").exists()
     train_tiny(synthetic_csv, run, epochs=1, extra=["data.folds=3", "data.run_folds=2"])
     assert (run / "fold-0" / "result.json").stat().st_mtime_ns == first       # not retrained
-    from training.loop import bf16_available                                  # bf16 depends on the CPU: recorded
+    from training.fold_training import bf16_available                                  # bf16 depends on the CPU: recorded
     assert json.loads((run / "fold-0" / "result.json").read_text())["bf16_autocast"] is bf16_available()
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["folds"] == 2 and len(metrics["auc"]["folds"]) == 2

@@ -18,6 +18,9 @@ EXPECTED = {
     "The contract is torch-free",
     "No import cycles inside training, export or routerkt (lazy imports count)",
     "The training loop and models do not import the launcher or the run",
+    "training's folders point down: cli -> bench -> paper -> eval -> the core at training's top",
+    "training's core (its top modules, models, data) imports none of its folders of commands, benchmarks, "
+    "evaluation or paper",
     "No import cycles inside serving (lazy imports count)",
     "The session store interface imports no store implementation",
     "Serving transports import the service, never the server or the CLI",

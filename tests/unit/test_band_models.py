@@ -118,7 +118,7 @@ def test_band_runs_train_on_whole_histories():
     assert window.data.protocol is Protocol.RECENT and window.model.band == 0
     explicit = run_config("routerkt-akt", "x.csv", ["model.context=band", "data.protocol=recent"])
     from routerkt.errors import UserError
-    from training.run import check_protocol
+    from training.training_run import check_protocol
     with pytest.raises(UserError, match="data.protocol=whole"):
         check_protocol(explicit)
     assert dataclasses.replace(cfg.model).table_len == 2 * cfg.model.max_len

@@ -95,7 +95,7 @@ def test_trimming_drops_only_all_padding_columns():
 
 def test_loop_batches_as_the_config_says(monkeypatch, tmp_path):
     """train_fold passes train.batching and train.trim_padding to the batch iterator."""
-    from training import loop
+    from training import fold_training as loop
     seen = []
     real = loop.iterate
 
@@ -148,7 +148,7 @@ def _train(out, extra):
     """A tiny DKT on 40 synthetic learners: batch 512 holds every training learner, one step per epoch."""
     from training.data.synthetic import generate, write_csv
     from training.models.registry import run_config
-    from training.run import run_training
+    from training.training_run import run_training
     data = out.parent / "tiny.csv"
     if not data.exists():
         write_csv(generate(n_learners=40, seed=5), data)

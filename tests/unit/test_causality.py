@@ -1,6 +1,6 @@
 """Exact causality for every preset (dropout off): the prediction at position t must not change when
 the response at t, any later question or skill, or the amount of left padding changes. Also for
-every variant of `routerkt reproduce` (training/variants.py), the explicit (non-fused) attention
+every variant of `routerkt reproduce` (training/paper/variants.py), the explicit (non-fused) attention
 path, a non-zero Rasch difficulty term (zero at initialisation, so untested otherwise) and the router
 options that are no preset (person-level top-K, query-norm scoring elsewhere)."""
 import dataclasses
@@ -16,7 +16,7 @@ from training.config import (
     apply_overrides,
 )
 from training.models.registry import PRESETS, build_model, preset_config, with_vocab
-from training.variants import GROUPS
+from training.paper.variants import GROUPS
 
 pytestmark = pytest.mark.unit
 TOL = 1e-6

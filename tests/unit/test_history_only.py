@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from routerkt.contract.signature import CANDIDATE_RESPONSE, PAD_ID
-from training.analysis import prefix_predictions, prefix_windows
+from training.eval.analysis import prefix_predictions, prefix_windows
 from training.config import RoutingScope
 from training.data.protocol import Sequences
 from training.models.registry import build_model, preset_config, with_vocab

@@ -1,7 +1,7 @@
 """The launcher names the process whose failure caused the run's, not one that died of its loss."""
 import signal
 
-from training.launcher import PEER_LOST, _describe
+from training.launch import PEER_LOST, _describe
 
 
 def test_a_killed_rank_is_named_over_a_peer_that_aborted_at_the_same_poll(tmp_path):

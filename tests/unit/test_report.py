@@ -1,4 +1,4 @@
-"""Tests of training/report.py: the prose comes from report_template.md and the published numbers
+"""Tests of training/paper/results_report.py: the prose comes from report_template.md and the published numbers
 from published_numbers.json, the committed results/RESULTS.md and results/neutral/RESULTS.md are
 exactly what the report renders from the committed runs, and the headline numbers of docs/training.md
 are results/neutral/RESULTS.md's."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from training import report
+from training.paper import results_report as report
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""The served protocol (training/served_protocol.py) predicts each answer as the server does: checked answer by
+"""The served protocol (training/eval/served_protocol.py) predicts each answer as the server does: checked answer by
 answer against the model's rank forward on what the server holds (window: the last W - 1 before the answer;
 band: the whole history before it), on learners shorter than, as long as and longer than the window."""
 import numpy as np
@@ -8,7 +8,7 @@ import torch
 from tests.tiny_models import random_tiny_model
 from training.config import Context
 from training.data.protocol import Sequences
-from training.served_protocol import band_served, log_loss, served, window_served
+from training.eval.served_protocol import band_served, log_loss, served, window_served
 
 pytestmark = pytest.mark.unit
 NQ, NS, W = 30, 10, 8

@@ -12,7 +12,7 @@ from training import device as devices
 from training.batching import Batch
 from training.config import Device
 from training.distributed import backend
-from training.loop import autocast, model_device
+from training.fold_training import autocast, model_device
 from training.models.registry import PRESETS, build_model, preset_config, with_vocab
 
 pytestmark = pytest.mark.unit
@@ -59,7 +59,7 @@ def test_an_exported_model_moves_whole_to_another_device(preset):
 
 
 def test_batch_loss_moves_a_batch_to_the_models_device(monkeypatch):
-    import training.loop as loop
+    import training.fold_training as loop
     seen = []
     original = Batch.to
     monkeypatch.setattr(Batch, "to", lambda self, device: seen.append(device) or original(self, device))
@@ -100,7 +100,7 @@ def test_nccl_for_cuda_gloo_otherwise():
 
 
 def test_bf16_autocast_is_never_used_off_the_cpu(monkeypatch):
-    import training.loop as loop
+    import training.fold_training as loop
     monkeypatch.setattr(loop, "bf16_available", lambda: True)
     assert isinstance(autocast(True, torch.device("cpu")), torch.autocast)
     assert not isinstance(autocast(True, torch.device("cuda", 0)), torch.autocast)

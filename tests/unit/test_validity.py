@@ -1,4 +1,4 @@
-"""Tests of the synthetic truth (training/data/synthetic_truth.py) and `routerkt validity` (training/validity.py):
+"""Tests of the synthetic truth (training/data/synthetic_truth.py) and `routerkt validity` (training/eval/validity.py):
 the truth is the generator's, the baselines are their closed forms, the command runs on a tiny model."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from routerkt import cli
 from training.data.synthetic import (BASE_LOGIT, KNOWLEDGE_SCALE, PIVOT_BONUS, PIVOT_PENALTY, PIVOT_SKILL, RETAINED,
                                      SyntheticConfig, simulate)
 from training.data.synthetic_truth import learner_truths
-from training.validity import (PIVOTAL, RECENT, HitTally, random_hit_probability, spearman, tally_case,
+from training.eval.validity import (PIVOTAL, RECENT, HitTally, random_hit_probability, spearman, tally_case,
                                top_positions)
 
 pytestmark = pytest.mark.unit

@@ -1,4 +1,4 @@
-"""Tests of training/variants.py (reproduce variants as data: run folder names unchanged, so the
+"""Tests of training/paper/variants.py (reproduce variants as data: run folder names unchanged, so the
 committed results/ runs are still found) and of the one leaking-routing rule, ModelConfig.leaks_future."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from training.config import HeadMode, ModelConfig, RoutingScope
-from training.variants import BASELINE, GROUPS, Variant, expand
+from training.paper.variants import BASELINE, GROUPS, Variant, expand
 
 pytestmark = pytest.mark.unit
 

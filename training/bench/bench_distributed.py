@@ -1,6 +1,6 @@
 """`routerkt bench distributed`: data-parallel training throughput (sequences per second), 1 vs N processes.
 
-The process counts (training/launcher.py) run in one invocation, on the same data and config.
+The process counts (training/launch.py) run in one invocation, on the same data and config.
 
 Each process count trains a fresh run (fold 0 of a single 80/20 split, --epochs epochs) through the
 same launcher as `routerkt train --nproc N`: the global batch is train.batch_size in every case and
@@ -35,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from routerkt.errors import UserError
-    from training import launcher
+    from training import launch as launcher
     from training.models.registry import run_config
 
     try:

@@ -43,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def measure(cfg, seqs, batches: int, seed: int = 0) -> float:
     import torch
     from training.batching import iterate
-    from training.loop import batch_loss
+    from training.fold_training import batch_loss
     from training.models.registry import build_model
     torch.manual_seed(seed)
     model = build_model(cfg.model).train()
@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from routerkt.errors import UserError
     from training.models.registry import run_config
-    from training.run import prepare
+    from training.training_run import prepare
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)

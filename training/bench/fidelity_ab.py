@@ -13,8 +13,8 @@ Writes OUT/ab.json and OUT/ab.md: test AUC of each arm, their difference, the fo
 std over the 5 folds recorded in RESULTS/<dataset>/<preset>/metrics.json), wall time and training
 throughput. Each run lives in OUT/<dataset>/<preset>/<arm>/ and resumes (a finished fold is kept).
 
-    python -m training.fidelity_ab --out bench/fidelity
-    python -m training.fidelity_ab --out bench/fidelity --report      # tables from finished runs only
+    python -m training.bench.fidelity_ab --out bench/fidelity
+    python -m training.bench.fidelity_ab --out bench/fidelity --report      # tables from finished runs only
 
 Like the `routerkt` training commands it runs with malloc's mmap disabled (routerkt/memory.py: CPU
 training is ~1.8x slower without), re-executing itself once to set that.
@@ -39,7 +39,7 @@ COMMON = ["train.batching=random"]      # the same batch membership in both arms
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from training.data.pipeline import DATA_ROOT
-    p = argparse.ArgumentParser(prog="python -m training.fidelity_ab", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m training.bench.fidelity_ab", description=__doc__.splitlines()[0])
     p.add_argument("--out", default="bench/fidelity", help="output folder (resumable)")
     p.add_argument("--root", default=str(DATA_ROOT), help="datasets folder (default ../shared/datasets)")
     p.add_argument("--datasets", default="assist2009,statics2011")
@@ -55,7 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def arm_config(path: Path, dataset: str, preset: str, arm: str, args: argparse.Namespace):
     from training.models.registry import run_config
-    from training.reproduce import DATASETS
+    from training.paper.reproduce import DATASETS
     overrides = ["data.folds=5", "data.run_folds=1", f"train.epochs={args.epochs}", f"train.threads={args.threads}",
                  *DATASETS.get(dataset, []), *COMMON, *ARMS[arm], *args.overrides]
     return run_config(preset, path, overrides)
@@ -141,11 +141,11 @@ def write_tables(out: Path, rows: list[dict], meta: dict) -> Path:
 def main(argv: list[str] | None = None) -> int:
     if argv is None:
         from routerkt.memory import run_like_training
-        run_like_training("training.fidelity_ab", sys.argv[1:])   # routerkt/memory.py, as `routerkt train`
+        run_like_training("training.bench.fidelity_ab", sys.argv[1:])   # routerkt/memory.py, as `routerkt train`
     args = parse_args(argv)
     from routerkt.atomic import atomic_write_json
-    from training.loop import bf16_available
-    from training.reproduce import dataset_file
+    from training.fold_training import bf16_available
+    from training.paper.reproduce import dataset_file
     out = Path(args.out)
     datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
     presets = [p.strip() for p in args.presets.split(",") if p.strip()]
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [(d, dataset_file(Path(args.root), d), p, a) for d in datasets for p in presets for a in arms]
     configs = [arm_config(path, d, p, a, args) for d, path, p, a in jobs]     # validate every job first
     if not args.report:
-        from training.run import run_training
+        from training.training_run import run_training
         for (dataset, _, preset, arm), cfg in zip(jobs, configs):
             run_dir = out / dataset / preset / arm
             if read_arm(run_dir) is not None:
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
     first = configs[0]
     given = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--report"]    # the training command
-    meta = {"command": "python -m training.fidelity_ab " + " ".join(given),
+    meta = {"command": "python -m training.bench.fidelity_ab " + " ".join(given),
             "arms": {a: COMMON + ARMS[a] for a in arms}, "seed": first.train.seed, "threads": args.threads,
             "bf16_kernels": bf16_available(), "epochs": args.epochs, "min_steps": first.train.min_steps,
             "patience": first.train.patience}

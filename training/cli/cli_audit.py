@@ -1,4 +1,4 @@
-"""`routerkt audit`: leak audit of a trained run (the checks: training/audit.py); writes DIR/audit.json.
+"""`routerkt audit`: leak audit of a trained run (the checks: training/eval/leak_audit.py); writes DIR/audit.json.
 
 Exit code 0 for PASS, 1 for FAIL or LEAKS BY DESIGN, 2 for bad input (one line).
 """
@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 
 from routerkt.errors import UserError
-from training.audit import CONTROL_SIGMAS, CONTROL_TOL, PASS, PROBE_TOL, VISIBLE_MAX_SHARE, audit_run
+from training.eval.leak_audit import CONTROL_SIGMAS, CONTROL_TOL, PASS, PROBE_TOL, VISIBLE_MAX_SHARE, audit_run
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

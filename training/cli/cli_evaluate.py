@@ -28,13 +28,13 @@ def run(args: argparse.Namespace) -> int:
 
     from routerkt.errors import UserError
     from training import plots
-    from training.analysis import attention_and_routing, prefix_predictions
+    from training.eval.analysis import attention_and_routing, prefix_predictions
     from routerkt.atomic import atomic_write_json
     from training.checkpoint import load_checkpoint
     from training.data.pipeline import load_sequences
-    from training.loop import evaluate
+    from training.fold_training import evaluate
     from training.metrics import summarize
-    from training.run import best_fold_dir
+    from training.training_run import best_fold_dir
 
     run_dir = Path(args.run)
     if not run_dir.is_dir():

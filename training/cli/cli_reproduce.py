@@ -1,4 +1,4 @@
-"""`routerkt reproduce`: run the paper's comparison grid, resumable (the grid: training/reproduce.py).
+"""`routerkt reproduce`: run the paper's comparison grid, resumable (the grid: training/paper/reproduce.py).
 
     routerkt reproduce --datasets statics2011 --presets main --out results
     routerkt reproduce --datasets statics2011,assist2009 --presets ablations --out results
@@ -13,8 +13,8 @@ from pathlib import Path
 
 from routerkt.errors import UserError
 from training.data.pipeline import DATA_ROOT
-from training.reproduce import dataset_file, job_config, run_grid
-from training.variants import GROUPS, expand
+from training.paper.reproduce import dataset_file, job_config, run_grid
+from training.paper.variants import GROUPS, expand
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -36,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--learners", type=int, default=50, help="learners for --diversity")
     p.add_argument("--dry-run", action="store_true", help="list the jobs and exit")
     p.add_argument("--nproc", type=int, default=1, metavar="N",
-                   help="data-parallel processes per training run (training/launcher.py; not under torchrun)")
+                   help="data-parallel processes per training run (training/launch.py; not under torchrun)")
 
 
 def _names(text: str) -> list[str]:
@@ -44,10 +44,10 @@ def _names(text: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from training.report import write_report
+    from training.paper.results_report import write_report
     out = Path(args.out)
     if args.diversity:
-        from training.diversity import analyse
+        from training.eval.diversity import analyse
         for dataset in _names(args.datasets):
             try:
                 path = analyse(out, dataset, [v.folder for v in expand(args.presets)], args.learners)
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         write_report(out)
         return 0
     if args.protocols:
-        from training.served_protocol import write_table
+        from training.eval.served_protocol import write_table
         print(f"wrote {write_table(out)}")
         return 0
     if args.report:

@@ -2,7 +2,7 @@
 
 Example:
     routerkt train --data ../shared/datasets/assist2009/interactions.csv.gz --preset routerkt-akt --folds 1 --epochs 3
-Data-parallel (training/launcher.py): add --nproc N, or run under torchrun with --out:
+Data-parallel (training/launch.py): add --nproc N, or run under torchrun with --out:
     torchrun --nproc-per-node 2 -m routerkt.cli train --data ... --preset routerkt-akt --out runs/x
 """
 from __future__ import annotations
@@ -54,7 +54,7 @@ def build_config(args: argparse.Namespace) -> RunConfig:
 
 def run(args: argparse.Namespace) -> int:
     cfg = build_config(args)
-    from training import launcher
+    from training import launch as launcher
     from training.distributed import from_env
     under_torchrun = from_env() is not None
     if under_torchrun and not args.out:

@@ -1,6 +1,6 @@
 """`routerkt validity`: served mastery and explanations against synthetic learners' truth; writes OUT/validity.json.
 
-The measurement: training/validity.py.
+The measurement: training/eval/validity.py.
 
 Exit code 0 with the numbers (whatever they are), 2 for bad input (one line).
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from routerkt.errors import UserError
 from training.data.synthetic import SyntheticConfig
-from training.validity import AT_END, NEXT, PIVOTAL, RECENT, ValidityConfig, validity_run
+from training.eval.validity import AT_END, NEXT, PIVOTAL, RECENT, ValidityConfig, validity_run
 
 _SYNTH = SyntheticConfig()
 

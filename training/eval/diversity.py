@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from training.analysis import attention_and_routing, head_similarity, pairwise_similarity
+from training.eval.analysis import attention_and_routing, head_similarity, pairwise_similarity
 
 
 def _retriever_maps(model, seqs, rows: np.ndarray) -> list[np.ndarray] | None:
@@ -62,7 +62,7 @@ def _method_maps(folder: Path, methods: list[str], n_learners: int,
     """Each method's retriever maps (methods without attention left out) over the same test learners of
     fold 0 (same data, same folds), and those learners' rows."""
     from training.checkpoint import load_checkpoint
-    from training.run import prepare
+    from training.training_run import prepare
     per_method: dict[str, list[np.ndarray]] = {}
     rows = seqs = None
     for method in methods:

@@ -34,10 +34,10 @@ def cached_history_only(run: Path) -> dict | None:
 def history_only(run: Path) -> dict:
     """Score every finished fold's test set from prefixes only; cached in the run."""
     from routerkt.atomic import atomic_write_json
-    from training.analysis import prefix_predictions
+    from training.eval.analysis import prefix_predictions
     from training.checkpoint import load_checkpoint
     from training.metrics import aggregate, summarize
-    from training.run import prepare
+    from training.training_run import prepare
     if (cached := cached_history_only(run)) is not None:
         return cached
     finished = _finished_folds(run)

@@ -1,5 +1,5 @@
 """A leak audit of a trained run: perturbation probe, visible answers, shuffled-label control
-(`routerkt audit`: training/cli_audit.py).
+(`routerkt audit`: training/cli/cli_audit.py).
 
 The audited checkpoint is the run's best fold (highest validation AUC, as export serves) or
 `--fold K`. Its data are rebuilt by the one pipeline (training/data/pipeline.py) from `--data`
@@ -174,7 +174,7 @@ def control_tolerance(null_std: float) -> float:
 
 def shuffled_control(cfg, vocab, train, valid, test, fold: int, epochs: int, seed: int, log) -> dict:
     from training.checkpoint import load_checkpoint
-    from training.loop import FoldData, predict, train_fold
+    from training.fold_training import FoldData, predict, train_fold
     from training.metrics import summarize
 
     cfg = copy.deepcopy(cfg)
@@ -241,7 +241,7 @@ def audit_run(run_dir: Path, fold: int | None = None, data: str | None = None, p
     from training.checkpoint import load_checkpoint
     from training.config import to_dict
     from training.data.pipeline import load_sequences
-    from training.run import best_fold_dir
+    from training.training_run import best_fold_dir
 
     fold_dir = run_dir / f"fold-{fold}" if fold is not None else best_fold_dir(run_dir)
     ckpt = load_checkpoint(fold_dir)

@@ -168,7 +168,7 @@ def protocols(run: Path) -> dict:
     return out
 
 
-BAND = "+context=band"         # a variant folder's band version (training/variants.py)
+BAND = "+context=band"         # a variant folder's band version (training/paper/variants.py)
 
 
 def _cell(stats: dict | None, key: str = "auc") -> str:
@@ -209,7 +209,7 @@ def write_table(out: Path) -> Path:
             pairs.append(f"| {dataset} | {variant[:-len(BAND)]} | {_paired(window, table, 'served')} | "
                          f"{_paired(window, table, 'slid')} | {_paired(window, table, 'paper')} |")
     lines = ["# Window and band models: the paper's protocol and the served one", "",
-             "Written by `routerkt reproduce --out OUT --protocols` (training/served_protocol.py). AUC means over the",
+             "Written by `routerkt reproduce --out OUT --protocols` (training/eval/served_protocol.py). AUC means over the",
              "finished folds. paper: each test learner's last W answers, each from its prefix inside them. served:",
              "every answer of every test learner from what the server holds before it (window: the last W - 1; band:",
              "the whole history); slid: the served answers with more than W - 1 before them. n and slid share: fold 0.",

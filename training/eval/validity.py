@@ -45,7 +45,7 @@ from training.data.pipeline import resolve_data_path
 from training.data.synthetic import SyntheticConfig
 from training.data.synthetic_truth import LearnerTruth, learner_truths
 from training.models.explain import explain_rank
-from training.run import best_fold_dir
+from training.training_run import best_fold_dir
 
 RECENT, PIVOTAL = "recent_same_skill", "pivotal"
 NEXT, AT_END = "next_question", "skill_at_end"

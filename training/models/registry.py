@@ -51,7 +51,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 # Each attention backbone's dense standard-attention control: what a variant is compared with
-# fold by fold (training/report.py). DKT has none.
+# fold by fold (training/paper/results_report.py). DKT has none.
 DENSE_CONTROLS: dict[Backbone, str] = {Backbone.AKT: "akt-standard", Backbone.CL4KT: "cl4kt-standard",
                                        Backbone.SIMPLEKT: "simplekt"}
 

@@ -1,12 +1,12 @@
 """The paper's comparison grid, dataset x variant, resumable fold by fold (`routerkt reproduce`,
-training/cli_reproduce.py).
+training/cli/cli_reproduce.py).
 
 A variant is a preset, optionally with config overrides joined by '+', e.g.
-`routerkt-akt+model.routing_scope=token` (training/variants.py). Each (dataset, variant) is one
-training run in OUT/<dataset>/<variant folder>/ (training/run.py: folds with a result.json are
+`routerkt-akt+model.routing_scope=token` (training/paper/variants.py). Each (dataset, variant) is one
+training run in OUT/<dataset>/<variant folder>/ (training/training_run.py: folds with a result.json are
 skipped, so an interrupted run loses at most the fold in progress). Datasets are read by path from
 ../shared/datasets/<name>/. Runs whose routing leaks the future (`routing_scope=sequence`) are also
-scored on the history only (training/history_score.py), which is what a server can actually see.
+scored on the history only (training/eval/history_score.py), which is what a server can actually see.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from routerkt.errors import UserError
 from training.data.pipeline import CANONICAL_NAMES
-from training.variants import Variant
+from training.paper.variants import Variant
 
 DATASETS: dict[str, list[str]] = {       # dataset -> data overrides
     "assist2009": ["data.skill_rows=first"],   # the form results/ tables used: a multi-skill interaction's first skill
@@ -50,9 +50,9 @@ def run_grid(jobs: list[tuple[str, Variant]], configs: list, out: Path, folds: i
     jobs that failed (one failing run does not stop the grid)."""
     from tqdm import tqdm
 
-    from training import launcher
-    from training.history_score import history_only
-    from training.report import write_report
+    from training import launch as launcher
+    from training.eval.history_score import history_only
+    from training.paper.results_report import write_report
     bar = tqdm(list(zip(jobs, configs)), desc="reproduce", unit="run", file=sys.stderr)
     failed: list[str] = []
     for (dataset, variant), cfg in bar:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from routerkt.atomic import atomic_write_bytes
 from training.config import Batching, Protocol, RunConfig, from_dict, to_dict
-from training.history_score import cached_history_only
-from training.variants import BASELINE, GROUPS
+from training.eval.history_score import cached_history_only
+from training.paper.variants import BASELINE, GROUPS
 
 HERE = Path(__file__).resolve().parent
 TEMPLATE = HERE / "report_template.md"
