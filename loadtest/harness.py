@@ -108,7 +108,6 @@ def start_gateway(stack: ExitStack, repository: Path, model: str, triton_url: st
     from serving.server import ThreadedGateway
     from serving.sessions.factory import open_store
     from serving.sessions.keys import LearnerKeys
-    from serving.sessions.session_service import SessionService
     from serving.settings import Settings
 
     settings = Settings(repository=repository, triton_url=triton_url, grpc_port=0, http_port=None,
@@ -116,8 +115,7 @@ def start_gateway(stack: ExitStack, repository: Path, model: str, triton_url: st
     metrics, catalog = Metrics(), ModelCatalog(repository)
     parts: dict = {"catalog": catalog}
     if store_url:
-        parts["sessions"] = SessionService(settings, open_store(store_url), LearnerKeys(os.urandom(32)), catalog,
-                                           metrics)
+        parts.update(store=open_store(store_url), keys=LearnerKeys(os.urandom(32)))
     gateway = ThreadedGateway(settings, metrics, **parts).start()
     stack.callback(gateway.stop, 2.0)
     deadline = time.monotonic() + READY_TIMEOUT_S

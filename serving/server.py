@@ -59,6 +59,7 @@ from serving.sessions.history import RequestHistory, SessionHistory
 from serving.sessions.keys import LearnerKeys
 from serving.sessions.session_service import SessionService
 from serving.sessions.store import SessionStore
+from serving.sessions.store_calls import StoreCalls
 from serving.state import learner_states
 from serving.pipeline.state_fill import StateFill
 from serving.settings import SERVICE_NAME, SESSIONS_SERVICE_NAME, Settings
@@ -247,28 +248,26 @@ class GatewayServer:
 def create_server(settings: Settings, *, metrics: Metrics | None = None, catalog: ModelCatalog | None = None,
                   backend: InferenceBackend | None = None, history: HistorySource | None = None,
                   policy: VersionPolicy | None = None, encoder: Encoder | None = None,
-                  sink: PredictionSink | None = None, sessions: SessionService | None = None,
-                  store: SessionStore | None = None, keys: LearnerKeys | None = None) -> tuple[GatewayServer, int]:
-    """Build the gateway from its parts (defaults: the repository's catalog, Triton at
-    settings.triton_url (several URLs: TritonReplicaBackend over them), the request's history, the
-    policy file's versions (settings.rollout_policy) or else the latest ready version, window
-    encoding, metrics, and with a session store (`sessions`, or `store` + `keys`) and
-    settings.track_outcomes, outcome tracking) and bind its ports (call inside a running event loop).
-    Returns the server (not started) and the bound gRPC port (useful with settings.grpc_port = 0)."""
+                  sink: PredictionSink | None = None, store: SessionStore | None = None,
+                  keys: LearnerKeys | None = None) -> tuple[GatewayServer, int]:
+    """Build the gateway from its parts, each built once its own parts are (constructor injection, no
+    part changed after it is made); defaults: the repository's catalog, Triton at settings.triton_url
+    (several URLs: TritonReplicaBackend over them), the request's history, the policy file's versions
+    (settings.rollout_policy) or else the latest ready version, window encoding, metrics, and with a
+    session store (`store` + `keys`) and settings.track_outcomes, outcome tracking; bind its ports
+    (call inside a running event loop). Returns the server (not started) and the bound gRPC port."""
     settings.validate()
     refuse_exposure(settings)
     tls = TlsFiles(settings.tls_cert, settings.tls_key, settings.tls_client_ca) if settings.tls_cert else None
     metrics = metrics or Metrics(outcome_window_s=settings.outcome_window_s)
     guard = Guard(KeyFile(settings.api_keys) if settings.api_keys is not None else None,
                   AuthFailures(metrics.auth_failures, settings.auth_failure_burst, settings.auth_failure_per_s))
-    catalog = catalog or (sessions.catalog if sessions is not None else ModelCatalog(settings.repository))
-    if sessions is None and store is not None:
-        if keys is None:
-            raise ValueError("a session store needs the learner keys (keys=LearnerKeys(secret))")
-        sessions = SessionService(settings, store, keys, catalog, metrics)
-    if history is None:
-        history = SessionHistory(sessions) if sessions is not None else RequestHistory()
-    keys = sessions.keys if sessions is not None else None
+    catalog = catalog or ModelCatalog(settings.repository)
+    if store is not None and keys is None:
+        raise ValueError("a session store needs the learner keys (keys=LearnerKeys(secret))")
+    calls = StoreCalls(settings, store, metrics) if store is not None else None
+    keys = keys if calls is not None else None
+    history = history or (SessionHistory(calls, keys, settings.store_keep) if calls is not None else RequestHistory())
     if backend is None and settings.backend not in BACKENDS:
         raise UserError(f"settings.backend must be one of {sorted(BACKENDS)}, got {settings.backend!r}")
     backend = backend or BACKENDS[settings.backend].build(settings, metrics)
@@ -277,24 +276,23 @@ def create_server(settings: Settings, *, metrics: Metrics | None = None, catalog
         policy = RolloutPolicy(settings.rollout_policy, metrics, keys, poll_s=settings.rollout_poll_s,
                                readiness=readiness, load_timeout_s=settings.rollout_load_timeout_s) \
             if settings.rollout_policy else LatestReadyVersion()
-    tracker = None
-    if sessions is not None and settings.track_outcomes:
-        tracker = sessions.tracker = OutcomeTracker(settings, sessions.store, sessions.keys, metrics)
+    tracker = OutcomeTracker(settings, store, keys, metrics) if calls is not None and settings.track_outcomes else None
     sink = sink or MetricsSink(metrics)
-    states = None
-    if settings.state_cache_mb > 0 and (sessions is not None or settings.prefix_cache):
-        states = learner_states(settings, metrics, sessions.keys.learner if sessions is not None else None)
+    states = learner_states(settings, metrics) \
+        if settings.state_cache_mb > 0 and (calls is not None or settings.prefix_cache) else None
     service = PredictionService(
         settings, catalog, backend,
         metrics, history=history, policy=policy,
         encoder=encoder or WindowEncoder(lambda kind, n: metrics.unknown_ids.labels(kind=kind).inc(n)),
         sink=SinkChain(sink, tracker) if tracker is not None else sink, issue_prediction_ids=tracker is not None,
         states=states)
-    fill = None
-    if states is not None and sessions is not None:          # ForgetLearner drops (Observe advances) cached states
-        fill = sessions.states = StateFill(service, states, metrics, settings.fill_on_observe)
+    # ForgetLearner drops (Observe advances) cached states
+    fill = StateFill(service, states, metrics, settings.fill_on_observe) \
+        if states is not None and calls is not None else None
+    sessions = SessionService(settings, calls, keys, catalog, metrics, tracker=tracker, states=fill) \
+        if calls is not None else None
     # closed in this order at shutdown: the tracker flushes into the store before the store closes
-    background: tuple[Background, ...] = tuple(part for part in (fill, tracker, policy, sessions, tls)
+    background: tuple[Background, ...] = tuple(part for part in (fill, tracker, policy, calls, tls)
                                                if part is not None)
     server = GatewayServer(service, Recommender(service, sessions), sessions, background, guard, tls)
     return server, server.grpc_port

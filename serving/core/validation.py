@@ -39,6 +39,7 @@ class LearnerInput:
     learner_id: str = ""            # set: the history comes from the session store
     history_sets: np.ndarray | None = None    # bool [H]: rows given as skill_ids (for error names)
     candidate_sets: np.ndarray | None = None  # bool [C]
+    learner_key: str = ""           # the learner id's keyed hash, set by the history source that read the store
 
     @property
     def history_length(self) -> int:

@@ -64,7 +64,7 @@ class PredictionService:
         self.issue_prediction_ids = issue_prediction_ids
         self.states = states                                  # the learner-state path (serving/state/), or None
         # a band model's history beyond W - 1 goes through its step graphs, uncached without a state cache
-        self._band_steps = states or LearnerStates(StateCache(0), None)
+        self._band_steps = states or LearnerStates(StateCache(0))
         self._slots = asyncio.Semaphore(settings.max_inflight)
         self._inflight = 0
         self._queued = 0                                     # calls waiting for a slot
@@ -127,7 +127,7 @@ class PredictionService:
         probabilities, <= 1e-5)."""
         states = self.states if self.states is not None and self.backend.steps(model) else None
         keys = [None] * len(learners) if states is None else [
-            states.learner_keys(learner.learner_id) if learner.learner_id
+            states.learner_keys_of(learner.learner_key) if learner.learner_key else None if learner.learner_id
             else states.history_keys(learner_encoded) if self.settings.prefix_cache else None
             for learner, learner_encoded in zip(learners, encoded)]
         named = [i for i, k in enumerate(keys) if k is not None]

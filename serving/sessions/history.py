@@ -6,7 +6,8 @@ from __future__ import annotations
 from serving import errors
 from serving.core.catalog import ModelVersion
 from serving.core.calls import Deadline
-from serving.sessions.session_service import SessionService
+from serving.sessions.keys import LearnerKeys
+from serving.sessions.store_calls import StoreCalls
 from serving.core.validation import LearnerInput
 
 
@@ -20,18 +21,20 @@ class RequestHistory:
 
 
 class SessionHistory:
-    """HistorySource: the store's history when the learner is named, else the request's."""
+    """HistorySource: the store's history when the learner is named, else the request's; the learner's
+    keyed hash is computed here, once per call, and carried in the result (`LearnerInput.learner_key`)."""
 
-    def __init__(self, sessions: SessionService) -> None:
-        self.sessions = sessions
+    def __init__(self, calls: StoreCalls, keys: LearnerKeys, store_keep: int) -> None:
+        self.calls, self.keys, self.store_keep = calls, keys, store_keep
 
     async def complete(self, learner: LearnerInput, model: ModelVersion, deadline: Deadline) -> LearnerInput:
         if not learner.learner_id:
             return learner
+        key = self.keys.learner(learner.learner_id)
         # a band model reads the whole retained history (its state covers it), a window model its last W - 1
-        limit = self.sessions.settings.store_keep if model.band else max(model.window - 1, 0)
-        stored = await self.sessions.history(learner.learner_id, max(limit, model.window - 1, 0), deadline)
+        limit = self.store_keep if model.band else max(model.window - 1, 0)
+        stored = await self.calls.history(key, max(limit, model.window - 1, 0), deadline)
         # a stored skill this version does not know is mapped to the unknown id by the encoder, as in a request
         return LearnerInput(stored.questions, stored.skills, stored.correct, learner.candidate_questions,
                             learner.candidate_skills, learner.prefix, learner.learner_id,
-                            candidate_sets=learner.candidate_sets)
+                            candidate_sets=learner.candidate_sets, learner_key=key)

@@ -1,12 +1,13 @@
-"""SessionService: Observe and ForgetLearner over a SessionStore, and the stored histories that
-SessionHistory (serving/sessions/history.py) reads when a request names the learner.
+"""SessionService: Observe, ForgetLearner and ReportOutcome over the session store's calls (StoreCalls,
+serving/sessions/store_calls.py, which SessionHistory shares to read a named learner's answers).
 
 Every store call is bounded by the caller's deadline: a store that does not answer in time, or
 cannot be reached, gives UNAVAILABLE ("the session store is not available") well within the
-deadline, while stateless Predict (history in the request) never touches the store. A background
-loop pings the store every `store_probe_s`: readiness reports it and the gRPC health service
+deadline, while stateless Predict (history in the request) never touches the store. StoreCalls
+pings the store every `store_probe_s`: readiness reports it and the gRPC health service
 `routerkt.v1.Sessions` follows it; the client reconnects by itself once the store is back.
-Learner ids are turned into keyed hashes on entry (keys.py) and never logged.
+Learner ids are turned into keyed hashes on entry (keys.py) and never logged. The parts an Observe
+and a ForgetLearner tell (`tracker`, `states`) are given at construction.
 
 With outcome tracking (`tracker`, serving/outcomes/tracker.py), an Observe also queues the join of
 its newly stored events with the predictions served to the learner (in the background: a join that
@@ -17,8 +18,6 @@ cached states, and an Observe that stored events has them advanced by those even
 """
 from __future__ import annotations
 
-import asyncio
-import logging
 import time
 from typing import Protocol
 
@@ -32,9 +31,9 @@ from serving.core.validation import LearnerInput
 from serving.security.audit import LEARNER_PREFIX, audit
 from serving.sessions.events import ObserveQuery, check_learner_id, validate_observe
 from serving.sessions.keys import LearnerKeys
-from serving.sessions.store import AppendResult, History, SessionStore, StoredEvent, StoreUnavailable
+from serving.sessions.store import AppendResult, History, StoredEvent
+from serving.sessions.store_calls import StoreCalls
 from serving.settings import Settings
-
 
 
 class OutcomeJoin(Protocol):
@@ -55,61 +54,23 @@ class CachedStates(Protocol):
     def observed(self, learner_key: str, new: LearnerInput) -> None: ...
 
 
-log = logging.getLogger("routerkt.gateway.sessions")
-
-UNAVAILABLE = "the session store is not available; retry shortly"
-
-
 class SessionService:
-    """Observe / ForgetLearner / stored histories, with metrics and store health."""
+    """Observe / ForgetLearner / ReportOutcome; the store's health and upkeep are its StoreCalls'."""
 
-    def __init__(self, settings: Settings, store: SessionStore, keys: LearnerKeys, catalog: ModelCatalog,
-                 metrics: Metrics) -> None:
-        self.settings = settings
-        self.store = store
-        self.keys = keys
-        self.catalog = catalog
-        self.metrics = metrics
-        self.tracker: OutcomeJoin | None = None        # set by create_server when outcomes are tracked
-        self.states: CachedStates | None = None        # set by create_server with the learner-state path
-        self.up = False
+    def __init__(self, settings: Settings, calls: StoreCalls, keys: LearnerKeys, catalog: ModelCatalog,
+                 metrics: Metrics, tracker: OutcomeJoin | None = None, states: CachedStates | None = None) -> None:
+        self.settings, self.calls, self.keys, self.catalog, self.metrics = settings, calls, keys, catalog, metrics
+        self.store = calls.store
+        self.tracker = tracker                          # outcome tracking, when on
+        self.states = states                            # the learner-state cache's fill, when on
+
+    @property
+    def up(self) -> bool:
+        return self.calls.up
 
     async def start(self) -> None:
-        try:
-            await self.store.open()
-            await self.store.ping()
-            self._set_up(True)
-        except StoreUnavailable as exc:
-            log.error("session store (%s) is not available: %s", self.store.kind, str(exc)[:300])
-            self._set_up(False)
-
-    async def close(self) -> None:
-        await self.store.close()
-
-    async def maintain(self) -> None:
-        """Ping the store (health) and, every store_expiry_s, expire its inactive learners (SessionStore.expire)."""
-        last_expiry = time.monotonic()
-        while True:
-            await asyncio.sleep(self.settings.store_probe_s)
-            try:
-                await asyncio.wait_for(self.store.ping(), self.settings.store_probe_s)
-                self._set_up(True)
-                if time.monotonic() - last_expiry > self.settings.store_expiry_s:
-                    last_expiry = time.monotonic()
-                    gone = await self.store.expire(int(time.time() * 1000))
-                    if gone:
-                        log.info("session store: %d inactive learners expired", gone)
-            except (StoreUnavailable, asyncio.TimeoutError):
-                self._set_up(False)
-            except Exception:                                  # never let the loop die
-                log.exception("session store upkeep failed")
-
-    def _set_up(self, up: bool) -> None:
-        if up != self.up:
-            level = logging.INFO if up else logging.WARNING
-            log.log(level, "session store (%s) is %s", self.store.kind, "available" if up else "NOT available")
-        self.up = up
-        self.metrics.store_up.set(1 if up else 0)
+        """Open and probe the store (once, before the gateway says SERVING)."""
+        await self.calls.start()
 
     # -- calls -----------------------------------------------------------------------------------
     async def observe(self, query: ObserveQuery, deadline: Deadline) -> AppendResult:
@@ -119,7 +80,7 @@ class SessionService:
                   for event_id, q, s, c, t in zip(query.event_ids, query.questions.tolist(), query.stored_skills(),
                                                    query.correct.tolist(), query.timestamps.tolist())]
         keep = max(self.settings.store_keep, self.catalog.max_window())
-        result = await self._call("append", self.store.append(key, events, keep, int(time.time() * 1000)), deadline)
+        result = await self.calls.call("append", self.store.append(key, events, keep, int(time.time() * 1000)), deadline)
         self.metrics.events.labels(result="stored").inc(result.stored)
         self.metrics.events.labels(result="duplicate").inc(result.duplicates)
         if self.tracker is not None and result.stored:
@@ -132,7 +93,7 @@ class SessionService:
         """ReportOutcome: pairs recorded (0: unknown, expired or already reported prediction)."""
         if self.tracker is None:
             raise errors.failed_precondition("this gateway does not track outcomes")
-        return await self._call("take_served", self.tracker.report(prediction_id, question_id, correct), deadline)
+        return await self.calls.call("take_served", self.tracker.report(prediction_id, question_id, correct), deadline)
 
     async def forget(self, learner_id: str, deadline: Deadline) -> tuple[bool, int]:
         check_learner_id(learner_id, self.settings)
@@ -141,35 +102,12 @@ class SessionService:
             await self.tracker.discard(key)
         if self.states is not None:                      # no state computed from the learner's answers stays
             self.states.forget(key)
-        existed, deleted = await self._call("forget", self.store.forget(key), deadline)
+        existed, deleted = await self.calls.call("forget", self.store.forget(key), deadline)
         audit("forget_learner", learner=key[:LEARNER_PREFIX], existed=existed, deleted=deleted)
         return existed, deleted
 
     async def history(self, learner_id: str, limit: int, deadline: Deadline) -> History:
-        return await self._call("history", self.store.history(self.keys.learner(learner_id), limit), deadline)
-
-    async def _call(self, operation: str, coro, deadline: Deadline):
-        timeout = deadline.remaining() - self.settings.deadline_margin_s
-        if timeout <= 0:                                 # the caller's time is up: the store is not asked
-            coro.close()
-            raise errors.deadline_exceeded("the call's deadline passed before the session store was asked")
-        started = time.perf_counter()
-        try:
-            result = await asyncio.wait_for(coro, timeout)
-        except asyncio.TimeoutError:
-            self.metrics.store_errors.labels(operation=operation).inc()
-            log.warning("session store %s did not answer within the call's deadline (%.3fs)", operation, timeout)
-            raise errors.deadline_exceeded("the session store did not answer within the call's deadline") from None
-        except StoreUnavailable as exc:
-            coro.close()
-            self.metrics.store_errors.labels(operation=operation).inc()
-            self._set_up(False)
-            log.warning("session store %s failed: %s", operation, str(exc)[:300])
-            raise errors.unavailable(UNAVAILABLE) from None
-        finally:
-            self.metrics.store_seconds.labels(operation=operation).observe(time.perf_counter() - started)
-        self._set_up(True)
-        return result
+        return await self.calls.history(self.keys.learner(learner_id), limit, deadline)
 
 
 def _stored(events: list[StoredEvent], new: tuple[bool, ...]) -> LearnerInput:

@@ -2,15 +2,15 @@
 
 - cache.py           StateCache: (model, version, learner key) -> LearnerState, LRU within a byte budget
 - learner_states.py  LearnerStates: hit / appended / miss / stale, the step graphs through the backend;
-                     `observed`: Observe's fill (run by serving/pipeline/state_fill.py)
+                     `observed`: Observe's fill (run by serving/pipeline/state_fill.py); a learner named by
+                     learner_id is keyed by the hash its history source computed (LearnerInput.learner_key)
+- fingerprint.py     a 64-bit fingerprint of a history that extends without it (band entries)
 
-`learner_states(settings, metrics, learner_key)` builds the path create_server injects into the pipeline
+`learner_states(settings, metrics)` builds the path create_server injects into the pipeline
 (settings.state_cache_mb > 0, and a session store or settings.prefix_cache); it answers only versions
 exported with `--step-graphs` on a backend whose `steps()` says it runs them.
 """
 from __future__ import annotations
-
-from typing import Callable
 
 from serving.metrics import Metrics
 from serving.settings import Settings
@@ -20,7 +20,7 @@ from serving.state.learner_states import LearnerStates
 MIB = 1 << 20
 
 
-def learner_states(settings: Settings, metrics: Metrics, learner_key: Callable[[str], str] | None) -> LearnerStates:
+def learner_states(settings: Settings, metrics: Metrics) -> LearnerStates:
     """The path over a cache of settings.state_cache_mb MiB, counted in the routerkt_state_* metrics."""
 
     def sized(learners: int, nbytes: int) -> None:
@@ -30,5 +30,5 @@ def learner_states(settings: Settings, metrics: Metrics, learner_key: Callable[[
     cache = StateCache(int(settings.state_cache_mb * MIB),
                        on_evict=lambda model, count: metrics.state_evictions.labels(model=model).inc(count),
                        on_size=sized)
-    return LearnerStates(cache, learner_key, on_lookup=lambda model, kind, result: metrics.state_lookups.labels(
+    return LearnerStates(cache, on_lookup=lambda model, kind, result: metrics.state_lookups.labels(
         model=model, key=kind, result=result).inc())

@@ -81,10 +81,9 @@ class _Learner:
 class LearnerStates:
     """The learner-state path over a StateCache (see the module docstring)."""
 
-    def __init__(self, cache: StateCache, learner_key: Callable[[str], str] | None,
-                 on_lookup: Lookup = lambda model, kind, result: None, max_appends: int = MAX_APPENDS) -> None:
+    def __init__(self, cache: StateCache, on_lookup: Lookup = lambda model, kind, result: None,
+                 max_appends: int = MAX_APPENDS) -> None:
         self.cache = cache
-        self.learner_key = learner_key      # learner id -> its keyed hash (serving/sessions/keys.py)
         self.on_lookup = on_lookup
         self.max_appends = max_appends
         self.filling: dict[str, asyncio.Future] = {}    # learner key -> Observe's fill in flight (state_fill.py)
@@ -101,10 +100,6 @@ class LearnerStates:
     def forget(self, learner_key: str) -> int:
         """Drop the learner's cached states (ForgetLearner; `learner_key`: the keyed hash)."""
         return self.cache.forget(learner_key)
-
-    def learner_keys(self, learner_id: str) -> Keys:
-        """A learner named by learner_id: its keyed hash."""
-        return self.learner_keys_of(self.learner_key(learner_id))
 
     def history_keys(self, learner: EncodedLearner) -> Keys:
         """A stateless learner (the prefix cache): hashes of its kept history and of that history without

@@ -116,14 +116,12 @@ def gateway_over(repository: Path, triton_url: str, store: Path | None = None, s
     from serving.server import ThreadedGateway
     from serving.sessions.factory import open_store
     from serving.sessions.keys import LearnerKeys
-    from serving.sessions.session_service import SessionService
     from serving.settings import Settings
 
     settings = Settings(repository=repository, triton_url=triton_url, grpc_port=0, http_port=0,
                         probe_interval_s=0.5, probe_timeout_s=10.0, grace_period_s=1.0)
     metrics, catalog = Metrics(), ModelCatalog(repository)
-    parts = {} if store is None else {"sessions": SessionService(
-        settings, open_store(f"sqlite:///{store}"), LearnerKeys(secret), catalog, metrics)}
+    parts = {} if store is None else {"store": open_store(f"sqlite:///{store}"), "keys": LearnerKeys(secret)}
     gw = ThreadedGateway(settings, metrics, catalog=catalog, **parts).start()
     channel = grpc.insecure_channel(f"127.0.0.1:{gw.grpc_port}")
     stub = pb_grpc.KnowledgeTracingServiceStub(channel)

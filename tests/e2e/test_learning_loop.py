@@ -19,7 +19,6 @@ from serving.metrics import Metrics
 from serving.server import ThreadedGateway
 from serving.sessions.factory import open_store
 from serving.sessions.keys import LearnerKeys
-from serving.sessions.session_service import SessionService
 from serving.settings import Settings
 from tests.conftest import TINY_OVERRIDES
 
@@ -71,8 +70,7 @@ def test_retrain_publishes_v2_in_canary_and_the_sequential_test_promotes_it(kt_r
                         probe_timeout_s=10.0, grace_period_s=1.0, rollout_policy=policy, rollout_poll_s=0.1,
                         outcome_flush_s=0.02)
     metrics, catalog = Metrics(), ModelCatalog(repo)
-    sessions = SessionService(settings, open_store(f"sqlite:///{store}"), KEYS, catalog, metrics)
-    gw = ThreadedGateway(settings, metrics, catalog=catalog, sessions=sessions).start()
+    gw = ThreadedGateway(settings, metrics, catalog=catalog, store=open_store(f"sqlite:///{store}"), keys=KEYS).start()
     channel = grpc.insecure_channel(f"127.0.0.1:{gw.grpc_port}")
     stub = pb_grpc.KnowledgeTracingServiceStub(channel)
     http = f"http://127.0.0.1:{gw.http_port}"

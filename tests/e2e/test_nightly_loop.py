@@ -27,7 +27,6 @@ from serving.metrics import Metrics
 from serving.server import ThreadedGateway
 from serving.sessions.factory import open_store
 from serving.sessions.keys import LearnerKeys
-from serving.sessions.session_service import SessionService
 from serving.settings import Settings
 from tests.conftest import TINY_OVERRIDES
 from tests.e2e.test_learning_loop import Calls, population_b
@@ -117,8 +116,7 @@ def test_three_nights_with_undecided_canaries_then_a_rollback(kt_repository, tmp
                         probe_timeout_s=10.0, grace_period_s=1.0, rollout_policy=policy, rollout_poll_s=0.1,
                         outcome_flush_s=0.02, repository_poll_s=0.5)
     metrics, catalog = Metrics(), ModelCatalog(repo)
-    sessions = SessionService(settings, open_store(f"sqlite:///{store}"), KEYS, catalog, metrics)
-    gw = ThreadedGateway(settings, metrics, catalog=catalog, sessions=sessions).start()
+    gw = ThreadedGateway(settings, metrics, catalog=catalog, store=open_store(f"sqlite:///{store}"), keys=KEYS).start()
     channel = grpc.insecure_channel(f"127.0.0.1:{gw.grpc_port}")
     stub = pb_grpc.KnowledgeTracingServiceStub(channel)
     loop = Loop(stub, f"http://127.0.0.1:{gw.http_port}", store, repo, runs, tmp_path)

@@ -29,7 +29,6 @@ from serving.core.catalog import ModelCatalog
 from serving.metrics import Metrics
 from serving.server import ThreadedGateway
 from serving.sessions.keys import LearnerKeys
-from serving.sessions.session_service import SessionService
 from serving.sessions.factory import open_store
 from serving.settings import Settings
 from tests.e2e.conftest import triton_over
@@ -69,9 +68,8 @@ class Gateway:
                             probe_interval_s=0.5, probe_timeout_s=10.0, grace_period_s=1.0,
                             rollout_policy=self.policy_file, rollout_poll_s=0.1, outcome_flush_s=0.02)
         self.metrics, catalog = Metrics(), ModelCatalog(repo)
-        sessions = SessionService(settings, open_store(f"sqlite:///{folder / 's.sqlite3'}"), KEYS, catalog,
-                                  self.metrics)
-        self.gw = ThreadedGateway(settings, self.metrics, catalog=catalog, sessions=sessions).start()
+        self.gw = ThreadedGateway(settings, self.metrics, catalog=catalog,
+                                  store=open_store(f"sqlite:///{folder / 's.sqlite3'}"), keys=KEYS).start()
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.gw.grpc_port}")
         self.stub = pb_grpc.KnowledgeTracingServiceStub(self.channel)
         self.http = f"http://127.0.0.1:{self.gw.http_port}"

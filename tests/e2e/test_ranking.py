@@ -15,7 +15,6 @@ from serving.metrics import Metrics
 from serving.queries.recommend import DEFAULT_TARGET, order
 from serving.server import ThreadedGateway
 from serving.sessions.keys import LearnerKeys
-from serving.sessions.session_service import SessionService
 from serving.sessions.factory import open_store
 from serving.settings import Settings
 
@@ -28,8 +27,8 @@ def gateway(kt_repository, triton, tmp_path_factory):
                         probe_interval_s=0.5, probe_timeout_s=10.0, grace_period_s=1.0)
     metrics, catalog = Metrics(), ModelCatalog(kt_repository.path)
     store = open_store(f"sqlite:///{tmp_path_factory.mktemp('rank-store') / 's.sqlite3'}")
-    sessions = SessionService(settings, store, LearnerKeys(b"ranking-test-secret-32-bytes-ok!"), catalog, metrics)
-    gw = ThreadedGateway(settings, metrics, catalog=catalog, sessions=sessions).start()
+    gw = ThreadedGateway(settings, metrics, catalog=catalog, store=store,
+                         keys=LearnerKeys(b"ranking-test-secret-32-bytes-ok!")).start()
     channel = grpc.insecure_channel(f"127.0.0.1:{gw.grpc_port}")
     stub = pb_grpc.KnowledgeTracingServiceStub(channel)
     for _ in range(240):

@@ -18,7 +18,6 @@ from serving.metrics import Metrics
 from serving.server import ThreadedGateway
 from serving.sessions.keys import LearnerKeys
 from serving.sessions.redis_server import RedisServer
-from serving.sessions.session_service import SessionService
 from serving.sessions.factory import open_store
 from serving.settings import Settings
 
@@ -37,8 +36,7 @@ def gateway(request, kt_repository, triton, tmp_path_factory):
     settings = Settings(repository=kt_repository.path, triton_url=triton.grpc_url, grpc_port=0, http_port=0,
                         probe_interval_s=0.5, probe_timeout_s=10.0, grace_period_s=1.0, max_observe_events=50)
     metrics, catalog = Metrics(), ModelCatalog(kt_repository.path)
-    sessions = SessionService(settings, open_store(url), LearnerKeys(SECRET), catalog, metrics)
-    gw = ThreadedGateway(settings, metrics, catalog=catalog, sessions=sessions).start()
+    gw = ThreadedGateway(settings, metrics, catalog=catalog, store=open_store(url), keys=LearnerKeys(SECRET)).start()
     channel = grpc.insecure_channel(f"127.0.0.1:{gw.grpc_port}")
     try:
         stub = pb_grpc.KnowledgeTracingServiceStub(channel)

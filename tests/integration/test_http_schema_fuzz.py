@@ -16,7 +16,6 @@ from serving.core.catalog import ModelCatalog  # noqa: E402
 from serving.metrics import Metrics  # noqa: E402
 from serving.server import ThreadedGateway  # noqa: E402
 from serving.sessions.keys import LearnerKeys  # noqa: E402
-from serving.sessions.session_service import SessionService  # noqa: E402
 from serving.sessions.factory import open_store  # noqa: E402
 from serving.settings import Settings  # noqa: E402
 
@@ -32,9 +31,8 @@ def fuzzed_gateway(kt_repository, tmp_path_factory):
     cfg = Settings(repository=kt_repository.path, grpc_port=0, http_port=0, probe_interval_s=0.5, grace_period_s=1.0,
                    rollout_policy=folder / "rollout.json")
     metrics, catalog = Metrics(), ModelCatalog(kt_repository.path)
-    sessions = SessionService(cfg, open_store(f"sqlite:///{folder / 's.sqlite3'}"),
-                              LearnerKeys(b"fuzz-secret-of-at-least-32-bytes"), catalog, metrics)
-    gw = ThreadedGateway(cfg, metrics, catalog=catalog, sessions=sessions, backend=OnnxRuntimeBackend(cfg)).start()
+    gw = ThreadedGateway(cfg, metrics, catalog=catalog, store=open_store(f"sqlite:///{folder / 's.sqlite3'}"),
+                         keys=LearnerKeys(b"fuzz-secret-of-at-least-32-bytes"), backend=OnnxRuntimeBackend(cfg)).start()
     try:
         yield f"http://127.0.0.1:{gw.http_port}"
     finally:

@@ -48,7 +48,7 @@ class Steps:
 
 
 def states(cache: StateCache) -> LearnerStates:
-    return LearnerStates(cache, learner_key=lambda learner_id: learner_id)
+    return LearnerStates(cache)
 
 
 def test_a_fill_appends_the_new_answers_after_the_entry_and_caches_the_result() -> None:
@@ -92,7 +92,7 @@ def test_a_predict_waits_for_the_fill_in_flight_instead_of_appending_again() -> 
     cache = StateCache(1 << 20)
     cache.put("m", 1, "k", entry(3))
     looked_up, calls = [], []
-    paths = LearnerStates(cache, learner_key=lambda learner_id: learner_id,
+    paths = LearnerStates(cache,
                           on_lookup=lambda model, kind, result: looked_up.append(result))
     output = STEP_GRAPHS[RECURRENT].next.output_names[0]
 
@@ -110,7 +110,7 @@ def test_a_predict_waits_for_the_fill_in_flight_instead_of_appending_again() -> 
         history = EncodedLearner(np.append(held.questions, 40), np.vstack([held.skills, [[5]]]),
                                  np.append(held.responses, 0), np.array([7]), np.array([[2]]))
         await asyncio.sleep(0)                             # the fill has started
-        await paths.predict(MODEL, [paths.learner_keys("k")], [history], run, rows=4, candidates=4, wait_s=5.0)
+        await paths.predict(MODEL, [paths.learner_keys_of("k")], [history], run, rows=4, candidates=4, wait_s=5.0)
         assert await fill == "filled"
 
     asyncio.run(scenario())
