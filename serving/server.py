@@ -278,12 +278,13 @@ def create_server(settings: Settings, *, metrics: Metrics | None = None, catalog
             if settings.rollout_policy else LatestReadyVersion()
     tracker = OutcomeTracker(settings, store, keys, metrics) if calls is not None and settings.track_outcomes else None
     sink = sink or MetricsSink(metrics)
-    states = learner_states(settings, metrics) \
+    encoder = encoder or WindowEncoder(lambda kind, n: metrics.unknown_ids.labels(kind=kind).inc(n))
+    states = learner_states(settings, metrics, encoder) \
         if settings.state_cache_mb > 0 and (calls is not None or settings.prefix_cache) else None
     service = PredictionService(
         settings, catalog, backend,
         metrics, history=history, policy=policy,
-        encoder=encoder or WindowEncoder(lambda kind, n: metrics.unknown_ids.labels(kind=kind).inc(n)),
+        encoder=encoder,
         sink=SinkChain(sink, tracker) if tracker is not None else sink, issue_prediction_ids=tracker is not None,
         states=states)
     # ForgetLearner drops (Observe advances) cached states

@@ -36,8 +36,6 @@ so requests of different learners share a few shapes; both give the same probabi
 from __future__ import annotations
 
 import dataclasses
-
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
@@ -46,11 +44,11 @@ from routerkt.contract.signature import (CANDIDATE_RESPONSE, NO_SKILL, PAD_ID, P
                                          skill_axis)
 from routerkt.contract.vocab import Vocab
 from serving.core.calls import ABSENT_SKILL
+from serving.core.encoded import EncodedLearner, Inference
 from serving.core.validation import LearnerInput
 
 if TYPE_CHECKING:
     from serving.core.catalog import ModelVersion
-
 
 
 CountUnknown = Callable[[str, int], None]   # (kind "question" | "skill", how many)
@@ -60,30 +58,6 @@ CountUnknown = Callable[[str, int], None]   # (kind "question" | "skill", how ma
 CANDIDATE_WIDTHS = (1, 4, 8, 16, 24, 32, 48, 64)
 WIDE_STEP = 8             # beyond the last width (Mastery over a vocabulary): multiples of this (115 -> 120: 2.9x
                           # width 1 in process vs 3.7x at 128; one row beats 2 x 64 (4.0x) and 4 x 32 (5.9x))
-
-
-@dataclass
-class EncodedLearner:
-    """One learner in model ids, history already truncated to the window."""
-
-    questions: np.ndarray            # int64 [n] used history, oldest first
-    skills: np.ndarray               # int64 [n, K] model skill ids, PAD_ID in unused slots
-    responses: np.ndarray            # int64 [n], 0/1
-    candidate_questions: np.ndarray  # int64 [C]
-    candidate_skills: np.ndarray     # int64 [C, K'] as skills
-
-    @property
-    def width(self) -> int:
-        """The widest skill set of the learner (history or candidates)."""
-        return max(self.skills.shape[1], self.candidate_skills.shape[1])
-
-    @property
-    def history_used(self) -> int:
-        return int(self.questions.shape[0])
-
-    @property
-    def n_candidates(self) -> int:
-        return int(self.candidate_questions.shape[0])
 
 
 def encode_learner(learner: LearnerInput, vocab: Vocab, window: int,
@@ -173,22 +147,6 @@ def candidate_width(n: int) -> int:
     return -(-n // WIDE_STEP) * WIDE_STEP
 
 
-@dataclass
-class Inference:
-    """One backend call: the graph's inputs for some of a call's learners, and how to read them back."""
-
-    learners: list[int]                  # indices into the call's learners
-    feeds: dict[str, np.ndarray]         # the graph's inputs, int64
-    reads: list[tuple[int, int]]         # per learner: (row, candidates) for rank, (first row, rows) for score
-    rank: bool
-
-    def split(self, output: np.ndarray) -> list[np.ndarray]:
-        """P(correct) per candidate, float32 [C_i], for each of `learners`."""
-        if self.rank:                                        # output [b, width]
-            return [np.asarray(output[row, :n], dtype=np.float32) for row, n in self.reads]
-        return [np.asarray(output[first:first + n, -1], dtype=np.float32) for first, n in self.reads]  # [rows, L]
-
-
 class WindowEncoder:
     """The pipeline's Encoder (serving/pipeline/parts.py): vocabulary mapping, then the served graph's
     inputs: rank (one history row + the padded candidates per learner) or score (one left-padded
@@ -220,6 +178,16 @@ class WindowEncoder:
                     if skill_axis(spec):
                         inference.feeds[spec.name] = np.ascontiguousarray(inference.feeds[spec.name][..., 0])
         return inferences
+
+    # -- the learner-state path's feeds (serving/state/): the rows the rank graph would get -----------
+    def encode_new(self, learner: LearnerInput, model: ModelVersion) -> EncodedLearner:
+        """Newly stored answers (Observe's) in model ids, uncounted: the learner's next Predict counts them."""
+        return encode_learner(learner, model.vocab, model.window, band=model.band)
+
+    history_row = staticmethod(history_row)
+    split_candidates = staticmethod(split_candidates)
+    candidate_width = staticmethod(candidate_width)
+    widen = staticmethod(widen)
 
     def _rank(self, learners: list[EncodedLearner], indices: list[int], model: ModelVersion) -> Inference:
         width = candidate_width(max(learner.n_candidates for learner in learners))

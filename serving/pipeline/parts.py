@@ -22,9 +22,11 @@ from typing import TYPE_CHECKING, Mapping, Protocol
 
 import numpy as np
 
+from serving.core.encoded import StepFeeds
+
 if TYPE_CHECKING:
     from serving.core.catalog import ModelCatalog, ModelVersion
-    from serving.encoder.window import EncodedLearner, Inference
+    from serving.core.encoded import EncodedLearner, Inference
     from serving.core.calls import Deadline, PredictQuery, PredictResult
     from serving.core.validation import LearnerInput
 
@@ -92,13 +94,18 @@ class VersionPolicy(Protocol):
         raises a ServingError (UNAVAILABLE) when none can answer."""
 
 
-class Encoder(Protocol):
+class Encoder(StepFeeds, Protocol):
     """Raw platform ids -> the served graph's inputs, packed into backend calls."""
 
     def encode(self, learner: LearnerInput, model: ModelVersion) -> EncodedLearner: ...
 
     def inferences(self, learners: list[EncodedLearner], model: ModelVersion, rows_limit: int) -> list[Inference]:
         """Backend calls of at most `rows_limit` rows that together answer every learner."""
+
+    # the learner-state path (serving/state/) encodes an Observe's answers and builds the step graphs'
+    # feeds (StepFeeds) with the same Encoder, so that a custom one is used there too
+    def encode_new(self, learner: LearnerInput, model: ModelVersion) -> EncodedLearner:
+        """Newly stored answers (an Observe's) in model ids, not counted as a request's."""
 
 
 class InferenceBackend(Protocol):

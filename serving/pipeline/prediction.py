@@ -31,7 +31,7 @@ from serving import errors
 from serving.pipeline.admission import ServiceTime, call_rows, check_budget
 from serving.core.catalog import ModelCatalog, ModelVersion
 from serving.errors import ServingError, shown
-from serving.encoder.window import EncodedLearner, split_candidates
+from serving.core.encoded import EncodedLearner
 from serving.metrics import Metrics
 from serving.pipeline.parts import (BackendError, Encoder, FailureKind, HistorySource, InferenceBackend,
                            PredictionRecord, PredictionSink, Route, VersionPolicy)
@@ -64,13 +64,18 @@ class PredictionService:
         self.issue_prediction_ids = issue_prediction_ids
         self.states = states                                  # the learner-state path (serving/state/), or None
         # a band model's history beyond W - 1 goes through its step graphs, uncached without a state cache
-        self._band_steps = states or LearnerStates(StateCache(0))
+        self._band_steps = states or LearnerStates(StateCache(0), encoder)
         self._slots = asyncio.Semaphore(settings.max_inflight)
         self._inflight = 0
         self._queued = 0                                     # calls waiting for a slot
         self.service_time = ServiceTime()
         self._last_miss_refresh = -1e9
         self._shadows: set[asyncio.Task] = set()
+
+    def runs_steps(self, model: ModelVersion) -> bool:
+        """Whether `model` answers through its step graphs here (the one place this is decided: the
+        learner-state path, Observe's fill and a band model's long histories ask it)."""
+        return self.backend.steps(model)
 
     async def predict(self, query: PredictQuery, deadline: Deadline) -> PredictResult:
         async with self.call(deadline):
@@ -125,7 +130,7 @@ class PredictionService:
         """`infer`, except that learners named by learner_id (and, with the prefix cache, the others) take the
         learner-state path when there is one and the backend runs `model`'s step graphs (the same
         probabilities, <= 1e-5)."""
-        states = self.states if self.states is not None and self.backend.steps(model) else None
+        states = self.states if self.states is not None and self.runs_steps(model) else None
         keys = [None] * len(learners) if states is None else [
             states.learner_keys_of(learner.learner_key) if learner.learner_key else None if learner.learner_id
             else states.history_keys(learner_encoded) if self.settings.prefix_cache else None
@@ -249,7 +254,7 @@ class PredictionService:
             return await self._infer_band(model, learners, long, deadline, candidates_per_infer)
         rank = model.graph.name == "rank"
         limit = self.settings.rank_rows_per_infer if rank else self.settings.max_rows_per_infer
-        pieces, owners = (split_candidates(learners, candidates_per_infer or self.settings.rank_candidates_per_infer)
+        pieces, owners = (self.encoder.split_candidates(learners, candidates_per_infer or self.settings.rank_candidates_per_infer)
                           if rank
                           else (learners, list(range(len(learners)))))
         calls = self.encoder.inferences(pieces, model, max(1, min(limit, model.max_batch_size)))
@@ -268,7 +273,7 @@ class PredictionService:
                           deadline: Deadline, candidates_per_infer: int) -> list[np.ndarray]:
         """`infer` where the learners `long` have more than W - 1 interactions for a band model: those through
         its step graphs (rebuilt, not cached: stateless), the others as usual."""
-        if not self.backend.steps(model):
+        if not self.runs_steps(model):
             raise errors.failed_precondition(f"model {shown(model.name)} version {model.version} is a band model and "
                                              "this backend does not run its step graphs (needed beyond "
                                              f"{model.window - 1} answers)")

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 
 from serving.core.calls import Deadline
 from serving.core.validation import LearnerInput
-from serving.encoder.window import encode_learner
 from serving.errors import ServingError
 from serving.metrics import Metrics
 from serving.state.learner_states import LearnerStates
@@ -67,10 +66,10 @@ class StateFill:
                 model = self.service.catalog.get(name, version)
             except ServingError:                              # unloaded since: its entry ages out
                 continue
-            if not self.service.backend.steps(model):
+            if not self.service.runs_steps(model):
                 continue
             # no unknown-id count here: the learner's next Predict counts its history's
-            encoded = encode_learner(new, model.vocab, model.window, band=model.band)
+            encoded = self.service.encoder.encode_new(new, model)
             run = self.service.step_runner(model, Deadline.after(self.service.settings.default_deadline_s))
             try:
                 result = await self.states.observed(model, learner_key, encoded, run)

@@ -30,7 +30,7 @@ from routerkt.contract.signature import NO_SKILL
 from serving import errors
 from serving.core.catalog import ModelVersion
 from serving.errors import shown
-from serving.encoder.window import EncodedLearner
+from serving.core.encoded import EncodedLearner
 from serving.pipeline.prediction import PredictionService
 from serving.core.calls import ABSENT_SKILL, Deadline, LearnerQuery
 from serving.core.validation import LearnerInput, check_model, validate_learner

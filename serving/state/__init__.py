@@ -6,12 +6,13 @@
                      learner_id is keyed by the hash its history source computed (LearnerInput.learner_key)
 - fingerprint.py     a 64-bit fingerprint of a history that extends without it (band entries)
 
-`learner_states(settings, metrics)` builds the path create_server injects into the pipeline
+`learner_states(settings, metrics, encoder)` builds the path create_server injects into the pipeline
 (settings.state_cache_mb > 0, and a session store or settings.prefix_cache); it answers only versions
 exported with `--step-graphs` on a backend whose `steps()` says it runs them.
 """
 from __future__ import annotations
 
+from serving.core.encoded import StepFeeds
 from serving.metrics import Metrics
 from serving.settings import Settings
 from serving.state.cache import StateCache
@@ -20,7 +21,7 @@ from serving.state.learner_states import LearnerStates
 MIB = 1 << 20
 
 
-def learner_states(settings: Settings, metrics: Metrics) -> LearnerStates:
+def learner_states(settings: Settings, metrics: Metrics, encoder: StepFeeds) -> LearnerStates:
     """The path over a cache of settings.state_cache_mb MiB, counted in the routerkt_state_* metrics."""
 
     def sized(learners: int, nbytes: int) -> None:
@@ -30,5 +31,5 @@ def learner_states(settings: Settings, metrics: Metrics) -> LearnerStates:
     cache = StateCache(int(settings.state_cache_mb * MIB),
                        on_evict=lambda model, count: metrics.state_evictions.labels(model=model).inc(count),
                        on_size=sized)
-    return LearnerStates(cache, on_lookup=lambda model, kind, result: metrics.state_lookups.labels(
+    return LearnerStates(cache, encoder, on_lookup=lambda model, kind, result: metrics.state_lookups.labels(
         model=model, key=kind, result=result).inc())

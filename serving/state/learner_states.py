@@ -39,7 +39,7 @@ import numpy as np
 
 from routerkt.contract.signature import PAD_ID
 from routerkt.contract.step_signature import STEP_GRAPHS, UPDATED
-from serving.encoder.window import EncodedLearner, candidate_width, history_row, split_candidates, widen
+from serving.core.encoded import EncodedLearner, StepFeeds
 from serving.state.cache import LearnerState, StateCache
 from serving.state.fingerprint import extend
 
@@ -81,9 +81,10 @@ class _Learner:
 class LearnerStates:
     """The learner-state path over a StateCache (see the module docstring)."""
 
-    def __init__(self, cache: StateCache, on_lookup: Lookup = lambda model, kind, result: None,
+    def __init__(self, cache: StateCache, encoder: StepFeeds, on_lookup: Lookup = lambda model, kind, result: None,
                  max_appends: int = MAX_APPENDS) -> None:
         self.cache = cache
+        self.encoder = encoder              # the pipeline's Encoder: it builds the step graphs' feeds too
         self.on_lookup = on_lookup
         self.max_appends = max_appends
         self.filling: dict[str, asyncio.Future] = {}    # learner key -> Observe's fill in flight (state_fill.py)
@@ -143,6 +144,7 @@ class LearnerStates:
             self.cache.discard(model.name, model.version, learner_key)
             return "dropped"
         width = max(state.skills.shape[1], new.skills.shape[1])
+        widen = self.encoder.widen
         history = EncodedLearner(np.concatenate([state.questions, new.questions]),
                                  np.concatenate([widen(state.skills, width), widen(new.skills, width)]),
                                  np.concatenate([state.responses, new.responses]),
@@ -192,7 +194,7 @@ class LearnerStates:
         model's longer history then in step_append calls of up to W - 1 interactions, learner by learner."""
         graphs, first = STEP_GRAPHS[model.step_state], max(model.window - 1, 0)
         width = max(p.encoded.skills.shape[1] for p in rebuild)
-        rows = [history_row(_head(p.encoded, first), model.window, width) for p in rebuild]
+        rows = [self.encoder.history_row(_head(p.encoded, first), model.window, width) for p in rebuild]
         feeds = {spec.name: np.stack([r[j] for r in rows]) for j, spec in enumerate(graphs.start.inputs)}
         tensors = await run(graphs.start.name, feeds)
         for k, p in enumerate(rebuild):
@@ -212,15 +214,16 @@ class LearnerStates:
         feeds = {name: np.concatenate([p.state.tensors[name] for p in moving]) for name in _names(graphs.state)}
         feeds["append_question"] = np.stack([p.encoded.questions[i:i + count] for p, i in zip(moving, positions)])
         feeds["append_response"] = np.stack([p.encoded.responses[i:i + count] for p, i in zip(moving, positions)])
-        feeds["append_skills"] = np.stack([widen(p.encoded.skills[i:i + count], width) for p, i in zip(moving, positions)])
+        feeds["append_skills"] = np.stack([self.encoder.widen(p.encoded.skills[i:i + count], width)
+                                           for p, i in zip(moving, positions)])
         tensors = await run(graphs.append.name, feeds)
         return {n: tensors[UPDATED + n] for n in _names(graphs.state)}
 
     async def _next(self, model: ModelVersion, chunk: list[_Learner], run: StepCall, limit: int) -> list[np.ndarray]:
         """step_next over the chunk's learners, candidates in pieces of at most `limit`."""
         graphs = STEP_GRAPHS[model.step_state]
-        pieces, owners = split_candidates([p.encoded for p in chunk], max(limit, 1))
-        width = candidate_width(max(piece.n_candidates for piece in pieces))
+        pieces, owners = self.encoder.split_candidates([p.encoded for p in chunk], max(limit, 1))
+        width = self.encoder.candidate_width(max(piece.n_candidates for piece in pieces))
         skills = max(piece.candidate_skills.shape[1] for piece in pieces)
         questions = np.full((len(pieces), width), PAD_ID, dtype=np.int64)
         candidate_skills = np.full((len(pieces), width, skills), PAD_ID, dtype=np.int64)

@@ -16,6 +16,7 @@ from routerkt.contract.repository import latest_version, read_vocab
 from serving.api import knowledge_tracing_pb2 as pb
 from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
 from serving.backends.onnxruntime import OnnxRuntimeBackend
+from serving.encoder.window import WindowEncoder
 from serving.metrics import Metrics
 from serving.server import ThreadedGateway
 from serving.sessions.keys import LearnerKeys
@@ -35,7 +36,7 @@ class Served:
     """One gateway over the store at `store_path`, its stub and metrics."""
 
     def __init__(self, repository, store_path, state_cache_mb: float = 64.0, triton_url: str | None = None,
-                 prefix_cache: bool = False, fill: bool = True) -> None:
+                 prefix_cache: bool = False, fill: bool = True, encoder=None) -> None:
         """In-process onnxruntime, or (`triton_url`) the Triton backend over a running tritonserver."""
         self.fill = fill
         settings = Settings(repository=repository, grpc_port=0, http_port=None, grace_period_s=0.5,
@@ -43,6 +44,8 @@ class Served:
                             **({"triton_url": triton_url} if triton_url else {}))
         self.metrics = Metrics()
         backend = {} if triton_url else {"backend": OnnxRuntimeBackend(settings)}
+        if encoder is not None:
+            backend["encoder"] = encoder
         self.gateway = ThreadedGateway(settings, self.metrics, store=SqliteStore(store_path), keys=LearnerKeys(SECRET),
                                        **backend).start()
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.gateway.grpc_port}")
@@ -113,6 +116,39 @@ class Learner:
             pb.Interaction(question_id=q, skill_ids=s, correct=c) for q, s, c in self.history]), timeout=10.0)
         assert by_id.history_used == explicit.history_used == min(len(self.history), WINDOW - 1)
         return float(np.abs(np.asarray(by_id.probabilities) - np.asarray(explicit.probabilities)).max())
+
+
+class CountingEncoder(WindowEncoder):
+    """The window encoder, counting the calls the learner-state path makes of it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: dict[str, int] = {}
+
+    def __getattribute__(self, name: str):
+        if name in ("encode_new", "history_row", "split_candidates", "candidate_width", "widen"):
+            calls = object.__getattribute__(self, "calls")
+            calls[name] = calls.get(name, 0) + 1
+        return object.__getattribute__(self, name)
+
+
+def test_a_custom_encoder_builds_the_learner_state_paths_feeds(setup, tmp_path) -> None:
+    """The Encoder given to create_server encodes Observe's answers and builds the step feeds (no path
+    around it), and the answers stay those of the explicit history."""
+    repository, _, questions, skills = setup
+    encoder = CountingEncoder()
+    served = Served(repository, tmp_path / "s.sqlite3", encoder=encoder)
+    try:
+        learner = Learner(served, "custom-encoder", questions, skills, seed=5)
+        learner.observe(4)
+        assert learner.gap() < 1e-5                      # a miss: step_start from the encoder's history row
+        learner.observe(2)
+        served.await_fills({**dict.fromkeys(FILLS, 0), "filled": 1})
+        assert learner.gap() < 1e-5                      # a hit on the state Observe's fill advanced
+    finally:
+        served.close()
+    for name in ("encode_new", "history_row", "split_candidates", "candidate_width", "widen"):
+        assert encoder.calls.get(name, 0) > 0, (name, encoder.calls)
 
 
 @pytest.mark.parametrize("fill", [True, False], ids=["fill-on-observe", "no-fill"])

@@ -21,6 +21,7 @@ EXPECTED = {
     "training's folders point down: cli -> bench -> paper -> eval -> the core at training's top",
     "training's core (its top modules, models, data) imports none of its folders of commands, benchmarks, "
     "evaluation or paper",
+    "The pipeline and the learner-state path use the Encoder interface, never the concrete encoder",
     "No import cycles inside serving (lazy imports count)",
     "The session store interface imports no store implementation",
     "Serving transports import the service, never the server or the CLI",

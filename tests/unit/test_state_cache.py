@@ -70,7 +70,7 @@ def test_same_sets_ignores_padding_columns_only() -> None:
 
 
 def test_history_keys_find_the_entry_of_a_prefix_whatever_the_skill_padding() -> None:
-    from serving.encoder.window import EncodedLearner
+    from serving.encoder.window import EncodedLearner, WindowEncoder
     from serving.state.learner_states import LearnerStates
 
     def learner(n: int, width: int = 1, flip: int | None = None) -> EncodedLearner:
@@ -82,7 +82,7 @@ def test_history_keys_find_the_entry_of_a_prefix_whatever_the_skill_padding() ->
         s = np.pad(s, ((0, 0), (0, width - 1)))
         return EncodedLearner(q, s, r, np.array([3]), np.array([[2]]))
 
-    states = LearnerStates(StateCache(1 << 20), max_appends=4)
+    states = LearnerStates(StateCache(1 << 20), WindowEncoder(), max_appends=4)
     ten = states.history_keys(learner(10))
     assert ten.kind == "history" and ten.tried[0] == ten.store and len(ten.tried) == 5
     assert states.history_keys(learner(10, width=3)) == ten                    # padding columns do not count

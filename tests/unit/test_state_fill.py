@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from routerkt.contract.step_signature import RECURRENT, STEP_GRAPHS, UPDATED
-from serving.encoder.window import EncodedLearner
+from serving.encoder.window import EncodedLearner, WindowEncoder
 from serving.state.cache import LearnerState, StateCache
 from serving.state.learner_states import LearnerStates
 
@@ -48,7 +48,7 @@ class Steps:
 
 
 def states(cache: StateCache) -> LearnerStates:
-    return LearnerStates(cache)
+    return LearnerStates(cache, WindowEncoder())
 
 
 def test_a_fill_appends_the_new_answers_after_the_entry_and_caches_the_result() -> None:
@@ -92,7 +92,7 @@ def test_a_predict_waits_for_the_fill_in_flight_instead_of_appending_again() -> 
     cache = StateCache(1 << 20)
     cache.put("m", 1, "k", entry(3))
     looked_up, calls = [], []
-    paths = LearnerStates(cache,
+    paths = LearnerStates(cache, WindowEncoder(),
                           on_lookup=lambda model, kind, result: looked_up.append(result))
     output = STEP_GRAPHS[RECURRENT].next.output_names[0]
 
