@@ -12,8 +12,8 @@ from export.onnx_export import (ParityReport, candidate_windows, export_rank_inp
 from routerkt.contract import signature
 from routerkt.contract.onnx_session import cpu_session
 from training.models.attention import MultiHeadAttention
-from training.models.base import KTModel
-from training.models.explain import explain_rank, explained_layer
+from training.models.kt_model import KTModel
+from training.models.explain_forward import explain_rank, explained_layer
 
 
 class ExplainInferenceModel(nn.Module):

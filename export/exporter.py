@@ -324,7 +324,7 @@ def _check_served_graph(repository: Path, name: str, graph: str) -> None:
     """Triton keeps ONE config.pbtxt per model, so every version of a model must serve the same graph
     (the same input tensors): a version of another graph would make the older ones unloadable."""
     from routerkt.contract.model_info import ModelInfoError
-    from routerkt.contract.repository import list_versions, read_model_info
+    from routerkt.contract.repository_reader import list_versions, read_model_info
     for version in list_versions(repository, name) if (repository / name).is_dir() else []:
         try:
             served = read_model_info(repository, name, version).served_graph

@@ -31,7 +31,7 @@ from routerkt.contract import signature
 from routerkt.atomic import atomic_path
 from routerkt.contract.onnx_session import cpu_session
 from routerkt.errors import UserError
-from training.models.base import KTModel
+from training.models.kt_model import KTModel
 
 OPSET = 18
 PARITY_TOL = 1e-5

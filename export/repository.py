@@ -1,6 +1,6 @@
 """The generated Triton model repository: publish model versions atomically, list and read them.
 
-Layout (file names from routerkt/contract/signature.py; reading it: routerkt/contract/repository.py):
+Layout (file names from routerkt/contract/signature.py; reading it: routerkt/contract/repository_reader.py):
 
     <repository>/README.md                      committed, never touched here
     <repository>/<name>/config.pbtxt
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from routerkt.atomic import atomic_write_bytes
-from routerkt.contract.repository import list_versions
+from routerkt.contract.repository_reader import list_versions
 from routerkt.contract.signature import CONFIG_FILE
 from routerkt.errors import UserError
 

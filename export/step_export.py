@@ -23,7 +23,7 @@ from export.step_modules import step_modules
 from routerkt.contract import signature
 from routerkt.contract.onnx_session import cpu_session
 from routerkt.contract.step_signature import ATTENTION, RECURRENT, STEP_FILES, STEP_GRAPHS, StepGraphs
-from training.models.base import KTModel
+from training.models.kt_model import KTModel
 from training.models.step import Stepping, stepping
 
 

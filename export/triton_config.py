@@ -28,7 +28,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from routerkt.contract import signature
-from routerkt.contract.repository import parse_triton_config
+from routerkt.contract.repository_reader import parse_triton_config
 from routerkt.contract.step_signature import STEP_GRAPHS, StepGraphs, served_step_dims, step_tensor_names
 from routerkt.errors import UserError
 

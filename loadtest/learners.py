@@ -24,7 +24,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import grpc
 
-from routerkt.contract.repository import latest_version, list_models, read_vocab
+from routerkt.contract.repository_reader import latest_version, list_models, read_vocab
 from routerkt.errors import UserError
 from serving.api import knowledge_tracing_pb2 as pb
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from loadtest.harness import READY_TIMEOUT_S, start_gateway, start_triton
 from routerkt.atomic import atomic_write_json
-from routerkt.contract.repository import (latest_version, parse_triton_config, read_model_info, read_vocab,
+from routerkt.contract.repository_reader import (latest_version, parse_triton_config, read_model_info, read_vocab,
                                           version_dir)
 from routerkt.contract.signature import CONFIG_FILE, EXPLAIN_ONNX_FILE, RANK
 

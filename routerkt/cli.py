@@ -66,8 +66,8 @@ BENCHES: dict[str, tuple[str, str]] = {
              "a dataset replayed day by day through the gateway with a nightly retrain, vs a static v1"),
 }
 SESSIONS: dict[str, tuple[str, str]] = {
-    "import": ("serving.sessions.cli_import", "bulk-load a canonical CSV into a session store"),
-    "export": ("serving.sessions.cli_export", "stream a session store's events to the canonical CSV (bounded memory)"),
+    "import": ("serving.sessions.cli_sessions_import", "bulk-load a canonical CSV into a session store"),
+    "export": ("serving.sessions.cli_sessions_export", "stream a session store's events to the canonical CSV (bounded memory)"),
 }
 GROUPS: dict[str, dict[str, tuple[str, str]]] = {"bench": BENCHES, "sessions": SESSIONS}
 

@@ -1,7 +1,7 @@
 """The serving side: a gRPC gateway (and its HTTP mirror) in front of Triton. Map of the folder:
 
     server.py          GatewayServer: assembles the parts (create_server), runs both transports, health, shutdown
-    settings.py, errors.py, logs.py, processes.py, client.py   settings, error codes, logging, child processes,
+    settings.py, status_errors.py, logs.py, processes.py, client.py   settings, error codes, logging, child processes,
                        the Python client's channel
     cli/               `routerkt serve` / `routerkt predict` and the start-up sample (demo.py)
     transport/         gRPC adapter (grpc_api.py) and HTTP mirror (http_api.py assembles http_routes.py,
@@ -12,7 +12,7 @@
     core/              shared by all: the calls' dataclasses, validation, the model catalog
     backends/          InferenceBackend implementations: triton/ (client, supervisor and its model_control,
                        gates, backend, replicas), onnxruntime.py
-    tritonserver/      the tritonserver process: launcher (its command line: command.py; readiness.py),
+    tritonserver/      the tritonserver process: launcher (its command line: command.py; triton_ready.py),
                        restarts, watchdog, /proc helpers
     sessions/          learner sessions: store interface and implementations, keys, Observe, history sources,
                        `routerkt sessions import/export`

@@ -25,7 +25,7 @@ class Settings:
     repository: Path = Path("model_repository")  # Triton model repository (vocab.json + model_info.json per version)
     backend: str = "triton"                       # the inference backend: a name of serving/backends BACKENDS
     triton_url: str = "127.0.0.1:8001"            # Triton's gRPC endpoint, HOST:PORT; several replicas:
-                                                  # HOST:PORT,HOST:PORT,... (serving/backends/triton/replicas.py)
+                                                  # HOST:PORT,HOST:PORT,... (serving/backends/triton/replica_set.py)
     host: str = "127.0.0.1"                       # address the gateway binds (gRPC and HTTP)
     grpc_port: int = 50051                        # gateway gRPC port; 0 = any free port
     http_port: int | None = 8080                  # /metrics, /livez, /readyz, JSON mirror; 0 = any free, None = off

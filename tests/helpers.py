@@ -19,7 +19,7 @@ def wait_for(predicate, timeout: float, what: str, step: float = 0.1):
 
 def triton_answer(request, value: float = 0.5):
     """What a fake Triton answers to a ModelInferRequest: its first input's shape in FP32, `value`
-    everywhere (for fakes standing in for the GRPCInferenceServiceStub of serving/backends/triton/client.py)."""
+    everywhere (for fakes standing in for the GRPCInferenceServiceStub of serving/backends/triton/triton_client.py)."""
     import numpy as np
     from tritonclient.grpc import service_pb2
 

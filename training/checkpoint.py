@@ -17,7 +17,7 @@ from routerkt.build import git_sha
 from routerkt.errors import UserError
 from training.config import RunConfig, from_dict, to_dict
 from routerkt.contract.vocab import Vocab
-from training.models.base import KTModel
+from training.models.kt_model import KTModel
 from training.models.registry import build_model
 
 FORMAT = "routerkt-checkpoint/1"

@@ -28,7 +28,7 @@ from training.config import Batching, RunConfig
 from training.data.protocol import Sequences
 from routerkt.contract.vocab import Vocab
 from training.metrics import summarize
-from training.models.base import KTModel
+from training.models.kt_model import KTModel
 from training.models.registry import build_model
 
 

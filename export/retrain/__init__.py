@@ -1,7 +1,7 @@
 """`routerkt retrain` (export/cli_retrain.py), one concept per file.
 
 - run.py       the stages: policy and canary rule, export, split, evaluate, train, gate, publish
-- base.py      the base: the version the new model must beat, trained from and whose vocabulary it grows
+- base_version.py  the base: the version the new model must beat, trained from and whose vocabulary it grows
 - report.py    the report: its table, report.json and report.txt
 - commands.py  its calls across the layers as child commands with JSON output (sessions export, rollout)
 - data.py      the forward-in-time split and the grown vocabulary

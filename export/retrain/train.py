@@ -32,7 +32,7 @@ class Trained:
 
 def build_config(info: ModelInfo, base_fold: Path | None, preset: str | None, train_csv: Path, epochs: int,
                  overrides: list[str]):
-    """The base run's whole configuration (`info`: the base version's, export/retrain/base.py) when its run
+    """The base run's whole configuration (`info`: the base version's, export/retrain/base_version.py) when its run
     is known and no other --preset is asked for, else the preset's (default: the base version's); the
     retrain defaults, then --set, on top."""
     from training.config import RunConfig, apply_overrides, from_dict

@@ -207,7 +207,7 @@ def _publish(chaos: Chaos) -> tuple[int, float | None]:
     """A copy of the latest version published as a new one; (its number, seconds to its first answer:
     None when it answered no call within 60 s)."""
     from export.repository import publish_version
-    from routerkt.contract.repository import latest_version, version_dir
+    from routerkt.contract.repository_reader import latest_version, version_dir
     from routerkt.contract.signature import CONFIG_FILE
 
     chaos.recorder.phase = "publish"

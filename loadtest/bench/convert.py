@@ -8,7 +8,7 @@ The conversions, each side by side with its alternatives:
    encoded sizes. Parsing the bytes (protobuf's C code) is not included: both forms share it.
 2. arrays -> the Triton request of one rank inference (1 row, history 99, 1 candidate):
    tritonclient's InferInput objects and request builder (what the gateway used before) vs the
-   request prepared once per model version (serving/backends/triton/client.py); median us each.
+   request prepared once per model version (serving/backends/triton/triton_client.py); median us each.
 
     routerkt bench convert [--repeats 200]
 """
@@ -59,7 +59,7 @@ def triton_requests():
 
     from routerkt.contract.signature import RANK
     from serving.metrics import Metrics
-    from serving.backends.triton.client import TritonClient
+    from serving.backends.triton.triton_client import TritonClient
     feeds = {spec.name: np.ones((1, 99 if spec.name.startswith("history") else 1), dtype=np.int64)
              for spec in RANK.inputs}
     client = TritonClient("127.0.0.1:1", Metrics())

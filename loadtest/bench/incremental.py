@@ -42,7 +42,7 @@ from loadtest.harness import GatewayProcess, add_common_flags, start_triton, sto
 from loadtest.learners import load_vocabulary
 from routerkt.atomic import atomic_write_json
 from routerkt.contract.model_info import ModelInfo
-from routerkt.contract.repository import version_dir
+from routerkt.contract.repository_reader import version_dir
 from routerkt.contract.signature import INFO_FILE
 from routerkt.errors import UserError
 from training.data.pipeline import DATA_ROOT

@@ -195,7 +195,7 @@ class Loop:
 
 
 def run(args: argparse.Namespace) -> int:
-    from routerkt.contract.repository import read_model_info
+    from routerkt.contract.repository_reader import read_model_info
     chosen = _settings(args)
     args.out.mkdir(parents=True, exist_ok=True)
     work = _work_folder(args.out)

@@ -34,7 +34,7 @@ import numpy as np
 from loadtest.harness import add_common_flags, start_gateway, start_triton
 from routerkt.atomic import atomic_write_json
 from routerkt.contract.onnx_session import cpu_session
-from routerkt.contract.repository import latest_version, list_models, read_model_info, read_vocab, version_dir
+from routerkt.contract.repository_reader import latest_version, list_models, read_model_info, read_vocab, version_dir
 from routerkt.contract.signature import (CANDIDATE_PROBS, FIRST_ID, INFO_FILE, ONNX_FILE, PROBS, RANK,
                                          RANK_ONNX_FILE, SCORE, VOCAB_FILE)
 from routerkt.errors import UserError

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 
 def _triton(settings: "Settings", metrics: "Metrics") -> "InferenceBackend":
-    from serving.backends.triton.replicas import triton_backend
+    from serving.backends.triton.replica_set import triton_backend
     return triton_backend(settings, metrics)
 
 

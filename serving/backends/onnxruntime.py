@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from routerkt.contract.onnx_session import cpu_session
-from routerkt.contract.repository import version_dir
+from routerkt.contract.repository_reader import version_dir
 from routerkt.contract.signature import EXPLAIN_ONNX_FILE, ONNX_FILE, RANK, RANK_ONNX_FILE
 from routerkt.contract.step_signature import STEP_FILES, STEP_GRAPHS
 from serving.core.catalog import ModelCatalog, ModelVersion

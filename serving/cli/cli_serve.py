@@ -10,7 +10,7 @@
 With --triton-url A,B,... (several Triton replicas, started elsewhere), inference is spread
 round-robin over the ready ones, a replica failing its probe gets no traffic until it is back, and
 an inference that failed as UNAVAILABLE on one is retried once on another (serving/backends/
-triton/replicas.py). Several gateways can share one --store redis://...: they are interchangeable
+triton/replica_set.py). Several gateways can share one --store redis://...: they are interchangeable
 behind a client balancing over them (serving/client.py connect_balanced).
 Without --triton-url, the tritonserver bundled in nvidia-pytriton is started with
 --model-control-mode=explicit, its gRPC on a Unix socket in a private folder (mode 0700), its HTTP

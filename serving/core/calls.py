@@ -22,7 +22,7 @@ from typing import Iterable, Sequence, Union
 import numpy as np
 
 from routerkt.contract.signature import NO_SKILL
-from serving import errors
+from serving import status_errors as errors
 
 UNKNOWN_SKILL = -1       # an explicit "the platform does not know this question's skill"
 ABSENT_SKILL = NO_SKILL  # an unused slot; in the first slot: no skill set, resolved from the vocabulary

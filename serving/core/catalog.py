@@ -1,5 +1,5 @@
 """The gateway's model catalog: what each model version in the Triton repository needs on the
-gateway side (vocabulary, window, Triton's max batch size), read with routerkt/contract/repository.py.
+gateway side (vocabulary, window, Triton's max batch size), read with routerkt/contract/repository_reader.py.
 
 Per version folder: `vocab.json` (routerkt/contract/vocab.py) and `model_info.json`
 (routerkt/contract/model_info.py); per model: `config.pbtxt` (max_batch_size). `refresh()` rescans
@@ -25,14 +25,14 @@ from pathlib import Path
 import numpy as np
 
 from routerkt.contract import signature
-from routerkt.contract.repository import (list_models, list_versions, read_model_info, read_served_shape,
+from routerkt.contract.repository_reader import (list_models, list_versions, read_model_info, read_served_shape,
                                           read_vocab)
 from routerkt.contract.signature import (CONFIG_FILE, SCORE, Graph, graph_with_inputs, served_dims, skill_axis,
                                          zero_inputs)
 from routerkt.contract.step_signature import STEP_FILES, STEP_INPUTS, served_state_kind
 from routerkt.contract.vocab import Vocab
 from routerkt.errors import UserError
-from serving.errors import not_found, shown
+from serving.status_errors import not_found, shown
 
 log = logging.getLogger("routerkt.gateway.catalog")
 

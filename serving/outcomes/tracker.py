@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from serving import errors
+from serving import status_errors as errors
 from serving.metrics import Metrics
 from serving.pipeline.parts import PredictionRecord
 from serving.sessions.keys import LearnerKeys

@@ -19,7 +19,7 @@ a call waits for a slot only while its deadline still covers `expected_call()` a
 """
 from __future__ import annotations
 
-from serving import errors
+from serving import status_errors as errors
 from serving.core.catalog import ModelVersion
 from serving.settings import Settings
 from serving.core.validation import LearnerInput

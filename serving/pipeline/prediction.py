@@ -27,10 +27,10 @@ from typing import AsyncIterator, Awaitable, Callable, Sequence, TypeVar
 
 import numpy as np
 
-from serving import errors
+from serving import status_errors as errors
 from serving.pipeline.admission import ServiceTime, call_rows, check_budget
 from serving.core.catalog import ModelCatalog, ModelVersion
-from serving.errors import ServingError, shown
+from serving.status_errors import ServingError, shown
 from serving.core.encoded import EncodedLearner
 from serving.metrics import Metrics
 from serving.pipeline.parts import (BackendError, Encoder, FailureKind, HistorySource, InferenceBackend,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from serving.core.calls import Deadline
 from serving.core.validation import LearnerInput
-from serving.errors import ServingError
+from serving.status_errors import ServingError
 from serving.metrics import Metrics
 from serving.state.learner_states import LearnerStates
 

@@ -27,9 +27,9 @@ import numpy as np
 
 from routerkt.contract import signature
 from routerkt.contract.signature import NO_SKILL
-from serving import errors
+from serving import status_errors as errors
 from serving.core.catalog import ModelVersion
-from serving.errors import shown
+from serving.status_errors import shown
 from serving.core.encoded import EncodedLearner
 from serving.pipeline.prediction import PredictionService
 from serving.core.calls import ABSENT_SKILL, Deadline, LearnerQuery

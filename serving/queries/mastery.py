@@ -19,7 +19,7 @@ import numpy as np
 
 from routerkt.contract.signature import UNK_ID
 from routerkt.contract.vocab import Vocab
-from serving import errors
+from serving import status_errors as errors
 from serving.pipeline.prediction import PredictionService
 from serving.core.calls import ABSENT_SKILL, Deadline, LearnerQuery
 from serving.core.validation import check_model, validate_learner

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from serving import errors
+from serving import status_errors as errors
 from serving.queries.explain import ExplainService
 from serving.core.calls import Deadline, LearnerQuery, PredictQuery
 from serving.pipeline.prediction import PredictionService

@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Mapping
 
-from serving import errors
+from serving import status_errors as errors
 from serving.core.catalog import ModelVersion
 from serving.metrics import Metrics
 from serving.pipeline.parts import Route

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Protocol
 
-from serving import errors
+from serving import status_errors as errors
 from serving.rollout.kinds.base import Rollout
 
 

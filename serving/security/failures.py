@@ -24,7 +24,7 @@ from typing import Callable
 
 import grpc
 
-from serving.errors import ServingError
+from serving.status_errors import ServingError
 
 log = logging.getLogger("routerkt.security")
 

@@ -14,7 +14,7 @@ from typing import Callable
 
 import grpc
 
-from serving.errors import ServingError
+from serving.status_errors import ServingError
 from serving.security.api_keys import KeyFile
 from serving.security.failures import UNKNOWN, AuthFailures, Failure, peer_address
 from serving.security.scopes import PUBLIC

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from serving.errors import invalid_argument
+from serving.status_errors import invalid_argument
 from serving.core.calls import INVALID_SKILL, NO_SKILL, skill_field
 from serving.sessions.store import NO_TIMESTAMP
 from serving.settings import Settings

@@ -3,7 +3,7 @@ learner's whole recent history; a gateway without a session store uses it. `Sess
 session store's history when the request names the learner, else the request's."""
 from __future__ import annotations
 
-from serving import errors
+from serving import status_errors as errors
 from serving.core.catalog import ModelVersion
 from serving.core.calls import Deadline
 from serving.sessions.keys import LearnerKeys

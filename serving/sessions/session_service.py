@@ -23,7 +23,7 @@ from typing import Protocol
 
 import numpy as np
 
-from serving import errors
+from serving import status_errors as errors
 from serving.core.catalog import ModelCatalog
 from serving.metrics import Metrics
 from serving.core.calls import Deadline

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 
-from serving import errors
+from serving import status_errors as errors
 from serving.core.calls import Deadline
 from serving.metrics import Metrics
 from serving.sessions.store import History, SessionStore, StoreUnavailable

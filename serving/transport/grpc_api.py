@@ -21,9 +21,9 @@ from typing import Sequence
 import grpc
 import numpy as np
 
-from serving import errors
+from serving import status_errors as errors
 from serving.api import knowledge_tracing_pb2 as pb
-from serving.errors import ServingError
+from serving.status_errors import ServingError
 from serving.transport.endpoints import Endpoints
 from serving.queries.explain import ExplainService, Explanation
 from serving.queries.mastery import MasteryQuery, MasteryService

@@ -23,7 +23,7 @@ also for malformed JSON / wrong types), 401 (no valid API key; checked before th
 a malformed body without a key is 401), 403 (the key lacks the route's scope:
 serving/security/scopes.py), 404 (NOT_FOUND), 413 (body over the size limit), 429
 (RESOURCE_EXHAUSTED; also failed keys over the limit of serving/security/failures.py), 503
-(UNAVAILABLE), 504 (DEADLINE_EXCEEDED), 500 (INTERNAL): serving/errors.py's table, with its HTTP
+(UNAVAILABLE), 504 (DEADLINE_EXCEEDED), 500 (INTERNAL): serving/status_errors.py's table, with its HTTP
 refinements (408, 413, 405). Every error is counted once, where it is rendered (http_errors.py,
 `error_response`). The deadline is settings.default_deadline_s unless the `X-Request-Timeout` header
 gives one in seconds (capped at http_routes.MAX_REQUEST_TIMEOUT_S, 60). Input is strict: JSON

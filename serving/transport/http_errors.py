@@ -11,15 +11,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from serving import errors
-from serving.errors import ServingError, invalid_argument
+from serving import status_errors as errors
+from serving.status_errors import ServingError, invalid_argument
 
 log = logging.getLogger("routerkt.gateway.http")
 
 
 def error_response(exc: ServingError, metrics) -> JSONResponse:
     """The HTTP mirror's one error site: counted once in routerkt_errors_total{code}, rendered with its
-    status (serving/errors.py's HTTP_STATUS, or the error's HTTP refinement)."""
+    status (serving/status_errors.py's HTTP_STATUS, or the error's HTTP refinement)."""
     metrics.errors.labels(code=exc.code_name).inc()
     headers = {"Retry-After": "1"} if exc.http_status in (429, 503) else None
     return JSONResponse(status_code=exc.http_status, content=exc.to_json(), headers=headers)

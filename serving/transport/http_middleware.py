@@ -11,8 +11,8 @@ from fastapi import Request
 from fastapi.responses import Response
 from starlette.routing import Match
 
-from serving import errors
-from serving.errors import ServingError
+from serving import status_errors as errors
+from serving.status_errors import ServingError
 from serving.security.failures import peer_address
 from serving.security.scopes import http_scope
 from serving.transport.http_errors import error_response

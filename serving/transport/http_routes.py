@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from serving.core.calls import DEFAULT_MAX_SKILLS, Deadline, LearnerQuery, PredictQuery, column_arrays, skill_sets
-from serving.errors import ServingError, failed_precondition, invalid_argument
+from serving.status_errors import ServingError, failed_precondition, invalid_argument
 from serving.queries.explain import ExplainService
 from serving.queries.mastery import MasteryQuery, MasteryService
 from serving.queries.recommend import RecommendQuery

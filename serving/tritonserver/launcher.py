@@ -22,7 +22,7 @@ its HTTP port is off, and model control, the repository, configs, statistics, sh
 trace and logging answer only calls carrying the key header (Triton's --grpc-restricted-protocol;
 a gRPC client sends the header as `triton-grpc-protocol-<header>`). Only the metrics port stays on
 loopback TCP (read-only numbers). The command line is built in serving/tritonserver/command.py, the
-wait for readiness (HTTP, or gRPC on the socket) polls serving/tritonserver/readiness.py.
+wait for readiness (HTTP, or gRPC on the socket) polls serving/tritonserver/triton_ready.py.
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ from serving.tritonserver.command import HOST, ModelControl, TritonCommand, Trit
 from serving.tritonserver.install import STUB_NAME, TritonInstall, backend_dir, find_install, server_env
 from serving.tritonserver.private_shm import private_shm_prefix, warn_shared
 from serving.tritonserver.procfs import alive, children, cmdline, mapped_files, start_time, wait_gone
-from serving.tritonserver.readiness import GrpcReadiness, HttpReadiness, ReadinessCheck
+from serving.tritonserver.triton_ready import GrpcReadiness, HttpReadiness, ReadinessCheck
 
 log = logging.getLogger("routerkt.serve")
 SHM_PREFIX = "/dev/shm/triton_python_backend_shm_region"

@@ -60,7 +60,7 @@ def torch_reference(checkpoint, history, candidates) -> tuple[np.ndarray, np.nda
     """(attention [N, heads, window - 1], head weights [N, heads]) from the PyTorch model, built here
     without serving/: the attention of each candidate's own window [history, candidate]."""
     from export.explain_export import window_attention
-    from training.models.explain import explain_rank
+    from training.models.explain_forward import explain_rank
     vocab, used = checkpoint.vocab, history[-(WINDOW - 1):]
     hq = np.array([[vocab.questions[q] for q, _, _ in used]], dtype=np.int64)
     hs = np.array([[[vocab.skills[s]] for _, s, _ in used]], dtype=np.int64)

@@ -19,7 +19,7 @@ import grpc
 import httpx
 import pytest
 
-from routerkt.contract.repository import list_versions, read_vocab
+from routerkt.contract.repository_reader import list_versions, read_vocab
 from serving.api import knowledge_tracing_pb2 as pb
 from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
 from serving.core.catalog import ModelCatalog

@@ -45,7 +45,7 @@ def gateway(kt_repository, triton, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def questions(kt_repository) -> list[int]:
-    from routerkt.contract.repository import read_vocab
+    from routerkt.contract.repository_reader import read_vocab
     return sorted(read_vocab(kt_repository.path, "kt", 1).questions)
 
 

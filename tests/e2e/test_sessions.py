@@ -56,7 +56,7 @@ def gateway(request, kt_repository, triton, tmp_path_factory):
 
 
 def known_history(kt_repository, n: int, seed: int) -> list[tuple[int, int, int]]:
-    from routerkt.contract.repository import read_vocab
+    from routerkt.contract.repository_reader import read_vocab
     vocab = read_vocab(kt_repository.path, "kt", 1)
     rng = np.random.default_rng(seed)
     questions = [q for q in sorted(vocab.questions) if vocab.question_skill.get(q, -1) in vocab.skills]

@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from export.repository import publish_version
-from routerkt.contract.repository import read_served_shape, version_dir
+from routerkt.contract.repository_reader import read_served_shape, version_dir
 from routerkt.contract.signature import CONFIG_FILE
 from serving.api import knowledge_tracing_pb2 as pb
 from serving.api import knowledge_tracing_pb2_grpc as pb_grpc

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from routerkt.contract.repository import latest_version, read_vocab
+from routerkt.contract.repository_reader import latest_version, read_vocab
 from serving.api import knowledge_tracing_pb2 as pb
 from tests.integration.test_learner_states import FILLS, RESULTS, Learner, Served
 

@@ -1,6 +1,6 @@
 """routerkt_errors_total counts every failed call exactly once, where its transport answers it: gRPC and
 HTTP alike, for the pipeline's refusals, the session calls, the auth refusals and the HTTP body guard,
-each with its code from serving/errors.py's table (HTTP statuses refined there: 408, 413, 405)."""
+each with its code from serving/status_errors.py's table (HTTP statuses refined there: 408, 413, 405)."""
 from __future__ import annotations
 
 import re

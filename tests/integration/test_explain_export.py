@@ -12,7 +12,7 @@ from export.onnx_export import PARITY_TOL, rank_inputs
 from export.triton_config import PARAM_GRAPH, Backend, TritonModelOptions, render_config
 from routerkt.contract import signature
 from routerkt.contract.onnx_session import cpu_session
-from routerkt.contract.repository import parse_triton_config as parse_config
+from routerkt.contract.repository_reader import parse_triton_config as parse_config
 from routerkt.errors import UserError
 from tests.integration.export_helpers import assert_a_failed_parity_publishes_nothing
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from routerkt.contract.repository import list_versions, parse_triton_config, read_model_info
+from routerkt.contract.repository_reader import list_versions, parse_triton_config, read_model_info
 from routerkt.contract.signature import CONFIG_FILE
 from tests.conftest import train_tiny
 

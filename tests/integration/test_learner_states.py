@@ -12,7 +12,7 @@ import grpc
 import numpy as np
 import pytest
 
-from routerkt.contract.repository import latest_version, read_vocab
+from routerkt.contract.repository_reader import latest_version, read_vocab
 from serving.api import knowledge_tracing_pb2 as pb
 from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
 from serving.backends.onnxruntime import OnnxRuntimeBackend

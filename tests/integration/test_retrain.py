@@ -12,7 +12,7 @@ import pytest
 
 from export.retrain.lock import retrain_lock
 from routerkt.cli import main as routerkt_main
-from routerkt.contract.repository import list_versions, read_vocab
+from routerkt.contract.repository_reader import list_versions, read_vocab
 from tests.conftest import TINY_OVERRIDES
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -120,7 +120,7 @@ def test_after_a_canary_the_next_retrain_starts_from_the_version_it_must_beat(st
     store added since (v1 lacks 40 questions more)."""
     import httpx
 
-    from routerkt.contract.repository import read_model_info
+    from routerkt.contract.repository_reader import read_model_info
     from serving.backends.onnxruntime import OnnxRuntimeBackend
     from serving.metrics import Metrics
     from serving.server import ThreadedGateway

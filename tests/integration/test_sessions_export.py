@@ -9,7 +9,7 @@ import tracemalloc
 import pytest
 
 from routerkt.cli import main as routerkt_main
-from serving.sessions.cli_export import export_events, export_to_file, user_id
+from serving.sessions.cli_sessions_export import export_events, export_to_file, user_id
 from serving.sessions.factory import open_store
 from serving.sessions.store import StoredEvent
 from tests.integration.test_session_stores import KEYS, redis_server, store_url  # noqa: F401 (fixtures)

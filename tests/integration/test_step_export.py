@@ -25,7 +25,7 @@ from export.step_export import StepSessions, export_step_graphs, step_graphs_of
 from routerkt.contract import signature
 from routerkt.contract.model_info import ModelInfo
 from routerkt.contract.onnx_session import cpu_session
-from routerkt.contract.repository import parse_triton_config
+from routerkt.contract.repository_reader import parse_triton_config
 from routerkt.contract.step_signature import STEP_FILES, served_state_kind
 from tests.tiny_models import random_tiny_model
 from training.config import RoutingScope

@@ -14,7 +14,7 @@ from google.protobuf import json_format
 
 from export import triton_config
 from export.triton_python_model import MODEL_PY
-from routerkt.contract.repository import latest_version
+from routerkt.contract.repository_reader import latest_version
 from routerkt.contract.step_signature import STEP_GRAPHS
 from tests.unit.test_triton_python_model import _fake_pb_utils, _Request, _TritonError
 

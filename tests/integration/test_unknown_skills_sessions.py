@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from routerkt.cli import main as routerkt_main
-from routerkt.contract.repository import latest_version, read_vocab
+from routerkt.contract.repository_reader import latest_version, read_vocab
 from routerkt.contract.vocab import Vocab
 from serving.api import knowledge_tracing_pb2 as pb
 from serving.api import knowledge_tracing_pb2_grpc as pb_grpc

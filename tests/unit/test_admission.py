@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from serving.pipeline.admission import ServiceTime, check_budget
-from serving.errors import ServingError
+from serving.status_errors import ServingError
 from serving.settings import Settings
 
 pytestmark = pytest.mark.unit

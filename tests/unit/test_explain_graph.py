@@ -10,7 +10,7 @@ import torch
 from export.explain_export import check_explain_parity, explainable, export_explain_onnx
 from export.onnx_export import PARITY_TOL, rank_inputs
 from routerkt.contract import signature
-from training.models.explain import explain_rank
+from training.models.explain_forward import explain_rank
 from tests.unit.test_rank_graph import NQ, NS, WINDOW
 from tests.unit.test_rank_graph import _model as tiny_model
 

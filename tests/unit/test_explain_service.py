@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from routerkt.contract.signature import NO_SKILL
-from serving.errors import ServingError
+from serving.status_errors import ServingError
 from serving.queries.explain import DEFAULT_TOP_K, check_top_k, explanations
 from serving.encoder.window import EncodedLearner
 from serving.core.validation import LearnerInput

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from serving.api import knowledge_tracing_pb2 as pb
-from serving.errors import ServingError
+from serving.status_errors import ServingError
 from serving.transport.grpc_api import (OFFLOAD_INTERACTIONS, batch_query, interactions_in, learner_query, predict_query,
                               recommend_query)
 from serving.core.calls import ABSENT_SKILL, INVALID_SKILL

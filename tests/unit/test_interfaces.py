@@ -11,7 +11,7 @@ import pytest
 
 from serving.backends.onnxruntime import OnnxRuntimeBackend
 from serving.backends.triton.backend import TritonInferenceBackend
-from serving.backends.triton.replicas import TritonReplicaBackend
+from serving.backends.triton.replica_set import TritonReplicaBackend
 from serving.pipeline.parts import InferenceBackend
 from serving.sessions.redis_store import RedisStore
 from serving.sessions.sqlite_store import SqliteStore

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from routerkt.contract.vocab import Vocab
-from serving.errors import ServingError
+from serving.status_errors import ServingError
 from serving.encoder.window import CANDIDATE_WIDTHS, candidate_width
 from serving.queries.mastery import model_skills
 

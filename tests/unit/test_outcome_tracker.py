@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from serving.errors import ServingError
+from serving.status_errors import ServingError
 from serving.metrics import Metrics
 from serving.outcomes.tracker import OutcomeTracker
 from serving.pipeline.parts import PredictionRecord

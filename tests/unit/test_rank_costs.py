@@ -9,7 +9,7 @@ import pytest
 from export.triton_config import PARAM_N_QUESTIONS, PARAM_N_SKILLS, TritonModelOptions, render_config
 from loadtest.rank_costs import NO_EXPLAIN_ROW, calls, with_and_without_explain
 from routerkt.contract import signature
-from routerkt.contract.repository import parse_triton_config, read_served_shape
+from routerkt.contract.repository_reader import parse_triton_config, read_served_shape
 from serving.api import knowledge_tracing_pb2 as pb
 
 pytestmark = pytest.mark.unit

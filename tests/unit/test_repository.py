@@ -9,7 +9,7 @@ import pytest
 from export import repository as repo_mod
 from export.repository import publish_version
 from routerkt.contract.model_info import ModelInfo
-from routerkt.contract.repository import latest_version, list_models, list_versions, read_model_info
+from routerkt.contract.repository_reader import latest_version, list_models, list_versions, read_model_info
 from routerkt.contract.signature import CONFIG_FILE, INFO_FILE, ONNX_FILE, VOCAB_FILE
 from routerkt.errors import UserError
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from routerkt.cli import main
-from serving.errors import ServingError
+from serving.status_errors import ServingError
 from serving.metrics import Metrics
 from serving.rollout.policy import RolloutPolicy
 from serving.rollout.kinds import KINDS

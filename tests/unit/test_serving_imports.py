@@ -11,9 +11,9 @@ pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULES = ["serving.server", "serving.cli.cli_serve", "serving.cli.cli_predict", "serving.transport.http_api", "serving.pipeline.prediction",
-           "serving.transport.grpc_api", "serving.backends.triton.backend", "serving.backends.onnxruntime", "serving.backends.triton.client",
+           "serving.transport.grpc_api", "serving.backends.triton.backend", "serving.backends.onnxruntime", "serving.backends.triton.triton_client",
            "serving.backends.triton.supervisor", "serving.core.catalog", "serving.encoder.window", "serving.core.validation",
-           "serving.metrics", "serving.settings", "serving.errors", "routerkt.contract.repository"]
+           "serving.metrics", "serving.settings", "serving.status_errors", "routerkt.contract.repository_reader"]
 
 
 def test_serving_modules_do_not_import_torch() -> None:

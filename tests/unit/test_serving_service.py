@@ -18,7 +18,7 @@ from routerkt.contract import signature
 from routerkt.contract.model_info import ModelInfo
 from export.repository import publish_version
 from export.triton_config import PARAM_N_QUESTIONS, PARAM_N_SKILLS, TritonModelOptions, render_config
-from serving.errors import ServingError
+from serving.status_errors import ServingError
 from serving.metrics import Metrics
 from serving.api import knowledge_tracing_pb2 as pb
 from serving.core.catalog import ModelCatalog

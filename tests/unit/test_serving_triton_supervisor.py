@@ -14,7 +14,7 @@ from serving.backends.triton.backend import TritonInferenceBackend
 from serving.core.catalog import ModelVersion
 from serving.pipeline.parts import BackendError, FailureKind
 from serving.settings import Settings
-from serving.backends.triton.client import classify, classify_status
+from serving.backends.triton.triton_client import classify, classify_status
 from routerkt.contract.vocab import Vocab
 from tests.helpers import triton_answer, triton_rpc_error
 

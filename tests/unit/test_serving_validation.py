@@ -7,7 +7,7 @@ import grpc
 import numpy as np
 import pytest
 
-from serving.errors import ServingError
+from serving.status_errors import ServingError
 from serving.encoder.window import encode_learner
 from serving.api import knowledge_tracing_pb2 as pb
 from serving.settings import Settings

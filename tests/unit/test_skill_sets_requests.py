@@ -10,7 +10,7 @@ import pytest
 
 from routerkt.contract.signature import NO_SKILL
 from serving.api import knowledge_tracing_pb2 as pb
-from serving.errors import ServingError
+from serving.status_errors import ServingError
 from serving.core.calls import ABSENT_SKILL, INVALID_SKILL, LearnerQuery
 from serving.sessions.events import validate_observe
 from serving.settings import Settings

@@ -10,7 +10,7 @@ from export.triton_config import (
     HEADER, PARAM_N_QUESTIONS, PARAM_N_SKILLS, PARAM_ORT_INTRA_OP_THREADS, PARAM_WINDOW, WARMUP_NAME,
     Backend, TritonModelOptions, build_config, publish_config, render_config, same_config,
 )
-from routerkt.contract.repository import parse_triton_config as parse_config
+from routerkt.contract.repository_reader import parse_triton_config as parse_config
 from routerkt.errors import UserError
 
 pytestmark = pytest.mark.unit

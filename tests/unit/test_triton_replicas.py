@@ -1,4 +1,4 @@
-"""serving/backends/triton/replicas.py: one InferenceBackend over several Triton replicas, against
+"""serving/backends/triton/replica_set.py: one InferenceBackend over several Triton replicas, against
 fake per-replica backends (round-robin, skipping a replica that is not ready, one retry on another
 replica within the timeout, the union of ready versions) and real per-replica TritonInferenceBackends
 over a fake tritonclient (the aggregate readiness gauges)."""
@@ -13,7 +13,7 @@ from tritonclient.utils import InferenceServerException
 
 from routerkt.contract.vocab import Vocab
 from serving.backends.triton.backend import TritonInferenceBackend
-from serving.backends.triton.replicas import TritonReplicaBackend, triton_backend
+from serving.backends.triton.replica_set import TritonReplicaBackend, triton_backend
 from serving.core.catalog import ModelVersion
 from serving.metrics import Metrics
 from serving.pipeline.parts import BackendError, FailureKind
@@ -241,7 +241,7 @@ def test_bad_triton_url_lists_are_rejected(url: str) -> None:
 
 class FakeTritonClient:
     """Stands in for tritonclient.grpc.aio.InferenceServerClient and the inference stub of
-    serving/backends/triton/client.py (one model 'kt' version 1)."""
+    serving/backends/triton/triton_client.py (one model 'kt' version 1)."""
 
     def __init__(self) -> None:
         self.live = True

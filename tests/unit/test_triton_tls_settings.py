@@ -12,8 +12,8 @@ import pytest
 from routerkt.errors import UserError
 from serving.cli import cli_serve
 from serving.backends.triton.backend import tls_of
-from serving.backends.triton.client import TritonTLS, triton_tls
-from serving.backends.triton.replicas import TritonReplicaBackend, triton_backend
+from serving.backends.triton.triton_client import TritonTLS, triton_tls
+from serving.backends.triton.replica_set import TritonReplicaBackend, triton_backend
 from serving.metrics import Metrics
 from serving.settings import Settings
 

@@ -12,7 +12,7 @@ from scipy.stats import spearmanr
 
 from routerkt.contract.signature import CANDIDATE_RESPONSE, PAD_ID
 from training.data.protocol import Sequences
-from training.models.base import KTModel
+from training.models.kt_model import KTModel
 
 
 def prefix_windows(seqs: Sequences) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -44,7 +44,7 @@ from training.data.csv_reader import read_interactions
 from training.data.pipeline import resolve_data_path
 from training.data.synthetic import SyntheticConfig
 from training.data.synthetic_truth import LearnerTruth, learner_truths
-from training.models.explain import explain_rank
+from training.models.explain_forward import explain_rank
 from training.training_run import best_fold_dir
 
 RECENT, PIVOTAL = "recent_same_skill", "pivotal"

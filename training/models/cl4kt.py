@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from routerkt.contract.signature import PAD_ID
 from training.config import AttentionKind, Backbone, ModelConfig
-from training.models.base import KTModel, register
+from training.models.kt_model import KTModel, register
 from training.models.context import MaskKind, SequenceContext
 from training.models.contrastive import contrastive_loss
 from training.models.layers import PredictionHead, TransformerLayer

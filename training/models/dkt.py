@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from training.config import Backbone, ModelConfig
-from training.models.base import KTModel, register
+from training.models.kt_model import KTModel, register
 from training.models.context import SequenceContext
 from training.models.outputs import Collector
 from training.models.skill_sets import as_sets, embed_set, gather_positions, present, set_scores

@@ -17,7 +17,7 @@ from typing import Any
 from routerkt.errors import UserError
 from training.config import Backbone, Context, ModelConfig, Protocol, RunConfig, apply_overrides, from_dict, to_dict
 from training.models import akt, cl4kt, dkt, simplekt  # noqa: F401  (registration side effect)
-from training.models.base import MODELS, KTModel
+from training.models.kt_model import MODELS, KTModel
 
 _ROUTER = {"heads": "router", "attention": "standard"}
 _CL4KT = {"backbone": "cl4kt", "contrastive": True, "dropout": 0.2}

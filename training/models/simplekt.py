@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from routerkt.contract.signature import PAD_ID
 from training.config import Backbone, ModelConfig
-from training.models.base import KTModel, masked_mean, register
+from training.models.kt_model import KTModel, masked_mean, register
 from training.models.context import MaskKind, SequenceContext
 from training.models.layers import PredictionHead, TransformerLayer, sinusoidal
 from training.models.outputs import Collector

@@ -69,7 +69,7 @@ from torch.nn.utils.rnn import pack_padded_sequence
 from routerkt.contract.signature import CANDIDATE_RESPONSE, PAD_ID
 from training.models.akt import AKT
 from training.models.band import band_state, cached_logits
-from training.models.base import KTModel
+from training.models.kt_model import KTModel
 from training.models.cl4kt import CL4KT
 from training.models.dkt import DKT
 from training.models.outputs import Collector

@@ -1,5 +1,5 @@
 """The production inference backend: a Triton server, reached through TritonClient
-(serving/backends/triton/client.py), with its readiness and recovery kept by TritonSupervisor
+(serving/backends/triton/triton_client.py), with its readiness and recovery kept by TritonSupervisor
 (serving/backends/triton/supervisor.py). Inference failures are reported to the supervisor, which updates
 readiness and schedules reloads; the caller gets the BackendError.
 
@@ -20,11 +20,11 @@ import numpy as np
 
 from routerkt.contract.step_signature import STEP_GRAPHS
 from serving.core.catalog import ModelCatalog, ModelVersion
-from serving.errors import shown
+from serving.status_errors import shown
 from serving.metrics import Metrics
 from serving.pipeline.parts import BackendError, FailureKind
 from serving.settings import Settings
-from serving.backends.triton.client import TritonClient, TritonTLS, control_headers, triton_tls
+from serving.backends.triton.triton_client import TritonClient, TritonTLS, control_headers, triton_tls
 from serving.backends.triton.supervisor import TritonSupervisor
 
 log = logging.getLogger("routerkt.gateway.triton")

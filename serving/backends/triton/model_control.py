@@ -13,7 +13,7 @@ import time
 from tritonclient.utils import InferenceServerException
 
 from routerkt.contract.signature import CONFIG_FILE
-from serving.backends.triton.client import TritonClient
+from serving.backends.triton.triton_client import TritonClient
 from serving.pipeline.parts import BackendError
 from serving.settings import Settings
 

@@ -42,7 +42,7 @@ from serving.core.catalog import ModelVersion
 from serving.metrics import Metrics
 from serving.pipeline.parts import BackendError, FailureKind
 from serving.settings import Settings
-from serving.backends.triton.client import TritonClient
+from serving.backends.triton.triton_client import TritonClient
 from serving.backends.triton.gates import ModelGates
 from serving.backends.triton.model_control import TritonModelControl, first_line
 

@@ -9,7 +9,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Mapping
 
-from serving import errors
+from serving import status_errors as errors
 from serving.core.catalog import ModelVersion
 from serving.pipeline.parts import Route
 

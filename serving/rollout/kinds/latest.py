@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from serving import errors
+from serving import status_errors as errors
 from serving.core.catalog import ModelVersion
 from serving.pipeline.parts import Route
 from serving.rollout.kinds.base import Rollout, RouteInputs, latest_ready, requested_version

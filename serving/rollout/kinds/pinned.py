@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from serving import errors
+from serving import status_errors as errors
 from serving.pipeline.parts import Route
 from serving.rollout.kinds.base import Flag, Rollout, RouteInputs, requested_version, version_field
 

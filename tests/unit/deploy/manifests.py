@@ -13,7 +13,7 @@ import pytest
 
 yaml = pytest.importorskip("yaml", reason="needs PyYAML (dev extra)")
 
-from serving.backends.triton.client import TRITON_KEY_HEADER  # noqa: E402
+from serving.backends.triton.triton_client import TRITON_KEY_HEADER  # noqa: E402
 from serving.cli import cli_serve  # noqa: E402
 from serving.security.triton_access import RESTRICTED_GROUPS  # noqa: E402
 from serving.settings import Settings  # noqa: E402

@@ -41,7 +41,7 @@ from serving.core.catalog import ModelCatalog, ModelVersion
 from serving.metrics import Metrics
 from serving.pipeline.parts import BackendError, FailureKind, InferenceBackend
 from serving.settings import Settings
-from serving.backends.triton.client import TritonClient, control_headers
+from serving.backends.triton.triton_client import TritonClient, control_headers
 
 log = logging.getLogger("routerkt.gateway.triton")
 

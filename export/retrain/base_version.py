@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from routerkt.contract.model_info import ModelInfo
-from routerkt.contract.repository import read_model_info, read_vocab
+from routerkt.contract.repository_reader import read_model_info, read_vocab
 from routerkt.contract.vocab import Vocab
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from training.models.base import KTModel
+from training.models.kt_model import KTModel
 from training.models.outputs import Collector
 
 RETRIEVER = "retriever."        # name prefix of the knowledge retriever's layers (AKT, SimpleKT)
