@@ -24,15 +24,21 @@ KEYS_FILE, TOKEN_FILE, ADMIN_ID = "keys.jsonl", "admin.key", "serve-admin"
 
 
 def private_dir(path: Path) -> Path:
-    """`path` made (parents too) and set to mode 0700; UserError when it cannot be."""
+    """`path` made (parents too) and set to mode 0700 (a warning where it cannot be); UserError when it
+    cannot be made."""
     path = Path(path)
     try:
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        if path.stat().st_mode & 0o077:
-            os.chmod(path, 0o700)
-            log.info("state folder %s set to mode 0700 (it holds learner data and keys)", path)
     except OSError as exc:
         raise UserError(f"--state-dir {path}: {exc.strerror}") from None
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        try:
+            os.chmod(path, 0o700)
+            log.info("state folder %s set to mode 0700 (it holds learner data and keys)", path)
+        except OSError:                                # a mount this user does not own: said, not fatal
+            log.warning("state folder %s is mode %o and cannot be made 0700: other users of the host may read "
+                        "the learner data and keys in it", path, mode)
     return path
 
 
