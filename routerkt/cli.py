@@ -38,7 +38,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "predict": ("serving.cli.cli_predict", "call the gateway's Predict from the command line"),
     "rollout": ("serving.rollout.cli_rollout", "show and change the rollout policy (status, set, promote, rollback)"),
     "keys": ("serving.security.cli_keys", "issue, list and revoke the gateway's API keys"),
-    "retrain": ("export.cli_retrain",
+    "retrain": ("loop.cli_retrain",
                 "retrain on the store's events, gate offline against the served version, publish as canary"),
 }
 BENCHES: dict[str, tuple[str, str]] = {

@@ -13,6 +13,7 @@ COPY routerkt/ routerkt/
 COPY training/ training/
 COPY export/ export/
 COPY serving/ serving/
+COPY loop/ loop/
 RUN python -m venv /opt/venv \
  && /opt/venv/bin/pip install --extra-index-url https://download.pytorch.org/whl/cpu ".[train,serve]" \
  && /opt/venv/bin/routerkt retrain --help > /dev/null

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from export.retrain.lock import retrain_lock
+from loop.retrain.lock import retrain_lock
 from routerkt.cli import main as routerkt_main
 from routerkt.contract.repository_reader import list_versions, read_vocab
 from tests.conftest import TINY_OVERRIDES

@@ -110,7 +110,7 @@ def test_unknown_skills_are_stored_predicted_as_the_unknown_id_and_exported(serv
         (q[0], str(skills[0]), 1), (q[1], f"{skills[1]};{new}", 0), (q[2], str(new), 1), (10**9, str(newer), 0),
         (q[3], "-1", 1), (q[4], "-1", 0)]
 
-    from export.retrain.data import grown_vocab                      # the retrain's vocabulary growth
+    from loop.retrain.data import grown_vocab                      # the retrain's vocabulary growth
     from training.data.csv_reader import read_interactions
     grown, counts = grown_vocab(vocab, Vocab.build(read_interactions(out)))
     assert counts["new_skills"] == 2 and {new, newer} <= set(grown.skills)

@@ -13,10 +13,10 @@ pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPECTED = {
-    "Layers point down: loadtest -> serving | export -> training -> routerkt",
+    "Layers point down: loadtest -> loop -> serving | export -> training -> routerkt",
     "serving uses only the contract: no training, no export, no torch",
     "The contract is torch-free",
-    "No import cycles inside training, export or routerkt (lazy imports count)",
+    "No import cycles inside training, export, loop or routerkt (lazy imports count)",
     "The training loop and models do not import the launcher or the run",
     "training's folders point down: cli -> bench -> paper -> eval -> the core at training's top",
     "training's core (its top modules, models, data) imports none of its folders of commands, benchmarks, "
@@ -35,7 +35,7 @@ def test_every_layering_contract_is_declared() -> None:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
     assert {c["name"] for c in config["contracts"]} == EXPECTED
     layers = next(c for c in config["contracts"] if c["type"] == "layers")["layers"]
-    assert layers == ["loadtest", "serving | export", "training", "routerkt"]
+    assert layers == ["loadtest", "loop", "serving | export", "training", "routerkt"]
 
 
 def test_import_linter_keeps_every_contract() -> None:

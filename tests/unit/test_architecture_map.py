@@ -1,4 +1,4 @@
-"""The maps stay true: every module of the five packages is named in docs/architecture.md (its file
+"""The maps stay true: every module of the six packages is named in docs/architecture.md (its file
 name and each folder above it), and every package's first docstring names each of its folders."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("routerkt", "training", "export", "serving", "loadtest")
+PACKAGES = ("routerkt", "training", "export", "serving", "loop", "loadtest")
 GENERATED = ("_pb2.py", "_pb2_grpc.py")
 
 

@@ -33,11 +33,11 @@ def test_no_command_declares_a_shared_flag_itself() -> None:
 
 
 def test_every_command_shows_the_same_store_and_client_flags() -> None:
-    store = [helps(m) for m in ("serving.cli.cli_serve", "export.cli_retrain", "serving.sessions.cli_sessions_export",
+    store = [helps(m) for m in ("serving.cli.cli_serve", "loop.cli_retrain", "serving.sessions.cli_sessions_export",
                                 "serving.sessions.cli_sessions_import")]
     for flag in ("--store-password-file", "--store-ca-file"):
         assert len({h[flag] for h in store}) == 1, flag
-    predict, retrain = helps("serving.cli.cli_predict"), helps("export.cli_retrain")
+    predict, retrain = helps("serving.cli.cli_predict"), helps("loop.cli_retrain")
     assert predict["--api-key-file"] == retrain["--api-key-file"]
     assert predict["--tls-ca"] == retrain["--gateway-ca-file"] and "--tls-ca" not in retrain
 

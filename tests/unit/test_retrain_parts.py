@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from export.retrain.data import Split, filled_timestamps, grown_vocab, split_events
-from export.retrain.score import windows
-from export.retrain.warm import warm_state
+from loop.retrain.data import Split, filled_timestamps, grown_vocab, split_events
+from loop.retrain.score import windows
+from loop.retrain.warm import warm_state
 from routerkt.contract.vocab import Vocab
 from routerkt.errors import UserError
 
@@ -21,9 +21,9 @@ def _csv(path, rows) -> None:
 
 
 def test_each_learner_is_split_at_its_first_event_at_or_after_the_cutoff(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr("export.retrain.data.MIN_TRAIN_EVENTS", 1)
-    monkeypatch.setattr("export.retrain.data.MIN_TRAIN_LEARNERS", 1)
-    monkeypatch.setattr("export.retrain.data.MIN_HELDOUT_EVENTS", 1)
+    monkeypatch.setattr("loop.retrain.data.MIN_TRAIN_EVENTS", 1)
+    monkeypatch.setattr("loop.retrain.data.MIN_TRAIN_LEARNERS", 1)
+    monkeypatch.setattr("loop.retrain.data.MIN_HELDOUT_EVENTS", 1)
     rows = [(7, 0, 10, "1;2", 1, 100), (7, 1, 11, 1, 0, -1), (7, 2, 12, 1, 1, 300), (7, 3, 13, 1, 0, 250),
             (9, 0, 10, 1, 0, 50), (9, 1, 11, 1, 1, 400)]
     _csv(tmp_path / "events.csv", rows)
@@ -39,7 +39,7 @@ def test_each_learner_is_split_at_its_first_event_at_or_after_the_cutoff(tmp_pat
 
 def test_without_timestamps_the_last_fifth_of_each_learner_is_held_out(tmp_path, monkeypatch) -> None:
     for name in ("MIN_TRAIN_EVENTS", "MIN_TRAIN_LEARNERS", "MIN_HELDOUT_EVENTS"):
-        monkeypatch.setattr(f"export.retrain.data.{name}", 1)
+        monkeypatch.setattr(f"loop.retrain.data.{name}", 1)
     rows = [(u, t, t, 1, (t + u) % 2, -1) for u in (1, 2) for t in range(10)]
     _csv(tmp_path / "events.csv", rows)
     split = split_events(tmp_path / "events.csv", tmp_path / "train.csv", cutoff_ms=None)
@@ -73,7 +73,7 @@ def test_a_skill_no_served_version_knows_gets_an_id_from_the_exported_events(tmp
     ids and counts them. A question the served version knows keeps its served skill set; a new question
     takes the set it was answered with, new skill included."""
     for name in ("MIN_TRAIN_EVENTS", "MIN_TRAIN_LEARNERS", "MIN_HELDOUT_EVENTS"):
-        monkeypatch.setattr(f"export.retrain.data.{name}", 1)
+        monkeypatch.setattr(f"loop.retrain.data.{name}", 1)
     from training.config import DataConfig
     from training.data.pipeline import load_interactions
     served = Vocab({10: 2, 11: 3}, {1: 2, 2: 3}, question_skills={10: (1,), 11: (2,)})

@@ -51,7 +51,7 @@ def serve_args(argv: list[str]) -> argparse.Namespace:
 
 def retrain_args(argv: list[str]) -> argparse.Namespace:
     """`argv` parsed by the real `routerkt retrain` parser (an unknown flag or bad value fails)."""
-    from export import cli_retrain
+    from loop import cli_retrain
     return parsed("retrain", cli_retrain.add_arguments, argv)
 
 

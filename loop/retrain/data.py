@@ -127,7 +127,7 @@ def split_events(events_csv: Path, train_csv: Path, cutoff_ms: int | None) -> Sp
 
 
 def grown_vocab(base: Vocab, data: Vocab) -> tuple[Vocab, dict[str, int]]:
-    """The base version's vocabulary (export/retrain/base_version.py) plus the questions and skills the platform
+    """The base version's vocabulary (loop/retrain/base_version.py) plus the questions and skills the platform
     added since (ids by ascending raw id, as Vocab.build); a question keeps the base version's skill set.
     Returns (vocab, counts): the new ids are those `base` does not know."""
     questions = sorted(set(base.questions) | set(data.questions))

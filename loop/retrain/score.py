@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from export.retrain.data import Split
+from loop.retrain.data import Split
 from routerkt.contract.onnx_session import cpu_session
 from routerkt.contract.signature import ONNX_FILE, PAD_ID, PAD_RESPONSE
 from routerkt.contract.vocab import Vocab

@@ -1,7 +1,7 @@
 """`routerkt retrain`: retrain on the store's events, gate offline against the served version, publish as a canary.
 
 The events are the gateway's session store's; the new version is published only past the offline gate
-(export/retrain/run.py)."""
+(loop/retrain/run.py)."""
 from __future__ import annotations
 
 import argparse
@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from export.retrain.run import CANARY_PATIENCE, DEFAULT_POLICY_FILE, MARGIN, WEIGHT, RetrainOptions
-from export.retrain.train import EPOCHS
+from loop.retrain.run import CANARY_PATIENCE, DEFAULT_POLICY_FILE, MARGIN, WEIGHT, RetrainOptions
+from loop.retrain.train import EPOCHS
 from routerkt.errors import UserError
 from routerkt.flag_groups import add_client_flags, add_store_credentials
 
@@ -61,8 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from export.retrain.report import write_report
-    from export.retrain.run import retrain
+    from loop.retrain.report import write_report
+    from loop.retrain.run import retrain
     from routerkt.timestamps import parse_time
     # under --runs, where the next warm start finds it
     out = args.out or args.runs / f"retrain-{args.model}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -1,6 +1,6 @@
 """The retrain's training step: the base version's configuration (or a preset) on the training rows.
 
-It trains with the grown vocabulary, from scratch or warm (export/retrain/warm.py)."""
+It trains with the grown vocabulary, from scratch or warm (loop/retrain/warm.py)."""
 from __future__ import annotations
 
 import json
@@ -32,7 +32,7 @@ class Trained:
 
 def build_config(info: ModelInfo, base_fold: Path | None, preset: str | None, train_csv: Path, epochs: int,
                  overrides: list[str]):
-    """The base run's whole configuration (`info`: the base version's, export/retrain/base_version.py) when its run
+    """The base run's whole configuration (`info`: the base version's, loop/retrain/base_version.py) when its run
     is known and no other --preset is asked for, else the preset's (default: the base version's); the
     retrain defaults, then --set, on top."""
     from training.config import RunConfig, apply_overrides, from_dict
@@ -60,8 +60,8 @@ def train(cfg, base_vocab: Vocab, out: Path, warm_fold: Path | None, log) -> Tra
     """Train one model on `cfg.data.path` into `out` (a run folder export_run reads), its vocabulary
     `base_vocab` grown by the data's new ids (counted against `base_vocab`)."""
     import torch
-    from export.retrain.data import grown_vocab
-    from export.retrain.warm import warm_start
+    from loop.retrain.data import grown_vocab
+    from loop.retrain.warm import warm_start
     from training import device as devices
     from training.data.pipeline import load_interactions, load_run_data
     from training.data.protocol import make_folds

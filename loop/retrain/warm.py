@@ -1,4 +1,4 @@
-"""Warm start: the base version's weights (export/retrain/base_version.py) copied into a model with a grown vocabulary.
+"""Warm start: the base version's weights (loop/retrain/base_version.py) copied into a model with a grown vocabulary.
 
 It finds the training run the base version was exported from and maps its checkpoint onto the new ids."""
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The retrain's report: the table printed at the end, and report.json / report.txt in the run folder.
 
-`report` is the export/retrain/run.py Report the stages filled.
+`report` is the loop/retrain/run.py Report the stages filled.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """`retrain`, the stages of `routerkt retrain`: export, split, score, train, gate, publish, canary.
 
 The store is exported and split forward in time; the versions in force are scored on the held-out events,
-the better one is the base (export/retrain/base_version.py: the new model trains from it and must beat it), the new
+the better one is the base (loop/retrain/base_version.py: the new model trains from it and must beat it), the new
 model is trained and scored, and published only past the offline gate, then canaried over the base.
 
 A canary still undecided when the retrain starts (docs/learning-loop.md, "An undecided canary"): until its
@@ -20,17 +20,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
-from export.retrain import commands
-from export.retrain.base_version import Base, choose_base
-from export.retrain.lock import retrain_lock
-from export.retrain.private import private_data, sweep
+from loop.retrain import commands
+from loop.retrain.base_version import Base, choose_base
+from loop.retrain.lock import retrain_lock
+from loop.retrain.private import private_data, sweep
 from routerkt.atomic import atomic_write_bytes
 from routerkt.contract.repository_reader import latest_version, list_versions, read_model_info, read_vocab, version_dir
 from routerkt.contract.signature import CONFIG_FILE
 from routerkt.errors import UserError
 
 if TYPE_CHECKING:
-    from export.retrain.train import Trained
+    from loop.retrain.train import Trained
 
 PUBLISHED, NOT_PUBLISHED = 0, 3
 MARGIN = 0.002             # the new version's held-out log loss must be below the base version's minus this
@@ -74,7 +74,7 @@ class Report:
     model: str
     store: str = ""
     served_version: int | None = None
-    base_version: int | None = None   # the version the new model must beat, trained from (export/retrain/base_version.py)
+    base_version: int | None = None   # the version the new model must beat, trained from (loop/retrain/base_version.py)
     new_version: int | None = None
     outcome: str = ""              # published | not_better | canary_undecided
     decision: str = ""
@@ -195,10 +195,10 @@ def _served_state(opts: RetrainOptions, report: Report, log) -> tuple[dict, int]
 def _train_and_score(opts: RetrainOptions, report: Report, compare: list[int], log) -> tuple[Trained, Base]:
     """The stages on the learners' data (a private folder, removed after): export the store, split it forward
     in time, score each version of `compare` on the held-out events, which chooses the base (the version the
-    new model must beat, export/retrain/base_version.py), train from that base, then score the new model.
+    new model must beat, loop/retrain/base_version.py), train from that base, then score the new model.
     Returns (the trained model, the base)."""
-    from export.retrain.data import split_events
-    from export.retrain.score import score_model, score_version
+    from loop.retrain.data import split_events
+    from loop.retrain.score import score_model, score_version
     repo, out = Path(opts.repository), Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     with private_data(out, opts.keep_data) as data:
@@ -259,10 +259,10 @@ def _canary(state: dict, status: dict, opts: RetrainOptions) -> dict | None:
 
 
 def _train(opts: RetrainOptions, base: Base, train_csv: Path, out: Path, report: Report, log) -> Trained:
-    """Train from the base (export/retrain/base_version.py): its run's configuration, warm from its checkpoint, its
+    """Train from the base (loop/retrain/base_version.py): its run's configuration, warm from its checkpoint, its
     vocabulary grown by the ids the platform added since."""
-    from export.retrain.train import build_config, train
-    from export.retrain.warm import find_run
+    from loop.retrain.train import build_config, train
+    from loop.retrain.warm import find_run
     base_fold = find_run(opts.runs, base.info)
     cfg = build_config(base.info, base_fold, opts.preset, train_csv, opts.epochs, opts.overrides)
     warm_fold = None

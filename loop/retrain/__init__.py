@@ -1,4 +1,4 @@
-"""`routerkt retrain` (export/cli_retrain.py), one concept per file.
+"""`routerkt retrain` (loop/cli_retrain.py), one concept per file.
 
 - run.py       the stages: policy and canary rule, export, split, evaluate, train, gate, publish
 - base_version.py  the base: the version the new model must beat, trained from and whose vocabulary it grows
