@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
-from loop.retrain import commands
+from loop.retrain import serving_calls
 from loop.retrain.base_version import Base, choose_base
 from loop.retrain.lock import retrain_lock
 from loop.retrain.private import private_data, sweep
@@ -31,6 +31,7 @@ from routerkt.errors import UserError
 
 if TYPE_CHECKING:
     from loop.retrain.train import Trained
+    from serving.rollout.policy_source import PolicySource
 
 PUBLISHED, NOT_PUBLISHED = 0, 3
 MARGIN = 0.002             # the new version's held-out log loss must be below the base version's minus this
@@ -63,10 +64,10 @@ class RetrainOptions:
     keep_data: bool = False
     canary_patience: int = CANARY_PATIENCE
 
-    def rollout(self) -> list[str]:
+    def rollout(self) -> PolicySource:
         """Where the policy is read and changed: the gateway's API with --gateway, else the file."""
-        return commands.rollout_args(self.gateway, self.gateway_ca_file, self.api_key_file,
-                                     self.policy_file or DEFAULT_POLICY_FILE)
+        return serving_calls.policy_source(self.gateway, self.gateway_ca_file, self.api_key_file,
+                                           self.policy_file or DEFAULT_POLICY_FILE)
 
 
 @dataclass
@@ -179,7 +180,7 @@ def _served_state(opts: RetrainOptions, report: Report, log) -> tuple[dict, int]
     """The model's rollout state (its policy entry, versions, split) and the version it serves; the canary
     met, if any, into `report`. UserError when the repository holds no served version."""
     repo = Path(opts.repository)
-    status = commands.rollout_status(opts.rollout())
+    status = opts.rollout().status()
     state = status.get("models", {}).get(opts.model) or {"entry": {"policy": "latest"}, "versions": [],
                                                            "served": None, "split": None}
     served = state["served"] if state["served"] is not None else latest_version(repo, opts.model)
@@ -204,7 +205,7 @@ def _train_and_score(opts: RetrainOptions, report: Report, compare: list[int], l
     with private_data(out, opts.keep_data) as data:
         events_csv, train_csv = data / "events.csv", data / "train.csv"
         with report.stage("export", log):
-            exported = commands.export_store(opts.store, events_csv, opts.store_password_file, opts.store_ca_file)
+            exported = serving_calls.export_store(opts.store, events_csv, opts.store_password_file, opts.store_ca_file)
             report.store = exported.get("store", "")
             log(f"export: {exported.get('events', 0):,} events of {exported.get('learners', 0):,} learners")
         with report.stage("split", log):
@@ -299,7 +300,7 @@ def _publish_and_canary(opts: RetrainOptions, state: dict, reference: int, candi
     new_version = None
     try:
         if state["served"] is None:
-            commands.set_policy(opts.model, where, "pinned", "--version", str(report.served_version))
+            serving_calls.pin(where, opts.model, report.served_version)
         files = {p.name: p for p in candidate_dir.iterdir() if p.is_file()}
         keep = max(3, len([v for v in list_versions(repo, opts.model) if v >= reference]) + 1)
         protected = set(state.get("versions") or []) | {reference, report.served_version}
@@ -307,13 +308,12 @@ def _publish_and_canary(opts: RetrainOptions, state: dict, reference: int, candi
         new_version = publish_version(repo, opts.model, files, config_text, keep_versions=keep, protected=protected)
         log(f"published version {new_version} ({report.config.split(' ')[0]} config.pbtxt)")
         if opts.gateway:
-            waited = commands.wait_loaded(opts.gateway, opts.model, new_version, opts.load_timeout_s,
+            waited = serving_calls.wait_loaded(opts.gateway, opts.model, new_version, opts.load_timeout_s,
                                           opts.gateway_ca_file)
             report.seconds["load"] = round(waited, 2)
             log(f"the gateway serves version {new_version} after {waited:.1f}s")
-        note = [] if report.canary is None else ["--note", f"replaces {report.canary['text'].split(':')[0]}"]
-        set_to = commands.set_policy(opts.model, where, "canary", "--baseline", str(reference),
-                                     "--candidate", str(new_version), "--weight", str(opts.weight), *note)
+        note = None if report.canary is None else f"replaces {report.canary['text'].split(':')[0]}"
+        set_to = serving_calls.start_canary(where, opts.model, reference, new_version, opts.weight, note)
         report.policy = f"{set_to.get('source')}: {set_to.get('entry')}"
         return new_version
     except BaseException:
@@ -352,7 +352,7 @@ def _read_or_none(path: Path) -> bytes | None:
         return None
 
 
-def _restore(opts: RetrainOptions, where: list[str], entry: dict, file_before: bytes | None) -> None:
+def _restore(opts: RetrainOptions, where: PolicySource, entry: dict, file_before: bytes | None) -> None:
     """The model's previous policy: the file's previous bytes, or through the gateway its previous entry."""
     if not opts.gateway:
         path = opts.policy_file or DEFAULT_POLICY_FILE
@@ -362,6 +362,6 @@ def _restore(opts: RetrainOptions, where: list[str], entry: dict, file_before: b
             atomic_write_bytes(path, file_before)
         return
     try:
-        commands.put_policy(opts.model, where, entry)
+        serving_calls.put_entry(where, opts.model, entry)
     except UserError as exc:
         raise UserError(f"retrain failed and could not restore the policy of {opts.model} ({entry}): {exc}") from None

@@ -23,20 +23,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from routerkt.errors import UserError
-from routerkt.urls import gateway_url
-from serving.security.client_flags import add_client_flags, api_key, https_context
 from serving.rollout.kinds import KINDS
 from serving.rollout.kinds.base import Rollout
 from serving.rollout.kinds.pinned import Pinned
-from serving.rollout.policy_file import PolicyError, RolloutPolicyFile, parse_model, read_policy, write_policy
-
-DEFAULT_FILE = Path(".routerkt") / "rollout.json"
-DERIVED = ("since_canary_began", "routing")        # what a gateway adds to an entry in GET /v1/rollout
+from serving.rollout.policy_file import PolicyError, parse_model
+from serving.rollout.policy_source import DEFAULT_FILE, GatewaySource, PolicyFileSource, describe, make_rollout
+from serving.security.client_flags import add_client_flags, api_key, https_context
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -81,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
                         "give one of them")
     if args.action == "status":
         return _status(args)
-    source = _Gateway(args) if args.gateway else _File(args.file or DEFAULT_FILE)
+    source = _gateway(args) if args.gateway else PolicyFileSource(args.file or DEFAULT_FILE)
     if args.action == "set":
         rollout = _build(args)
     elif args.action == "put":
@@ -101,86 +96,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def describe(rollout: Rollout) -> dict[str, object]:
-    """A model's entry and what follows from it, for --json: the versions it names and the one most learners get."""
-    split = rollout.split()
-    return {"entry": rollout.to_json(), "versions": sorted(rollout.versions()), "served": rollout.served(),
-            "split": None if split is None else {"baseline": split.baseline, "candidate": split.candidate}}
-
-
-class _File:
-    """The policy file, read and written here."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.name = f"policy file {path}"
-
-    def read(self) -> RolloutPolicyFile:
-        try:
-            return read_policy(self.path)
-        except PolicyError as exc:
-            raise UserError(f"{self.path} is malformed ({exc}); fix or remove it first") from None
-
-    def rollout(self, model: str) -> Rollout:
-        return self.read().get(model)
-
-    def change(self, model: str, rollout: Rollout) -> dict[str, object]:
-        policy = self.read()
-        write_policy(self.path, RolloutPolicyFile({**policy.models, model: rollout}))
-        return rollout.to_json()
-
-    def status(self) -> dict[str, object]:
-        policy = self.read()
-        return {"source": self.name, "file": str(self.path), "exists": self.path.exists(), "error": None,
-                "models": {name: describe(r) for name, r in sorted(policy.models.items())}}
-
-
-
-class _Gateway:
-    """A gateway's rollout API: GET /v1/rollout, PUT /v1/rollout/MODEL."""
-
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.key, self.context = api_key(args), https_context(args)
-        self.base = gateway_url(args.gateway, tls=self.context is not None)
-        self.name = f"gateway {args.gateway}"
-
-    def _call(self, method: str, path: str, body: object = None) -> dict:
-        url = self.base + path
-        headers = {"Authorization": f"Bearer {self.key}"} if self.key else {}
-        data = None
-        if body is not None:
-            data, headers["Content-Type"] = json.dumps(body).encode(), "application/json"
-        request = urllib.request.Request(url, data=data, headers=headers, method=method)
-        try:
-            with urllib.request.urlopen(request, timeout=120, context=self.context) as response:
-                return json.load(response)
-        except urllib.error.HTTPError as exc:
-            hint = " (an admin key: --api-key-file or $ROUTERKT_API_KEY)" if exc.code in (401, 403) else ""
-            try:
-                message = json.loads(exc.read() or b"{}").get("error", {}).get("message", "")
-            except ValueError:
-                message = ""
-            raise UserError(f"{method} {url}: HTTP {exc.code} {message or exc.reason}{hint}") from None
-        except urllib.error.URLError as exc:
-            raise UserError(f"cannot reach {url}: {exc.reason}") from None
-        except (OSError, ValueError) as exc:
-            raise UserError(f"cannot reach {url}: {exc}") from None
-
-    def status(self) -> dict[str, object]:
-        live = self._call("GET", "/v1/rollout")
-        models = {}
-        for name, entry in sorted(live.get("models", {}).items()):
-            rollout = parse_model(name, {k: v for k, v in entry.items() if k not in DERIVED})
-            models[name] = {**describe(rollout), **{k: entry[k] for k in DERIVED if k in entry}}
-        return {"source": self.name, "file": live.get("file"), "error": live.get("error"), "models": models,
-                "sequential_tests": live.get("sequential_tests", {}), "quality": live.get("quality", {})}
-
-    def rollout(self, model: str) -> Rollout:
-        entry = self.status()["models"].get(model)
-        return parse_model(model, entry["entry"]) if entry else RolloutPolicyFile().get(model)
-
-    def change(self, model: str, rollout: Rollout) -> dict[str, object]:
-        return self._call("PUT", f"/v1/rollout/{model}", rollout.to_json())["policy"]
+def _gateway(args: argparse.Namespace) -> GatewaySource:
+    return GatewaySource(args.gateway, api_key(args), https_context(args))
 
 
 def _flags():
@@ -193,19 +110,15 @@ def _flags():
     return list(seen.values())
 
 
-def _build(args: argparse.Namespace):
-    kind = KINDS[args.kind]
+def _build(args: argparse.Namespace) -> Rollout:
     given = {f.name: getattr(args, f.name) for f in _flags() if getattr(args, f.name) is not None}
     if args.no_promotion and (args.alpha is not None or args.promotion_min_outcomes is not None):
         raise UserError("--no-promotion: not with --alpha or --promotion-min-outcomes")
-    value = kind.from_flags(given, {"no_guardrail": args.no_guardrail, "min_outcomes": args.min_outcomes,
-                                    "max_log_loss_increase": args.max_log_loss_increase,
-                                    "no_promotion": args.no_promotion, "alpha": args.alpha,
-                                    "promotion_min_outcomes": args.promotion_min_outcomes})
-    if args.note:
-        value["note"] = args.note
+    options = {"no_guardrail": args.no_guardrail, "min_outcomes": args.min_outcomes,
+               "max_log_loss_increase": args.max_log_loss_increase, "no_promotion": args.no_promotion,
+               "alpha": args.alpha, "promotion_min_outcomes": args.promotion_min_outcomes}
     try:
-        return parse_model(args.model, value)
+        return make_rollout(args.model, args.kind, given, options, args.note)
     except PolicyError as exc:
         field = str(exc).split(":", 1)[0]
         flag = "promotion-min-outcomes" if field.endswith("promotion.min_outcomes") else \
@@ -223,9 +136,9 @@ def _entry(model: str, text: str) -> Rollout:
 def _status(args: argparse.Namespace) -> int:
     views = []
     if args.file is not None or not args.gateway:
-        views.append(_File(args.file or DEFAULT_FILE).status())
+        views.append(PolicyFileSource(args.file or DEFAULT_FILE).status())
     if args.gateway:
-        views.append(_Gateway(args).status())
+        views.append(_gateway(args).status())
     if args.json:
         print(json.dumps(views[-1] if len(views) == 1 else {"views": views}))
         return 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 import ssl
+from pathlib import Path
 
 from routerkt.errors import UserError
 from routerkt.flag_groups import API_KEY_ENV as ENV_KEY
@@ -16,13 +17,18 @@ from serving.security.default_keys import default_token
 
 def api_key(args: argparse.Namespace) -> str | None:
     """The key to send, or None."""
-    if args.api_key_file is not None:
+    return key_from(args.api_key_file)
+
+
+def key_from(api_key_file: Path | None, flag: str = "--api-key-file") -> str | None:
+    """The key in `api_key_file` when given, else $ROUTERKT_API_KEY, else the admin key `routerkt serve` made."""
+    if api_key_file is not None:
         try:
-            key = args.api_key_file.read_text().strip()
+            key = Path(api_key_file).read_text().strip()
         except OSError as exc:
-            raise UserError(f"--api-key-file {args.api_key_file}: {exc.strerror}") from None
+            raise UserError(f"{flag} {api_key_file}: {exc.strerror}") from None
         if not key:
-            raise UserError(f"--api-key-file {args.api_key_file}: the file is empty")
+            raise UserError(f"{flag} {api_key_file}: the file is empty")
         return key
     return os.environ.get(ENV_KEY) or default_token()
 
@@ -41,3 +47,13 @@ def https_context(args: argparse.Namespace) -> ssl.SSLContext | None:
     """An SSL context trusting --tls-ca for https:// URLs (None: the system's defaults)."""
     ca = tls_ca(args)
     return ssl.create_default_context(cadata=ca.decode()) if ca else None
+
+
+def context_from(ca_file: Path | None, flag: str = "--tls-ca") -> ssl.SSLContext | None:
+    """An SSL context trusting the CA in `ca_file` (None: no file, plaintext http://)."""
+    if ca_file is None:
+        return None
+    try:
+        return ssl.create_default_context(cadata=Path(ca_file).read_text())
+    except (OSError, ssl.SSLError, ValueError) as exc:
+        raise UserError(f"{flag} {ca_file}: {getattr(exc, 'strerror', None) or exc}") from None

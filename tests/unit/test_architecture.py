@@ -28,6 +28,7 @@ EXPECTED = {
     "Rollout kinds are strategies: they import neither the watcher, the file nor the CLI",
     "No import cycles inside loadtest (lazy imports count)",
     "Benchmarks do not import each other (shared parts live in loadtest/harness.py and beside it)",
+    "The learning loop calls serving's API, never its own command line",
 }
 
 
