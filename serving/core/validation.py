@@ -17,11 +17,13 @@ An empty history is valid (cold start).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from serving.status_errors import invalid_argument
 from serving.core.calls import INVALID_SKILL, NO_SKILL, LearnerQuery, PredictQuery, skill_field
+from serving.core.revision import Revision
 from serving.settings import Settings
 
 
@@ -40,6 +42,9 @@ class LearnerInput:
     history_sets: np.ndarray | None = None    # bool [H]: rows given as skill_ids (for error names)
     candidate_sets: np.ndarray | None = None  # bool [C]
     learner_key: str = ""           # the learner id's keyed hash, set by the history source that read the store
+    revision: Revision | None = None    # the store's log this history was read at (None: not from the store)
+    cached: Any = None              # set: the learner-state cache entry this history continues, and the history
+                                    # holds only the events stored after it (serving/sessions/history.py)
 
     @property
     def history_length(self) -> int:

@@ -197,7 +197,7 @@ class Metrics:
     def _declare_sessions(self, registry: CollectorRegistry) -> None:
         """The session store: call latencies, failures, its health, and the events observed."""
         self.store_seconds = Histogram(
-            "routerkt_store_seconds", "Session store calls, by operation (append, history, forget), in seconds.",
+            "routerkt_store_seconds", "Session store calls, by operation (append, history, history_since, forget), in seconds.",
             ("operation",), buckets=LATENCY_BUCKETS, registry=registry)
         self.store_errors = Counter(
             "routerkt_store_errors", "Session store calls that failed or timed out, by operation.",

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from serving.core.catalog import ModelCatalog, ModelVersion
     from serving.core.encoded import EncodedLearner, Inference
     from serving.core.calls import Deadline, PredictQuery, PredictResult
+    from serving.core.revision import Revision
     from serving.core.validation import LearnerInput
 
 
@@ -51,11 +52,31 @@ class BackendError(Exception):
         self.detail = detail
 
 
+class CachedState(Protocol):
+    """A learner-state cache entry as a history source sees it (serving/state/cache.py's LearnerState)."""
+
+    revision: Revision | None        # the store's log it was computed at (None: unknown)
+
+    @property
+    def length(self) -> int: ...     # the interactions it covers
+
+
+class StateLookup(Protocol):
+    """The learner-state cache, asked by a history source before it reads the store (serving/state/)."""
+
+    max_appends: int
+
+    def cached(self, model: ModelVersion, learner_key: str) -> CachedState | None: ...
+
+
 class HistorySource(Protocol):
     """Where a learner's history comes from."""
 
-    async def complete(self, learner: LearnerInput, model: ModelVersion, deadline: Deadline) -> LearnerInput:
-        """The learner with its history filled in for `model` (may return `learner` itself)."""
+    async def complete(self, learner: LearnerInput, model: ModelVersion, deadline: Deadline,
+                       states: StateLookup | None = None) -> LearnerInput:
+        """The learner with its history filled in for `model` (may return `learner` itself). With `states`,
+        a named learner whose cached state the store's log still continues gets only the events stored
+        after that state (`LearnerInput.cached` set), found with one small read."""
 
 
 @dataclass(frozen=True)

@@ -119,11 +119,14 @@ class PredictionService:
 
     async def _answer(self, model: ModelVersion, learners: list[LearnerInput],
                       deadline: Deadline) -> list[tuple[np.ndarray, int]]:
-        learners = await self.complete_history(learners, model, deadline)
+        states = self.states if self.states is not None and self.runs_steps(model) else None
+        learners = await self.complete_history(learners, model, deadline, states)
         self._observe_sizes(learners)
         encoded = self.encode(learners, model)
         probs = await self._infer_learners(model, learners, encoded, deadline)
-        return [(p, e.history_used) for p, e in zip(probs, encoded)]
+        # a learner read after its cached state (LearnerInput.cached) used the state's interactions too
+        return [(p, e.history_used + (0 if learner.cached is None else learner.cached.length))
+                for p, e, learner in zip(probs, encoded, learners)]
 
     async def _infer_learners(self, model: ModelVersion, learners: list[LearnerInput], encoded: list[EncodedLearner],
                               deadline: Deadline) -> list[np.ndarray]:
@@ -142,7 +145,8 @@ class PredictionService:
         stepped = await states.predict(model, [keys[i] for i in named], [encoded[i] for i in named],
                                        self.step_runner(model, deadline), self._step_rows(model),
                                        self.settings.rank_candidates_per_infer,
-                                       wait_s=max(deadline.remaining() - self.settings.deadline_margin_s, 0.0) / 2)
+                                       wait_s=max(deadline.remaining() - self.settings.deadline_margin_s, 0.0) / 2,
+                                       read=[(learners[i].cached, learners[i].revision) for i in named])
         full = await self.infer(model, [encoded[i] for i in rest], deadline) if rest else []
         return _placed(len(learners), (named, stepped), (rest, full))
 
@@ -225,11 +229,12 @@ class PredictionService:
         ready = self.backend.ready_versions(name)
         return [self.policy.route(name, version, versions, ready, learner_id) for learner_id in learner_ids]
 
-    async def complete_history(self, learners: list[LearnerInput], model: ModelVersion,
-                               deadline: Deadline) -> list[LearnerInput]:
+    async def complete_history(self, learners: list[LearnerInput], model: ModelVersion, deadline: Deadline,
+                               states: LearnerStates | None = None) -> list[LearnerInput]:
         """Each learner with its history for `model` from the history source (the request's, or the
-        session store's for a learner_id)."""
-        return list(await asyncio.gather(*(self.history.complete(learner, model, deadline) for learner in learners)))
+        session store's for a learner_id; with `states`, only what was stored after a learner's cached state)."""
+        return list(await asyncio.gather(*(self.history.complete(learner, model, deadline, states)
+                                           for learner in learners)))
 
     def encode(self, learners: list[LearnerInput], model: ModelVersion) -> list[EncodedLearner]:
         """The learners as the model's inputs (ids -> left-padded windows); INVALID_ARGUMENT naming
@@ -327,7 +332,8 @@ class PredictionService:
 
     def _observe_sizes(self, learners: list[LearnerInput]) -> None:
         for learner in learners:
-            self.metrics.history_length.observe(learner.history_length)
+            self.metrics.history_length.observe(learner.history_length + (0 if learner.cached is None else
+                                                                          learner.cached.length))
             self.metrics.candidates.observe(learner.n_candidates)
 
     async def _versions_served(self, name: str, version: int) -> dict[int, ModelVersion]:

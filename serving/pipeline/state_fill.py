@@ -18,6 +18,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from serving.core.calls import Deadline
+from serving.core.revision import Revision
 from serving.core.validation import LearnerInput
 from serving.status_errors import ServingError
 from serving.metrics import Metrics
@@ -46,8 +47,9 @@ class StateFill:
     def forget(self, learner_key: str) -> int:
         return self.states.forget(learner_key)
 
-    def observed(self, learner_key: str, new: LearnerInput) -> None:
-        """`new`: the events Observe stored for the learner (raw ids, oldest first, no candidates)."""
+    def observed(self, learner_key: str, new: LearnerInput, revision: Revision | None = None) -> None:
+        """`new`: the events Observe stored for the learner (raw ids, oldest first, no candidates); `revision`:
+        the store's log after them."""
         held = self.states.cache.versions_of(learner_key) if self.fill else []
         if not held:
             return
@@ -55,12 +57,13 @@ class StateFill:
             for name, _ in held:
                 self.metrics.state_fills.labels(model=name, result="skipped").inc()
             return
-        task = asyncio.create_task(self._fill(learner_key, new, held))
+        task = asyncio.create_task(self._fill(learner_key, new, held, revision))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         self.states.fill_started(learner_key, task)      # the learner's next Predict waits for it
 
-    async def _fill(self, learner_key: str, new: LearnerInput, held: list[tuple[str, int]]) -> None:
+    async def _fill(self, learner_key: str, new: LearnerInput, held: list[tuple[str, int]],
+                    revision: Revision | None) -> None:
         for name, version in held:
             try:
                 model = self.service.catalog.get(name, version)
@@ -72,7 +75,7 @@ class StateFill:
             encoded = self.service.encoder.encode_new(new, model)
             run = self.service.step_runner(model, Deadline.after(self.service.settings.default_deadline_s))
             try:
-                result = await self.states.observed(model, learner_key, encoded, run)
+                result = await self.states.observed(model, learner_key, encoded, run, revision)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:                          # never affects the Observe (already answered)

@@ -6,7 +6,8 @@ Per learner key K (hash-tagged, so one learner's keys stay on one cluster slot):
                     event's skill set "3;17" (one skill "3", none "-2": entries written before skill
                     sets read as sets of one)
     rk:{K}:ids      sorted set event key -> sequence number (idempotency over the kept events)
-    rk:{K}:meta     hash: next (the next sequence number)
+    rk:{K}:meta     hash: next (the next sequence number; a new learner's log starts at a random base,
+                    serving/core/revision.py)
     rks:{O}         hash: question -> JSON [[model, version, probability, expires_ms], ...], the
                     predictions served to owner O (a learner key, or "p" + prediction id); the key
                     expires with its newest entry (outcome tracking)
@@ -28,15 +29,16 @@ import json
 from collections import defaultdict
 from typing import AsyncIterator
 
+from serving.core.revision import Revision, new_base
 from serving.sessions.store import AppendResult, History, ServedEntry, StoredEvent, StoreUnavailable, parse_skills
 
 APPEND = """
 local keep = tonumber(ARGV[1])
 local ttl = tonumber(ARGV[2])
-local seq = tonumber(redis.call('HGET', KEYS[3], 'next') or '0')
+local seq = tonumber(redis.call('HGET', KEYS[3], 'next') or ARGV[3])
 local stored, duplicates = 0, 0
 local flags = {}
-for i = 3, #ARGV, 2 do
+for i = 4, #ARGV, 2 do
   if redis.call('ZSCORE', KEYS[2], ARGV[i]) then
     duplicates = duplicates + 1
     flags[#flags + 1] = 0
@@ -50,11 +52,11 @@ for i = 3, #ARGV, 2 do
 end
 redis.call('HSET', KEYS[3], 'next', seq)
 redis.call('LTRIM', KEYS[1], -keep, -1)
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. (seq - keep))
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', seq - keep - 1)   -- a number, not a string: exact
 if ttl > 0 then
   for j = 1, 3 do redis.call('PEXPIRE', KEYS[j], ttl) end
 end
-return {stored, duplicates, redis.call('LLEN', KEYS[1]), flags}
+return {stored, duplicates, redis.call('LLEN', KEYS[1]), flags, seq}
 """
 REMEMBER = """
 local expires = tonumber(ARGV[1])
@@ -106,6 +108,12 @@ def _keys(learner_key: str) -> list[str]:
     return [f"rk:{{{learner_key}}}:events", f"rk:{{{learner_key}}}:ids", f"rk:{{{learner_key}}}:meta"]
 
 
+def _appended(reply: list) -> AppendResult:
+    stored, duplicates, length, flags, next_seq = reply
+    return AppendResult(int(stored), int(duplicates), int(length), tuple(bool(int(f)) for f in flags),
+                        Revision(int(next_seq) - int(length), int(next_seq)) if int(length) else None)
+
+
 def _served_key(owner: str) -> str:
     return f"rks:{{{owner}}}"
 
@@ -154,19 +162,17 @@ class RedisStore:
             raise StoreUnavailable(f"redis: {exc}") from None
 
     def _args(self, events: list[StoredEvent], keep: int) -> list[object]:
-        args: list[object] = [keep, int(self.ttl_s * 1000)]
+        args: list[object] = [keep, int(self.ttl_s * 1000), new_base()]
         for e in events:
             args += [e.event_key, f"{e.question_id},{e.skill_text},{e.correct},{e.timestamp_ms}"]
         return args
 
     async def append(self, learner_key: str, events: list[StoredEvent], keep: int, now_ms: int) -> AppendResult:
         try:
-            stored, duplicates, length, flags = await self._append(keys=_keys(learner_key),
-                                                                   args=self._args(events, keep))
+            reply = await self._append(keys=_keys(learner_key), args=self._args(events, keep))
         except (RedisError, OSError) as exc:
             raise StoreUnavailable(f"redis: {exc}") from None
-        return AppendResult(stored=int(stored), duplicates=int(duplicates), history_length=int(length),
-                            new=tuple(bool(int(f)) for f in flags))
+        return _appended(reply)
 
     async def append_many(self, batch: list[tuple[str, list[StoredEvent]]], keep: int,
                           now_ms: int) -> list[AppendResult]:
@@ -178,14 +184,20 @@ class RedisStore:
                 replies = await pipe.execute()
         except (RedisError, OSError) as exc:
             raise StoreUnavailable(f"redis: {exc}") from None
-        return [AppendResult(int(s), int(d), int(n), tuple(bool(int(f)) for f in flags))
-                for s, d, n, flags in replies]
+        return [_appended(reply) for reply in replies]
 
     async def history(self, learner_key: str, limit: int) -> History:
+        events, _, meta = _keys(learner_key)
         try:
-            items = await self._client.lrange(_keys(learner_key)[0], -limit, -1) if limit > 0 else []
+            async with self._client.pipeline(transaction=True) as pipe:    # MULTI: the events and the log at once
+                pipe.lrange(events, -max(limit, 1), -1)
+                pipe.hget(meta, "next")
+                pipe.llen(events)
+                items, next_seq, length = await pipe.execute()
         except (RedisError, OSError) as exc:
             raise StoreUnavailable(f"redis: {exc}") from None
+        items = items if limit > 0 else []
+        revision = Revision(int(next_seq) - int(length), int(next_seq)) if next_seq is not None and length else None
         rows, sets = [], {}
         for i, item in enumerate(items):
             question, skills, correct = item.split(",")[:3]
@@ -193,7 +205,7 @@ class RedisStore:
                 sets[i] = parse_skills(skills)
                 skills = skills.split(";", 1)[0]
             rows.append((int(question), int(skills), int(correct)))
-        return History.from_rows(rows, sets)
+        return History.from_rows(rows, sets, revision)
 
     async def forget(self, learner_key: str) -> tuple[bool, int]:
         keys = _keys(learner_key)

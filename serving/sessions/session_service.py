@@ -27,6 +27,7 @@ from serving import status_errors as errors
 from serving.core.catalog import ModelCatalog
 from serving.metrics import Metrics
 from serving.core.calls import Deadline
+from serving.core.revision import Revision
 from serving.core.validation import LearnerInput
 from serving.security.audit import LEARNER_PREFIX, audit
 from serving.sessions.events import ObserveQuery, check_learner_id, validate_observe
@@ -51,7 +52,7 @@ class CachedStates(Protocol):
 
     def forget(self, learner_key: str) -> int: ...
 
-    def observed(self, learner_key: str, new: LearnerInput) -> None: ...
+    def observed(self, learner_key: str, new: LearnerInput, revision: Revision | None = None) -> None: ...
 
 
 class SessionService:
@@ -86,7 +87,7 @@ class SessionService:
         if self.tracker is not None and result.stored:
             self.tracker.observed(key, query.questions, query.correct, result.new)    # joined in the background
         if self.states is not None and result.stored:
-            self.states.observed(key, _stored(events, result.new))                    # filled in the background
+            self.states.observed(key, _stored(events, result.new), result.revision)   # filled in the background
         return result
 
     async def report_outcome(self, prediction_id: str, question_id: int, correct: int, deadline: Deadline) -> int:

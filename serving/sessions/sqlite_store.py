@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import AsyncIterator
 
+from serving.core.revision import Revision, new_base
 from serving.sessions.store import AppendResult, History, ServedEntry, StoredEvent, StoreUnavailable, parse_skills
 
 SCHEMA = (
@@ -152,7 +153,7 @@ class SqliteStore:
     def _append(self, conn: sqlite3.Connection, learner: str, events: list[StoredEvent], keep: int,
                 now_ms: int) -> AppendResult:
         row = conn.execute("SELECT next_seq, count FROM learners WHERE learner = ?", (learner,)).fetchone()
-        next_seq, count = row if row else (0, 0)
+        next_seq, count = row if row else (new_base(), 0)
         keys = [e.event_key for e in events]
         known: set[str] = set()
         for start in range(0, len(keys), 500):                  # SQLite's bound-parameter limit
@@ -177,15 +178,17 @@ class SqliteStore:
                      "ON CONFLICT (learner) DO UPDATE SET next_seq = excluded.next_seq, count = excluded.count, "
                      "last_seen_ms = excluded.last_seen_ms", (learner, next_seq, count, now_ms))
         return AppendResult(stored=len(new), duplicates=len(events) - len(new), history_length=count,
-                            new=tuple(flags))
+                            new=tuple(flags), revision=Revision(next_seq - count, next_seq) if count else None)
 
     async def history(self, learner_key: str, limit: int) -> History:
         def read() -> History:
-            rows = self._connection().execute(
-                "SELECT question, skill, correct, skills FROM events WHERE learner = ? ORDER BY seq DESC LIMIT ?",
-                (learner_key, limit)).fetchall()[::-1]
+            rows = self._connection().execute(           # one statement: the events and the log, one snapshot
+                "SELECT question, skill, correct, skills, (SELECT next_seq FROM learners WHERE learner = ?1), "
+                "(SELECT count FROM learners WHERE learner = ?1) FROM events WHERE learner = ?1 "
+                "ORDER BY seq DESC LIMIT ?2", (learner_key, limit)).fetchall()[::-1]
             sets = {i: parse_skills(row[3]) for i, row in enumerate(rows) if row[3] is not None}
-            return History.from_rows([row[:3] for row in rows], sets)
+            revision = Revision(rows[0][4] - rows[0][5], rows[0][4]) if rows and rows[0][4] is not None else None
+            return History.from_rows([row[:3] for row in rows], sets, revision)
         return await self._run(self._reader, read)
 
     async def forget(self, learner_key: str) -> tuple[bool, int]:

@@ -31,6 +31,7 @@ from typing import AsyncIterator, Protocol
 import numpy as np
 
 from routerkt.contract.signature import NO_SKILL
+from serving.core.revision import Revision
 
 
 NO_TIMESTAMP = -1
@@ -74,6 +75,7 @@ class AppendResult:
     duplicates: int
     history_length: int      # events held for the learner after the append
     new: tuple[bool, ...] = ()   # per request event: stored by this append (False: a duplicate)
+    revision: Revision | None = None   # the learner's log after the append
 
 
 @dataclass(frozen=True)
@@ -95,15 +97,17 @@ class History:
     skills: np.ndarray       # int64 [n, K] raw skill sets (serving/core/calls.py: NO_SKILL padding; a row
                              # starting with NO_SKILL had none: looked up from the question)
     correct: np.ndarray      # int64 [n]
+    revision: Revision | None = None   # the whole log's, read with these events (None: no events)
 
     @classmethod
     def empty(cls) -> History:
         return cls(np.zeros(0, dtype=np.int64), np.zeros((0, 1), dtype=np.int64), np.zeros(0, dtype=np.int64))
 
     @classmethod
-    def from_rows(cls, rows: list[tuple[int, int, int]], sets: dict[int, tuple[int, ...]] | None = None) -> History:
+    def from_rows(cls, rows: list[tuple[int, int, int]], sets: dict[int, tuple[int, ...]] | None = None,
+                  revision: Revision | None = None) -> History:
         """`rows` (question, first skill or NO_SKILL, correct) oldest first; `sets`: row index -> the
-        whole set, for the rows whose set has more than one skill."""
+        whole set, for the rows whose set has more than one skill; `revision`: the log's, read with them."""
         if not rows:
             return cls.empty()
         array = np.asarray(rows, dtype=np.int64)
@@ -113,7 +117,12 @@ class History:
             skills = np.concatenate([skills, np.full((len(rows), width - 1), NO_SKILL, dtype=np.int64)], axis=1)
             for index, skill_set in sets.items():
                 skills[index, :len(skill_set)] = skill_set
-        return cls(array[:, 0].copy(), skills, array[:, 2].copy())
+        return cls(array[:, 0].copy(), skills, array[:, 2].copy(), revision)
+
+    def last(self, n: int) -> History:
+        """The newest `n` events (n <= len), same revision."""
+        start = self.questions.shape[0] - n
+        return History(self.questions[start:], self.skills[start:], self.correct[start:], self.revision)
 
     @classmethod
     def of_events(cls, events: list[StoredEvent]) -> History:
@@ -149,7 +158,8 @@ class SessionStore(Protocol):
         """Appends of several learners at once (bulk import); each keeps `append`'s guarantees."""
 
     async def history(self, learner_key: str, limit: int) -> History:
-        """The newest `limit` events, oldest first (empty for an unknown learner)."""
+        """The newest `limit` events, oldest first (empty for an unknown learner), with the log's revision
+        read in the same snapshot (serving/core/revision.py: a new learner's log starts at a random base)."""
 
     async def forget(self, learner_key: str) -> tuple[bool, int]:
         """(whether anything was stored, events deleted)."""

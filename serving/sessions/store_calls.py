@@ -66,9 +66,10 @@ class StoreCalls:
         self.up = up
         self.metrics.store_up.set(1 if up else 0)
 
-    async def history(self, learner_key: str, limit: int, deadline: Deadline) -> History:
-        """The last `limit` answers of the learner keyed `learner_key`."""
-        return await self.call("history", self.store.history(learner_key, limit), deadline)
+    async def history(self, learner_key: str, limit: int, deadline: Deadline, operation: str = "history") -> History:
+        """The last `limit` answers of the learner keyed `learner_key` (`operation`: the metrics' label;
+        "history_since": the few newest ones, to continue a cached learner state)."""
+        return await self.call(operation, self.store.history(learner_key, limit), deadline)
 
     async def call(self, operation: str, coro, deadline: Deadline):
         """Await the store's `coro` within the caller's deadline: DEADLINE_EXCEEDED past it, UNAVAILABLE

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from routerkt.contract.signature import PAD_ID
+from serving.core.revision import Revision
 from serving.state.fingerprint import fingerprint
 
 Key = tuple[str, int, str]            # (model, version, learner key)
@@ -34,6 +35,8 @@ class LearnerState:
     tensors: dict[str, np.ndarray] = field(repr=False)    # the step graphs' state tensors, each [1, ...]
     offset: int = 0                    # interactions before the kept ones that the state covers (band models)
     prior: int = 0                     # their fingerprint
+    revision: Revision | None = None   # the store's log the state covers (serving/core/revision.py): a Predict
+                                       # by learner_id then reads only the events after it (sessions/history.py)
 
     @property
     def length(self) -> int:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Awaitable, Callable
 
 import numpy as np
@@ -40,6 +40,7 @@ import numpy as np
 from routerkt.contract.signature import PAD_ID
 from routerkt.contract.step_signature import STEP_GRAPHS, UPDATED
 from serving.core.encoded import EncodedLearner, StepFeeds
+from serving.core.revision import Revision
 from serving.state.cache import LearnerState, StateCache
 from serving.state.fingerprint import extend
 
@@ -76,6 +77,7 @@ class _Learner:
     found: str | None = None         # the key the cached entry was found under
     base: int = 0                    # interactions before `encoded`'s first (Observe's fill: the entry's offset)
     prior: int = 0                   # their fingerprint
+    revision: Revision | None = None  # the store's log the new state covers (None: unknown)
 
 
 class LearnerStates:
@@ -102,6 +104,10 @@ class LearnerStates:
         """Drop the learner's cached states (ForgetLearner; `learner_key`: the keyed hash)."""
         return self.cache.forget(learner_key)
 
+    def cached(self, model: ModelVersion, learner_key: str) -> LearnerState | None:
+        """The learner's entry for `model` (the history source's StateLookup: serving/sessions/history.py)."""
+        return self.cache.peek(model.name, model.version, learner_key)
+
     def history_keys(self, learner: EncodedLearner) -> Keys:
         """A stateless learner (the prefix cache): hashes of its kept history and of that history without
         its last 1 .. max_appends interactions."""
@@ -110,14 +116,21 @@ class LearnerStates:
         return Keys("history", tried[0], tried)
 
     async def predict(self, model: ModelVersion, keys: list[Keys], learners: list[EncodedLearner],
-                      run: StepCall, rows: int, candidates: int, wait_s: float | None = None) -> list[np.ndarray]:
+                      run: StepCall, rows: int, candidates: int, wait_s: float | None = None,
+                      read: list[tuple[LearnerState | None, Revision | None]] | None = None) -> list[np.ndarray]:
         """P(correct) per candidate, float32 [C_i], of each learner (`keys`: where its state is cached; its
         encoded kept history and candidates in `learners`), answered by `model`'s step graphs through `run`;
-        an Observe's fill of one of them in flight is waited for (at most `wait_s`), not done twice."""
-        filling = {self.filling[k.store] for k in keys if k.store in self.filling}
+        an Observe's fill of one of them in flight is waited for (at most `wait_s`), not done twice.
+        `read[i]`: (the entry whose later events alone `learners[i]` holds, or None for a whole history; the
+        store's log revision the history was read at, kept with the new entry)."""
+        read = read or [(None, None)] * len(learners)
+        filling = {self.filling[k.store] for k, (entry, _) in zip(keys, read) if entry is None and k.store in self.filling}
         if filling:
             await asyncio.wait(filling, timeout=wait_s)
-        plans = [self._plan(model, i, k, learner) for i, (k, learner) in enumerate(zip(keys, learners))]
+        plans = [self._continue(model, i, k, learner, entry) if entry is not None else self._plan(model, i, k, learner)
+                 for i, (k, learner, (entry, _)) in enumerate(zip(keys, learners, read))]
+        for plan, (_, revision) in zip(plans, read):
+            plan.revision = revision
         out: list[np.ndarray] = [np.empty(0, np.float32)] * len(learners)
         for first in range(0, len(plans), rows):
             chunk = plans[first:first + rows]
@@ -126,12 +139,14 @@ class LearnerStates:
                 if plan.found is not None and plan.found != plan.keys.store:
                     self.cache.forget(plan.found)            # a shorter history's entry, now superseded
                 if plan.keys.store:                          # NONE: a stateless band model's long history
-                    self.cache.put(model.name, model.version, plan.keys.store, plan.state)
+                    self.cache.put(model.name, model.version, plan.keys.store, replace(plan.state,
+                                                                                       revision=plan.revision))
             for plan, probs in zip(chunk, await self._next(model, chunk, run, candidates)):
                 out[plan.index] = probs
         return out
 
-    async def observed(self, model: ModelVersion, learner_key: str, new: EncodedLearner, run: StepCall) -> str | None:
+    async def observed(self, model: ModelVersion, learner_key: str, new: EncodedLearner, run: StepCall,
+                       revision: Revision | None = None) -> str | None:
         """Observe's fill: the learner's cached state of `model` advanced by the newly stored interactions
         (`new`, in model ids, oldest first), so that its next Predict is a hit. "filled"; "dropped" when
         the window would slide past W - 1 or more than max_appends arrived (the next Predict rebuilds);
@@ -143,24 +158,35 @@ class LearnerStates:
         if count > self.max_appends or (not model.band and state.length + count > max(model.window - 1, 0)):
             self.cache.discard(model.name, model.version, learner_key)
             return "dropped"
-        width = max(state.skills.shape[1], new.skills.shape[1])
-        widen = self.encoder.widen
-        history = EncodedLearner(np.concatenate([state.questions, new.questions]),
-                                 np.concatenate([widen(state.skills, width), widen(new.skills, width)]),
-                                 np.concatenate([state.responses, new.responses]),
-                                 new.candidate_questions, new.candidate_skills)
-        plan = _Learner(0, history, self.learner_keys_of(learner_key), state, count, learner_key,
-                        base=state.offset, prior=state.prior)
+        plan = self._continue(model, 0, self.learner_keys_of(learner_key), new, state, lookup=False)
         await self._update(model, [plan], run)
         if self.cache.peek(model.name, model.version, learner_key) is not state:
             return "superseded"
-        self.cache.put(model.name, model.version, learner_key, plan.state)
+        # the store's log after Observe's append, when that append alone followed the state's log
+        follows = (state.revision is not None and revision is not None and state.length == state.revision.kept
+                   and revision.appended_since(state.revision) == count)
+        self.cache.put(model.name, model.version, learner_key, replace(plan.state,
+                                                                       revision=revision if follows else None))
         return "filled"
 
     @staticmethod
     def learner_keys_of(learner_key: str) -> Keys:
         """A learner by its keyed hash (Observe has hashed the id already)."""
         return Keys("learner", learner_key, (learner_key,))
+
+    def _continue(self, model: ModelVersion, index: int, keys: Keys, new: EncodedLearner,
+                  state: LearnerState, lookup: bool = True) -> _Learner:
+        """The plan of appending `new` (encoded, no window cut) to the cached `state`."""
+        width = max(state.skills.shape[1], new.skills.shape[1])
+        widen = self.encoder.widen
+        history = EncodedLearner(np.concatenate([state.questions, new.questions]),
+                                 np.concatenate([widen(state.skills, width), widen(new.skills, width)]),
+                                 np.concatenate([state.responses, new.responses]),
+                                 new.candidate_questions, new.candidate_skills)
+        if lookup:
+            self.on_lookup(model.name, keys.kind, "hit" if new.history_used == 0 else "appended")
+        return _Learner(index, history, keys, state, new.history_used, keys.store, base=state.offset,
+                        prior=state.prior)
 
     def _plan(self, model: ModelVersion, index: int, keys: Keys, learner: EncodedLearner) -> _Learner:
         seen = None

@@ -36,8 +36,9 @@ class Served:
     """One gateway over the store at `store_path`, its stub and metrics."""
 
     def __init__(self, repository, store_path, state_cache_mb: float = 64.0, triton_url: str | None = None,
-                 prefix_cache: bool = False, fill: bool = True, encoder=None) -> None:
-        """In-process onnxruntime, or (`triton_url`) the Triton backend over a running tritonserver."""
+                 prefix_cache: bool = False, fill: bool = True, encoder=None, store=None) -> None:
+        """In-process onnxruntime, or (`triton_url`) the Triton backend over a running tritonserver; the SQLite
+        store at `store_path`, or `store` (another SessionStore, e.g. a RedisStore)."""
         self.fill = fill
         settings = Settings(repository=repository, grpc_port=0, http_port=None, grace_period_s=0.5,
                             state_cache_mb=state_cache_mb, prefix_cache=prefix_cache, fill_on_observe=fill,
@@ -46,8 +47,8 @@ class Served:
         backend = {} if triton_url else {"backend": OnnxRuntimeBackend(settings)}
         if encoder is not None:
             backend["encoder"] = encoder
-        self.gateway = ThreadedGateway(settings, self.metrics, store=SqliteStore(store_path), keys=LearnerKeys(SECRET),
-                                       **backend).start()
+        self.gateway = ThreadedGateway(settings, self.metrics, store=store or SqliteStore(store_path),
+                                       keys=LearnerKeys(SECRET), **backend).start()
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.gateway.grpc_port}")
         self.stub = pb_grpc.KnowledgeTracingServiceStub(self.channel)
 
@@ -65,6 +66,11 @@ class Served:
         while self.fills() != expected and time.monotonic() < deadline:
             time.sleep(0.01)
         assert self.fills() == expected
+
+    def reads(self) -> dict[str, int]:
+        """Store reads so far: whole histories, and the small reads that continue a cached state."""
+        return {op: int(self.metrics.registry.get_sample_value(
+            "routerkt_store_seconds_count", {"operation": op}) or 0) for op in ("history", "history_since")}
 
     def cached(self) -> tuple[int, int]:
         return (int(self.metrics.registry.get_sample_value("routerkt_state_cache_learners") or 0),

@@ -85,6 +85,27 @@ def test_forget_removes_everything_of_one_learner(store_url) -> None:
     run(with_store(store_url, scenario))
 
 
+def test_the_log_revision_moves_with_appends_and_a_forgotten_learner_starts_elsewhere(store_url) -> None:
+    async def scenario(store):
+        key = KEYS.learner("r")
+        assert (await store.history(key, 5)).revision is None                     # no events, no log
+        first = await store.append(key, events("r", range(3)), keep=4, now_ms=1)
+        read = await store.history(key, 1)
+        assert read.revision == first.revision and read.revision.kept == 3 and read.questions.tolist() == [102]
+        again = await store.append(key, events("r", range(3)), keep=4, now_ms=2)   # duplicates: no move
+        assert again.revision == first.revision
+        second = await store.append(key, events("r", range(3, 4), start_q=200), keep=4, now_ms=3)
+        assert second.revision.appended_since(first.revision) == 1                # only appended
+        trimmed = await store.append(key, events("r", range(4, 6), start_q=300), keep=4, now_ms=4)
+        assert trimmed.revision.appended_since(second.revision) is None           # retention took the front
+        assert trimmed.revision.kept == 4 == (await store.history(key, 9)).revision.kept
+        await store.forget(key)
+        reborn = await store.append(key, events("r", range(4, 6), start_q=300), keep=4, now_ms=5)
+        assert reborn.revision.appended_since(trimmed.revision) is None           # a new log, a new base
+        assert reborn.revision.appended_since(first.revision) is None
+    run(with_store(store_url, scenario))
+
+
 def test_concurrent_appends_of_one_learner_interleave_whole_requests(store_url) -> None:
     async def scenario(store):
         key = KEYS.learner("busy")
