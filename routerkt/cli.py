@@ -44,6 +44,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 BENCHES: dict[str, tuple[str, str]] = {
     "train": ("training.bench.bench_train", "training throughput per preset"),
     "step": ("training.bench.bench_step", "incremental learner state vs the full forward: step, predict_next, bytes"),
+    "ceiling": ("loadtest.bench.ceiling",
+                "Predict by learner_id on a cache hit vs a do-nothing server of the same service: the fraction"),
     "incremental": ("loadtest.bench.incremental",
                     "Predict by learner_id: state cache on vs off vs stateless, histories 10-300, C=1/20"),
     "throughput": ("loadtest.bench.throughput", "inference throughput: PyTorch vs onnxruntime vs Triton"),

@@ -13,9 +13,10 @@
     retrain     `routerkt retrain`'s stages per store size and kind
     loop        a dataset replayed day by day through the gateway with a nightly retrain
     incremental Predict by learner_id: the learner-state cache on vs off vs the history in the request
+    ceiling     Predict by learner_id on a cache hit vs a do-nothing server of the same service (null_server.py)
 
 A benchmark imports no other benchmark (import-linter checks it); what they share lives beside them
 in loadtest/: harness.py (Triton and gateways, the common flags), learners.py, locustfile.py,
-locust_runner.py, load_sessions.py, closed_loop.py, timing.py, rank_costs.py, replay_days.py and
+locust_runner.py, load_sessions.py, closed_loop.py, null_server.py, timing.py, rank_costs.py, replay_days.py and
 loop_report.py. The training benchmarks are training/bench/bench_train.py and training/bench/bench_distributed.py.
 """
