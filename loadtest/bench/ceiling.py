@@ -125,6 +125,7 @@ class Targets:
 def _phase(targets: Targets, target: str, call, callers: int, seconds: float, merged: dict) -> None:
     """One timed phase of `call` on `target`, added to merged[target]."""
     server = target.split(":")[0]
+    print(f"{target}: {callers} callers, {seconds:g}s", file=sys.stderr, flush=True)
     cpu = process_cpu_s(targets.pids[server])
     latencies, failures, wall = run_phase(call, callers, seconds)
     row = merged.setdefault(target, {"latencies": [], "failures": 0, "seconds": 0.0, "cpu_s": 0.0})
@@ -159,10 +160,7 @@ def _predicts(targets: Targets, callers: int) -> dict:
                 targets.stubs[server].Predict(targets.request(rng.choice(names), candidates, mode == "sent"),
                                               timeout=60)
             _phase(targets, target, call, callers, targets.args.seconds, merged)
-    out = {target: _summary(row) for target, row in merged.items()}
-    for b in targets.backends:
-        out[f"{b}:lookups"] = {r: v - before[b][r] for r, v in targets.lookups(b).items()}
-    return out
+    return _report(targets, merged, before)
 
 
 def _sessions(targets: Targets, callers: int = 8) -> dict:
@@ -184,7 +182,12 @@ def _sessions(targets: Targets, callers: int = 8) -> dict:
                     event_id=f"s-{name}-{next(targets.sent)}", question_id=question, correct=rng.randint(0, 1))]),
                     timeout=60)
             _phase(targets, server, call, callers, targets.args.seconds, merged)
-    out = {server: _summary(row) for server, row in merged.items()}
+    return _report(targets, merged, before)
+
+
+def _report(targets: Targets, merged: dict, before: dict) -> dict:
+    """Each target's summary, and each gateway's lookups since `before`."""
+    out = {target: _summary(row) for target, row in merged.items()}
     for b in targets.backends:
         out[f"{b}:lookups"] = {r: v - before[b][r] for r, v in targets.lookups(b).items()}
     return out
