@@ -63,6 +63,9 @@ class Settings:
                                                   # exported with step graphs (serving/state/); 0 = off
     prefix_cache: bool = False                    # stateless Predicts too, keyed by a hash of the history prefix
     fill_on_observe: bool = True                  # Observe advances the learner's cached states (in the background)
+    step_batch_rows: int = 1                      # > 1: step calls of concurrent Predicts reaching a graph in one event-
+                                                  # loop turn share one backend call of at most this many rows (off:
+                                                  # no gain measured here, docs/benchmarks.md "The ceiling")
     store_probe_s: float = 1.0                    # how often the store is pinged (health, recovery)
     store_expiry_s: float = 60.0                  # how often inactive learners are swept (SQLite)
 
@@ -160,7 +163,7 @@ class Settings:
                          "max_rows_per_infer", "max_inflight", "probe_failures_before_reload", "max_learner_id_chars",
                          "max_event_id_chars", "max_observe_events", "store_keep", "rank_rows_per_infer",
                          "rank_candidates_per_infer", "max_pending_served", "max_shadow_inflight", "max_call_rows",
-                         "max_skills_per_interaction")
+                         "max_skills_per_interaction", "step_batch_rows")
         for name in positive_ints:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 from contextlib import ExitStack
+from pathlib import Path
 
 import numpy as np
 
@@ -46,6 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seconds", type=float, default=2.0, help="length of each phase")
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds per caller count")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--serve-config", type=Path, default=None, metavar="TOML",
+                   help="a `routerkt serve --config` file every gateway starts with (e.g. step_batch_rows = 1)")
 
 
 class Targets:
@@ -71,7 +74,8 @@ class Targets:
                 triton = start_triton(stack, args.repository.resolve(), args.out).grpc_url
             flags = ["--backend", backend, *(["--triton-url", triton] if backend == "triton" else [])]
             gateway = GatewayProcess(args.repository.resolve(), folder, [
-                *flags, "--store", f"sqlite:///{folder / 'sessions.sqlite3'}", "--no-track-outcomes"]).start()
+                *flags, "--store", f"sqlite:///{folder / 'sessions.sqlite3'}", "--no-track-outcomes",
+                *(["--config", str(args.serve_config.resolve())] if args.serve_config else [])]).start()
             stack.callback(gateway.stop)
             self.gateways[backend] = gateway.wait_serving()
             self.pids[backend] = gateway.process.pid

@@ -37,6 +37,7 @@ from serving.pipeline.parts import (BackendError, Encoder, FailureKind, HistoryS
                            PredictionRecord, PredictionSink, Route, VersionPolicy)
 from serving.core.calls import Deadline, LearnerPrediction, PredictQuery, PredictResult
 from serving.settings import Settings
+from serving.pipeline.step_batching import StepBatcher
 from serving.state.cache import StateCache
 from serving.state.learner_states import NONE, LearnerStates, StepCall
 from serving.core.validation import LearnerInput, validate_query
@@ -65,6 +66,7 @@ class PredictionService:
         self.states = states                                  # the learner-state path (serving/state/), or None
         # a band model's history beyond W - 1 goes through its step graphs, uncached without a state cache
         self._band_steps = states or LearnerStates(StateCache(0), encoder)
+        self.step_batcher = StepBatcher(settings.step_batch_rows) if settings.step_batch_rows > 1 else None
         self._slots = asyncio.Semaphore(settings.max_inflight)
         self._inflight = 0
         self._queued = 0                                     # calls waiting for a slot
@@ -151,10 +153,18 @@ class PredictionService:
         return _placed(len(learners), (named, stepped), (rest, full))
 
     def step_runner(self, model: ModelVersion, deadline: Deadline) -> StepCall:
-        """(step graph, feeds) -> outputs: `model`'s step graphs through the backend, within `deadline`."""
-        async def run(graph: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """(step graph, feeds) -> outputs: `model`'s step graphs through the backend, within `deadline`; calls
+        of other Predicts reaching the same graph in the same event-loop turn share one backend call
+        (serving/pipeline/step_batching.py)."""
+        async def send(graph: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             return await self._backend_call(model, deadline, lambda timeout: self.backend.infer_step(
                 model, graph, feeds, timeout))
+
+        async def run(graph: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            if self.step_batcher is None:
+                return await send(graph, feeds)
+            return await self.step_batcher.run((model.name, model.version, graph), feeds,
+                                               lambda merged: send(graph, merged), deadline.remaining())
         return run
 
     # -- shadow scoring ----------------------------------------------------------------------------

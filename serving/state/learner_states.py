@@ -237,7 +237,7 @@ class LearnerStates:
         """step_append of `count` interactions of each learner from its encoded index `positions[k]` on."""
         graphs = STEP_GRAPHS[model.step_state]
         width = max(p.encoded.skills.shape[1] for p in moving)
-        feeds = {name: np.concatenate([p.state.tensors[name] for p in moving]) for name in _names(graphs.state)}
+        feeds = {name: _stacked([p.state.tensors[name] for p in moving]) for name in _names(graphs.state)}
         feeds["append_question"] = np.stack([p.encoded.questions[i:i + count] for p, i in zip(moving, positions)])
         feeds["append_response"] = np.stack([p.encoded.responses[i:i + count] for p, i in zip(moving, positions)])
         feeds["append_skills"] = np.stack([self.encoder.widen(p.encoded.skills[i:i + count], width)
@@ -256,7 +256,7 @@ class LearnerStates:
         for k, piece in enumerate(pieces):
             questions[k, :piece.n_candidates] = piece.candidate_questions
             candidate_skills[k, :piece.n_candidates, :piece.candidate_skills.shape[1]] = piece.candidate_skills
-        feeds = {name: np.concatenate([chunk[o].state.tensors[name] for o in owners]) for name in _names(graphs.state)}
+        feeds = {name: _stacked([chunk[o].state.tensors[name] for o in owners]) for name in _names(graphs.state)}
         feeds["candidate_questions"], feeds["candidate_skills"] = questions, candidate_skills
         probs = (await run(graphs.next.name, feeds))[graphs.next.output_names[0]]
         parts: list[list[np.ndarray]] = [[] for _ in chunk]
@@ -276,6 +276,11 @@ def _history_hash(learner: EncodedLearner, m: int) -> str:
         digest.update(np.int64(array.size).tobytes())
         digest.update(np.ascontiguousarray(array, dtype=np.int64).tobytes())
     return HISTORY + digest.hexdigest()
+
+
+def _stacked(tensors: list[np.ndarray]) -> np.ndarray:
+    """The learners' state tensors [1, ...] as one batch; one learner's as it is (entries are never written)."""
+    return tensors[0] if len(tensors) == 1 else np.concatenate(tensors)
 
 
 def _names(state) -> list[str]:

@@ -36,12 +36,12 @@ class Served:
     """One gateway over the store at `store_path`, its stub and metrics."""
 
     def __init__(self, repository, store_path, state_cache_mb: float = 64.0, triton_url: str | None = None,
-                 prefix_cache: bool = False, fill: bool = True, encoder=None, store=None) -> None:
+                 prefix_cache: bool = False, fill: bool = True, encoder=None, store=None, **more) -> None:
         """In-process onnxruntime, or (`triton_url`) the Triton backend over a running tritonserver; the SQLite
         store at `store_path`, or `store` (another SessionStore, e.g. a RedisStore)."""
         self.fill = fill
         settings = Settings(repository=repository, grpc_port=0, http_port=None, grace_period_s=0.5,
-                            state_cache_mb=state_cache_mb, prefix_cache=prefix_cache, fill_on_observe=fill,
+                            state_cache_mb=state_cache_mb, prefix_cache=prefix_cache, fill_on_observe=fill, **more,
                             **({"triton_url": triton_url} if triton_url else {}))
         self.metrics = Metrics()
         backend = {} if triton_url else {"backend": OnnxRuntimeBackend(settings)}
