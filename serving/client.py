@@ -10,7 +10,8 @@ RETRY_ATTEMPTS attempts in all, on UNAVAILABLE only (a restarting Triton or gate
 failover), with exponential backoff from 50 ms to 1 s, always within the caller's deadline (gRPC
 never retries past it). Other languages: use RETRY_SERVICE_CONFIG as the channel's service config.
 
-Several gateways (sharing one session store, e.g. `--store redis://...`) are interchangeable:
+Several gateways (sharing one session store, e.g. `--store redis://...`) are interchangeable (LearnerRouter, at the
+end, sends each learner to the one that holds its state):
 
     with connect_balanced(["127.0.0.1:50051", "127.0.0.1:50052"]) as channel:   # ipv4:A,B
         stub = pb_grpc.KnowledgeTracingServiceStub(channel)
@@ -129,3 +130,78 @@ def connect_balanced(addresses: Sequence[str] | str) -> grpc.Channel:
     ones, with the retry policy above (BALANCED_SERVICE_CONFIG, BALANCED_RECONNECT)."""
     return grpc.insecure_channel(balanced_target(addresses),
                                  options=channel_options(BALANCED_SERVICE_CONFIG) + BALANCED_RECONNECT)
+
+
+RING_POINTS = 64            # points per gateway on the hash ring
+
+
+class LearnerRouter:
+    """Several gateways, each learner's calls sent to one of them by consistent hashing on its learner id, so that
+    the gateway holding the learner's cached state answers it (a hit instead of a rebuild; docs/operations.md,
+    "Several gateways"). Every gateway has RING_POINTS points on a ring of 64-bit hashes; a learner belongs to the
+    first point at or after its id's hash. Adding or removing a gateway moves only the learners of its points.
+    Answers never depend on the routing (the gateways share one store and check it before using a state).
+
+        router = LearnerRouter(["127.0.0.1:50051", "127.0.0.1:50052"], api_key=KEY)
+        response = router.call("Predict", pb.PredictRequest(learner_id="l-17", ...), timeout=5.0)
+
+    `call` falls over to the next gateway on the ring when a call fails with UNAVAILABLE there (after the
+    channel's own retries); a stateless call (no learner id) goes to the gateway of its first candidate's hash."""
+
+    def __init__(self, addresses: Sequence[str] | str, api_key: str | None = None, tls_ca: bytes | None = None,
+                 client_cert: tuple[bytes, bytes] | None = None) -> None:
+        from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
+        if isinstance(addresses, str):
+            addresses = addresses.split(",")
+        self.addresses = list(dict.fromkeys(a.strip() for a in addresses if a.strip()))
+        if not self.addresses:
+            raise ValueError("no gateway address given")
+        self.channels = [connect(a, api_key, tls_ca, client_cert) for a in self.addresses]
+        self.stubs = [pb_grpc.KnowledgeTracingServiceStub(c) for c in self.channels]
+        points = sorted((_hash(f"{address}#{i}"), k) for k, address in enumerate(self.addresses)
+                        for i in range(RING_POINTS))
+        self._ring_hashes = [h for h, _ in points]
+        self._ring_owners = [k for _, k in points]
+
+    def owners(self, learner_id: str) -> list[int]:
+        """The gateways (indices into `addresses`) in the order a learner's calls try them: its owner first."""
+        import bisect
+        start = bisect.bisect_left(self._ring_hashes, _hash(learner_id)) % len(self._ring_hashes)
+        order: list[int] = []
+        for k in self._ring_owners[start:] + self._ring_owners[:start]:
+            if k not in order:
+                order.append(k)
+        return order
+
+    def owner(self, learner_id: str) -> str:
+        return self.addresses[self.owners(learner_id)[0]]
+
+    def call(self, method: str, request, timeout: float | None = None, learner_id: str | None = None):
+        """`method` (e.g. "Predict", "Observe") of the learner's gateway; the next one on UNAVAILABLE."""
+        learner_id = learner_id if learner_id is not None else getattr(request, "learner_id", "")
+        if not learner_id and getattr(request, "candidates", None):
+            learner_id = f"question:{request.candidates[0].question_id}"
+        error = None
+        for k in self.owners(learner_id or ""):
+            try:
+                return getattr(self.stubs[k], method)(request, timeout=timeout)
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                error = exc
+        raise error  # type: ignore[misc]
+
+    def close(self) -> None:
+        for channel in self.channels:
+            channel.close()
+
+    def __enter__(self) -> LearnerRouter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _hash(text: str) -> int:
+    import hashlib
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")

@@ -1,0 +1,33 @@
+"""LearnerRouter's ring: a learner has one owner, the learners spread over the gateways, and adding a gateway moves
+only the learners it takes (about 1/n of them), none between the old gateways."""
+from __future__ import annotations
+
+import pytest
+
+from serving.client import LearnerRouter
+
+pytestmark = pytest.mark.unit
+
+LEARNERS = [f"learner-{k}" for k in range(3000)]
+
+
+def test_each_learner_has_one_owner_and_the_learners_spread() -> None:
+    with LearnerRouter(["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]) as router:
+        owners = [router.owner(learner) for learner in LEARNERS]
+        assert owners == [router.owner(learner) for learner in LEARNERS]            # stable
+        shares = [owners.count(a) / len(LEARNERS) for a in router.addresses]
+        assert min(shares) > 0.2 and max(shares) < 0.47, shares
+        assert sorted(router.owners(LEARNERS[0])) == [0, 1, 2]                    # every gateway, owner first
+
+
+def test_adding_a_gateway_moves_only_the_learners_it_takes() -> None:
+    with LearnerRouter(["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]) as three, \
+            LearnerRouter(["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4"]) as four:
+        moved = [(three.owner(l), four.owner(l)) for l in LEARNERS if three.owner(l) != four.owner(l)]
+        assert all(new == "127.0.0.1:4" for _, new in moved)
+        assert 0.12 < len(moved) / len(LEARNERS) < 0.4, len(moved)
+
+
+def test_no_address_is_a_value_error() -> None:
+    with pytest.raises(ValueError):
+        LearnerRouter([" ", ""])
