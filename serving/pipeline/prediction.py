@@ -38,13 +38,13 @@ from serving.pipeline.parts import (BackendError, Encoder, FailureKind, HistoryS
 from serving.core.calls import Deadline, LearnerPrediction, PredictQuery, PredictResult
 from serving.settings import Settings
 from serving.pipeline.step_batching import StepBatcher
+from serving.pipeline.versions import VersionResolver
 from serving.state.cache import StateCache
 from serving.state.learner_states import NONE, LearnerStates, StepCall
 from serving.core.validation import LearnerInput, validate_query
 
 log = logging.getLogger("routerkt.gateway.service")
 
-MISS_REFRESH_S = 1.0        # an unknown model/version rescans the repository at most this often
 T = TypeVar("T")
 
 
@@ -60,6 +60,7 @@ class PredictionService:
         self.metrics = metrics
         self.history = history
         self.policy = policy
+        self.versions = VersionResolver(catalog, backend, policy)
         self.encoder = encoder
         self.sink = sink
         self.issue_prediction_ids = issue_prediction_ids
@@ -71,7 +72,6 @@ class PredictionService:
         self._inflight = 0
         self._queued = 0                                     # calls waiting for a slot
         self.service_time = ServiceTime()
-        self._last_miss_refresh = -1e9
         self._shadows: set[asyncio.Task] = set()
 
     def runs_steps(self, model: ModelVersion) -> bool:
@@ -232,12 +232,8 @@ class PredictionService:
                 self._slots.release()
 
     async def resolve(self, name: str, version: int, learner_ids: Sequence[str]) -> list[Route]:
-        """The Route of each learner (`learner_ids`, "" when unnamed): NOT_FOUND when the repository
-        lacks the model or the pinned `version` (0: none pinned), UNAVAILABLE when the backend cannot
-        serve it right now; the version policy picks among the versions the backend serves."""
-        versions = await self._versions_served(name, version)
-        ready = self.backend.ready_versions(name)
-        return [self.policy.route(name, version, versions, ready, learner_id) for learner_id in learner_ids]
+        """The Route of each learner (serving/pipeline/versions.py)."""
+        return await self.versions.resolve(name, version, learner_ids)
 
     async def complete_history(self, learners: list[LearnerInput], model: ModelVersion, deadline: Deadline,
                                states: LearnerStates | None = None) -> list[LearnerInput]:
@@ -345,36 +341,6 @@ class PredictionService:
             self.metrics.history_length.observe(learner.history_length + (0 if learner.cached is None else
                                                                           learner.cached.length))
             self.metrics.candidates.observe(learner.n_candidates)
-
-    async def _versions_served(self, name: str, version: int) -> dict[int, ModelVersion]:
-        """The model's versions: NOT_FOUND when the repository lacks it (after one rate-limited
-        rescan), UNAVAILABLE when the backend cannot serve it right now."""
-        try:
-            versions = self._versions(name, version)
-        except ServingError:
-            if not await self._refresh_on_miss():
-                raise
-            versions = self._versions(name, version)
-        reason = self.backend.unavailable_reason(name)
-        if reason is not None:
-            raise errors.unavailable(reason)
-        return versions
-
-    def _versions(self, name: str, version: int) -> dict[int, ModelVersion]:
-        versions = self.catalog.require_model(name)
-        if version and version not in versions:
-            raise errors.not_found(f"model {shown(name)} has no version {version} (versions: {sorted(versions)})",
-                                   field="version")
-        return versions
-
-    async def _refresh_on_miss(self) -> bool:
-        """Rescan the repository (rate-limited) so a fresh export is found; True if it changed."""
-        now = time.monotonic()
-        if now - self._last_miss_refresh < MISS_REFRESH_S:
-            return False
-        self._last_miss_refresh = now
-        result = await asyncio.to_thread(self.catalog.refresh)
-        return bool(result.added or result.removed)
 
     async def _infer_in_turn(self, model: ModelVersion, calls: list, deadline: Deadline) -> list[np.ndarray]:
         """The inferences one after the other, yielding a fair share of the model to the other calls
