@@ -89,7 +89,7 @@ def test_a_window_model_is_not_the_band_function():
     """The same weights as a window model: past the window its step path reads the last W - 1 only, so it
     differs from the band reference (the band test above can fail)."""
     band = random_tiny_model("akt-standard", NQ, NS, W, context=Context.BAND)
-    window = random_tiny_model("akt-standard", NQ, NS, W)
+    window = random_tiny_model("akt-standard", NQ, NS, W, context=Context.WINDOW)
     window.load_state_dict(band.state_dict())
     q, s, r = _history(2 * W + 1, seed=5)
     ref = _reference(band, q, s, r)

@@ -26,7 +26,9 @@ _SIMPLEKT = {"backbone": "simplekt", "dropout": 0.1}
 PRESETS: dict[str, dict[str, Any]] = {
     # AKT backbone: the attention-bias comparison of the RouterKT paper
     "akt": {"backbone": "akt", "attention": "monotonic"},
-    "akt-standard": {"backbone": "akt", "attention": "standard"},
+    # a band model by default: its served AUC beat the window model's on assist2009 and statics2011, every fold
+    # (results/served/PROTOCOLS.md); the paper grid pins model.context=window (training/paper/reproduce.py)
+    "akt-standard": {"backbone": "akt", "attention": "standard", "context": "band"},
     "alibi-akt": {"backbone": "akt", "attention": "alibi"},              # ALiBi on all six layers
     # FoLiBi as its paper: ALiBi in the knowledge retriever, monotonic (AKT) encoders with gradient
     "folibi-akt": {"backbone": "akt", "attention": "alibi", "encoder_attention": "monotonic"},

@@ -35,7 +35,9 @@ def dataset_file(root: Path, name: str) -> Path:
 def job_config(path: Path, dataset: str, variant: Variant, folds: int, epochs: int, overrides: list[str]):
     """The run config of one (dataset, variant) job: its dataset's and variant's overrides, then the caller's."""
     from training.models.registry import run_config
-    overrides = [f"data.folds={folds}", f"train.epochs={epochs}", *DATASETS.get(dataset, []),
+    # the paper's grid compares window models: a preset that is a band model by default is pinned to its window
+    # version here, unless the variant names its context ("akt-standard+model.context=band")
+    overrides = [f"data.folds={folds}", f"train.epochs={epochs}", "model.context=window", *DATASETS.get(dataset, []),
                  *variant.overrides, *overrides]
     try:
         return run_config(variant.preset, path, overrides)
