@@ -1,9 +1,11 @@
 """LearnerStates: Predict by learner_id from the learner's cached step-graph state, so that a stored learner's
 next prediction costs the interactions added since, plus the candidates' query rows (issue 50).
 
-For each named learner of a call (its history read from the session store and encoded as usual) the
-cache entry of (model, version, learner key) decides, by the kept history the entry was computed from
-(serving/state/cache.py):
+A named learner whose entry the store's log still continues (serving/sessions/history.py: one small read of
+the newest events and the log's revision) comes with only the events stored after the entry: they are appended
+to it (`appended`; none: `hit`), without the whole history. For any other named learner (its history read from
+the session store and encoded as usual) the cache entry of (model, version, learner key) decides, by the kept
+history the entry was computed from (serving/state/cache.py):
 - hit: the same kept history -> step_next only (the candidates against the cached keys);
 - appended: the entry's history is a prefix and at most `max_appends` interactions were added ->
   one step_append per added interaction, then step_next;
