@@ -11,7 +11,7 @@ import torch
 import training.models.step as step_module
 from routerkt.contract.signature import PAD_ID, PAD_RESPONSE
 from tests.tiny_models import random_tiny_model
-from training.config import ExpertKind, RoutingScope
+from training.config import Context, ExpertKind, RoutingScope
 from training.models.registry import PRESETS
 from training.models.step import Stepping, predict_next, start_state, step, stepping
 
@@ -32,9 +32,11 @@ VARIANTS = {name: (name, {}) for name in PRESETS} | {
 
 
 def _model(variant: str, frozen: bool = False):
-    """A tiny 2-block model of `variant` with random weights and a non-zero question-difficulty term."""
+    """A tiny 2-block model of `variant` as a WINDOW model (a preset that is a band model by default too: band
+    models have their own parity tests, tests/unit/test_band_models.py) with random weights and a non-zero
+    question-difficulty term."""
     preset, options = VARIANTS[variant]
-    model = random_tiny_model(preset, NQ, NS, W, n_blocks=2, **options)
+    model = random_tiny_model(preset, NQ, NS, W, n_blocks=2, **{"context": Context.WINDOW, **options})
     if frozen:
         model.freeze_biases()
     return model
