@@ -28,7 +28,10 @@ every gateway (`dns:///gateways:50051`) works the same way.
 """
 from __future__ import annotations
 
+import bisect
+import hashlib
 import ipaddress
+import itertools
 import json
 from collections.abc import Sequence
 
@@ -165,12 +168,13 @@ class LearnerRouter:
 
     def owners(self, learner_id: str) -> list[int]:
         """The gateways (indices into `addresses`) in the order a learner's calls try them: its owner first."""
-        import bisect
         start = bisect.bisect_left(self._ring_hashes, _hash(learner_id)) % len(self._ring_hashes)
         order: list[int] = []
-        for k in self._ring_owners[start:] + self._ring_owners[:start]:
+        for k in itertools.chain(self._ring_owners[start:], self._ring_owners[:start]):
             if k not in order:
                 order.append(k)
+                if len(order) == len(self.addresses):
+                    break
         return order
 
     def owner(self, learner_id: str) -> str:
@@ -203,5 +207,4 @@ class LearnerRouter:
 
 
 def _hash(text: str) -> int:
-    import hashlib
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")

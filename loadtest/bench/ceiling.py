@@ -126,6 +126,13 @@ class Targets:
                 for r in LOOKUPS}
 
 
+def _rng(local: threading.local) -> random.Random:
+    """The calling thread's own generator (made on its first call)."""
+    if not hasattr(local, "rng"):
+        local.rng = random.Random()
+    return local.rng
+
+
 def _phase(targets: Targets, target: str, call, callers: int, seconds: float, merged: dict) -> None:
     """One timed phase of `call` on `target`, added to merged[target]."""
     server = target.split(":")[0]
@@ -159,7 +166,7 @@ def _predicts(targets: Targets, callers: int) -> dict:
             local = threading.local()
 
             def call(server=server, mode=mode) -> None:
-                rng = getattr(local, "rng", None) or setattr(local, "rng", random.Random()) or local.rng
+                rng = _rng(local)
                 candidates = [pb.Candidate(question_id=rng.choice(questions))]
                 targets.stubs[server].Predict(targets.request(rng.choice(names), candidates, mode == "sent"),
                                               timeout=60)
@@ -177,7 +184,7 @@ def _sessions(targets: Targets, callers: int = 8) -> dict:
             local = threading.local()
 
             def call(server=server) -> None:
-                rng = getattr(local, "rng", None) or setattr(local, "rng", random.Random()) or local.rng
+                rng = _rng(local)
                 name, question = rng.choice(names), rng.choice(questions)
                 stub = targets.stubs[server]
                 stub.Predict(pb.PredictRequest(model=targets.vocabulary.model, learner_id=name,
