@@ -2,8 +2,8 @@
 #   make serve   install, make synthetic data, train a small default model (if none), export it,
 #                start Triton, the session store (SQLite under .routerkt/) and the gateway, print one sample
 #                prediction and one Observe + Predict by learner id (Ctrl-C stops both)
-#   make test    install, then run every test (unit, integration, e2e with a real tritonserver and
-#                redis-server; the Makefile installs Debian's redis-server when it is missing)
+#   make test    install, then run every test (unit, integration, e2e with a real tritonserver,
+#                redis-server and haproxy; the Makefile installs Debian's packages when they are missing)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -28,11 +28,15 @@ $(BIN)/python:
 TORCH_INDEX := $(if $(wildcard $(addsuffix /torch-2.13.0+cpu*,$(PIP_FIND_LINKS))),,--extra-index-url https://download.pytorch.org/whl/cpu)
 
 # Re-install only when the project's dependencies change. The session store's tests and
-# `routerkt bench load --sessions` need a real redis-server: Debian's package, installed once.
+# `routerkt bench load --sessions` need a real redis-server, the learner router's test a real haproxy: Debian's
+# packages, installed once.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	command -v redis-server >/dev/null || command -v valkey-server >/dev/null || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; } || \
 	  { echo "install redis-server (or valkey-server) for the session-store tests" >&2; exit 1; }
+	command -v haproxy >/dev/null || command -v /usr/sbin/haproxy >/dev/null || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null; } || \
+	  { echo "install haproxy for the learner router's test (serving/deploy/k8s/haproxy.cfg)" >&2; exit 1; }
 	$(BIN)/pip install -q $(TORCH_INDEX) -e ".[all]"
 	touch $@
 

@@ -66,8 +66,19 @@ MAX_TIMEOUT_S = 300.0       # a longer timeout is sent as this: grpcio itself fa
                             # deadline overflows (timeout=3e10 s), and the gateway caps at 300 s anyway
 
 
+ROUTE_HEADER = "x-routerkt-route"     # what a hashing proxy in front of several gateways balances on
+
+
+def route_key(learner_id: str) -> str:
+    """The route header's value for a learner: the first 16 hex digits of SHA-256("routerkt-route:" + id). Stable in
+    every client and language, so a proxy that hashes it (serving/deploy/k8s/haproxy.cfg) sends all of a learner's
+    calls to one gateway; a digest, so the raw learner id never reaches the proxy's headers or logs."""
+    return hashlib.sha256(f"routerkt-route:{learner_id}".encode()).hexdigest()[:16]
+
+
 class _Access(grpc.UnaryUnaryClientInterceptor):
-    """Adds the API key (authorization: Bearer) and caps the timeout at MAX_TIMEOUT_S."""
+    """Adds the API key (authorization: Bearer) and, on a call naming one learner, its route header (route_key); caps
+    the timeout at MAX_TIMEOUT_S."""
 
     def __init__(self, api_key: str | None) -> None:
         self.metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
@@ -75,6 +86,9 @@ class _Access(grpc.UnaryUnaryClientInterceptor):
     def intercept_unary_unary(self, continuation, details, request):
         timeout = details.timeout if details.timeout is None or details.timeout <= MAX_TIMEOUT_S else MAX_TIMEOUT_S
         metadata = tuple(details.metadata or ()) + self.metadata
+        learner_id = getattr(request, "learner_id", "")
+        if learner_id and isinstance(learner_id, str):
+            metadata += ((ROUTE_HEADER, route_key(learner_id)),)
         return continuation(_Details(details.method, timeout, metadata, details.credentials,
                                      details.wait_for_ready, details.compression), request)
 

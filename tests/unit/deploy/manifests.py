@@ -167,8 +167,12 @@ def only(workload_objects: dict, component: str) -> dict:
 
 
 def service_for(objects: dict, workload: dict) -> dict:
+    """The Service clients reach `workload` through: its only one, or its one with a cluster IP (the gateway's
+    headless Service only lists its pods for the learner router)."""
     found = [obj for (kind, _), obj in objects.items()
              if kind == "Service" and workload in selected(objects, obj["spec"]["selector"])]
+    if len(found) > 1:
+        found = [obj for obj in found if obj["spec"].get("clusterIP") != "None"]
     assert len(found) == 1, f"one Service for {workload['metadata']['name']}, found {len(found)}"
     return found[0]
 
