@@ -28,23 +28,42 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
     """Counts every unary RPC (ours, health Check) with its final status code, including the
     INVALID_ARGUMENT / NOT_FOUND / ... aborts of the servicer. Streaming RPCs (health Watch,
     reflection) pass through uncounted. Messages rejected by gRPC itself before any handler runs
-    (over max_receive_message_length) never reach an interceptor and are not counted here."""
+    (over max_receive_message_length) never reach an interceptor and are not counted here.
+    Per call it costs a dict lookup and three metric updates: the wrapped handler and the labelled
+    children are made once per method (and per final code)."""
 
     def __init__(self, metrics: GrpcCallMetrics) -> None:
         self.metrics = metrics
+        self._wrapped: dict[str, tuple[Any, Any]] = {}      # method -> (its handler, the handler wrapped)
 
     async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]],
                                 handler_call_details: grpc.HandlerCallDetails) -> Any:
         handler = await continuation(handler_call_details)
         if handler is None or handler.unary_unary is None:
             return handler
-        service, method = split_method(handler_call_details.method)
+        method = handler_call_details.method
+        known = self._wrapped.get(method)
+        if known is None or known[0] is not handler:     # a new handler object: wrapped anew (one entry a method)
+            known = self._wrapped[method] = (handler, self._wrap(handler, method))
+        return known[1]
+
+    def _wrap(self, handler: Any, full_method: str) -> Any:
+        service, method = split_method(full_method)
         labels = {"grpc_service": service, "grpc_method": method, "grpc_type": "unary"}
         inner = handler.unary_unary
-        metrics = self.metrics
+        started_total = self.metrics.grpc_started.labels(**labels)
+        seconds = self.metrics.grpc_handling_seconds.labels(**labels)
+        handled_family = self.metrics.grpc_handled
+        handled: dict[Any, Any] = {}
+
+        def count(code: Any) -> None:
+            child = handled.get(code)
+            if child is None:
+                child = handled[code] = handled_family.labels(**labels, grpc_code=_code_name(code))
+            child.inc()
 
         async def observed(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            metrics.grpc_started.labels(**labels).inc()
+            started_total.inc()
             started = time.perf_counter()
             code = grpc.StatusCode.UNKNOWN
             try:
@@ -60,8 +79,8 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
                 code = context.code() or grpc.StatusCode.UNKNOWN     # abort() sets the code first
                 raise
             finally:
-                metrics.grpc_handled.labels(**labels, grpc_code=_code_name(code)).inc()
-                metrics.grpc_handling_seconds.labels(**labels).observe(time.perf_counter() - started)
+                count(code)
+                seconds.observe(time.perf_counter() - started)
 
         return grpc.unary_unary_rpc_method_handler(
             observed, request_deserializer=handler.request_deserializer,
