@@ -45,8 +45,7 @@ def tls_ca(args: argparse.Namespace) -> bytes | None:
 
 def https_context(args: argparse.Namespace) -> ssl.SSLContext | None:
     """An SSL context trusting --tls-ca for https:// URLs (None: the system's defaults)."""
-    ca = tls_ca(args)
-    return ssl.create_default_context(cadata=ca.decode()) if ca else None
+    return context_from(args.tls_ca)
 
 
 def context_from(ca_file: Path | None, flag: str = "--tls-ca") -> ssl.SSLContext | None:
