@@ -17,7 +17,10 @@ from routerkt.errors import UserError
 EPOCHS = 20                # few epochs: a retrain runs on a schedule; early stopping usually ends it sooner
 PATIENCE = 3
 VALID_SHARE = 0.1          # training learners kept for early stopping
-RETRAIN_DEFAULTS = ["data.protocol=chunks", "data.folds=1", f"train.patience={PATIENCE}"]
+RETRAIN_DEFAULTS = ["data.folds=1", f"train.patience={PATIENCE}"]
+# what a retrain trains on, by the model's context unless --set data.protocol says: a window model on every
+# window of the training rows (chunks), a band model on whole histories (what it serves, and all it accepts)
+PROTOCOL_OF_CONTEXT = {"window": "chunks", "band": "whole"}
 
 
 @dataclass
@@ -51,6 +54,8 @@ def build_config(info: ModelInfo, base_fold: Path | None, preset: str | None, tr
     try:
         cfg = apply_overrides(cfg, RETRAIN_DEFAULTS + [f"data.window={info.window}", f"train.epochs={epochs}"]
                               + list(overrides))
+        if not any(o.strip().startswith("data.protocol=") for o in overrides):
+            cfg = apply_overrides(cfg, [f"data.protocol={PROTOCOL_OF_CONTEXT[cfg.model.context.value]}"])
     except ValueError as exc:
         raise UserError(str(exc)) from None
     return cfg

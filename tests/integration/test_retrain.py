@@ -112,6 +112,26 @@ def test_population_b_is_published_as_a_canary(stores, served, kt_repository, tm
     assert "published version 2" in capsys.readouterr().out
 
 
+def test_a_band_models_retrain_trains_and_publishes_a_band_model(stores, kt_band_repository, tmp_path,
+                                                                  capsys) -> None:
+    """The served version is a band model (routerkt-akt's default): the retrain keeps its configuration, trains on
+    whole histories (data.protocol=whole: the only protocol a band model accepts) and publishes a band model."""
+    from routerkt.contract.repository_reader import read_model_info
+    repo = tmp_path / "repo"
+    shutil.copytree(kt_band_repository.path, repo)
+    policy = tmp_path / "rollout.json"
+    tiny = [o for o in TINY_OVERRIDES if not o.startswith(("data.window", "model.context"))]
+    args = ["retrain", "--store", stores["b"], "--repository", str(repo), "--model", "kt", "--policy-file",
+            str(policy), "--runs", str(kt_band_repository.run.parent), "--out", str(tmp_path / "retrain"),
+            "--epochs", "1", *(f"--set={o}" for o in tiny)]
+    started = time.time()
+    assert routerkt_main(args) == 0, capsys.readouterr().err
+    assert read_model_info(repo, "kt", 2).band
+    written = [json.loads(p.read_text()) for folder in (tmp_path / "retrain", kt_band_repository.run.parent)
+               for p in folder.rglob("config.json") if p.stat().st_mtime >= started - 1]
+    assert written and all(c["data"]["protocol"] == "whole" and c["model"]["context"] == "band" for c in written)
+
+
 def test_after_a_canary_the_next_retrain_starts_from_the_version_it_must_beat(stores, served, kt_repository,
                                                                               tmp_path) -> None:
     """Night 1 canaries v2 (trained on population B) over v1. Night 2, past the canary's patience, scores both on

@@ -101,3 +101,19 @@ def test_warm_state_copies_known_rows_to_their_new_ids_and_leaves_new_rows_fresh
     assert warm.state["difficulty.weight"].flatten().tolist() == [0.0, 1.0, 10.0, -1.0, 30.0]
     assert warm.state["skill.weight"].eq(7.0).all() and warm.state["head.weight"].eq(3.0).all()
     assert (warm.copied, warm.row_mapped, warm.fresh) == (2, 1, ["new.bias"])
+
+
+@pytest.mark.parametrize("preset, overrides, context, protocol", [
+    ("routerkt-akt", [], "band", "whole"),                                 # a band model by default
+    ("routerkt-akt", ["model.context=window"], "window", "chunks"),
+    ("akt", [], "window", "chunks"),
+    ("akt", ["data.protocol=recent"], "window", "recent"),                 # --set wins
+])
+def test_a_retrain_trains_as_its_model_serves(tmp_path, preset, overrides, context, protocol) -> None:
+    """A band model's retrain trains on whole histories (the only protocol it accepts), a window model's on every
+    window of the training rows; --set data.protocol overrides both."""
+    from loop.retrain.train import build_config
+    from routerkt.contract.model_info import ModelInfo
+    cfg = build_config(ModelInfo(name="kt", window=20, preset=preset), None, None, tmp_path / "train.csv", 2,
+                       overrides)
+    assert (cfg.model.context.value, cfg.data.protocol.value) == (context, protocol)
