@@ -49,9 +49,11 @@ from routerkt.errors import UserError
 MODEL = "kt"
 MARKER = ".routerkt-bench-loop"          # a work folder holding it may be emptied by the next run
 # v1's model (retrain trains each new version with the configuration of the run it warm-starts from):
-# a small routerkt-akt so that a night's retrain takes about a minute on 2 cores
+# a small routerkt-akt so that a night's retrain takes about a minute on 2 cores; a window model (its static
+# arm replays the served window: v1_parity), as in the loop's table of docs/benchmarks.md
 SMALL_MODEL = ["model.d_model=32", "model.n_heads=4", "model.n_blocks=1", "model.d_ff=64", "model.final_fc=64",
-               "model.final_fc2=32", "train.batch_size=64", "train.lr=3e-3", "data.protocol=chunks"]
+               "model.final_fc2=32", "train.batch_size=64", "train.lr=3e-3", "model.context=window",
+               "data.protocol=chunks"]
 FULL = {"learners": 400, "days": 10, "epochs": 5}
 QUICK = {"learners": 40, "days": 3, "epochs": 1}
 RETRAIN_TIMEOUT_S = 1800.0

@@ -114,7 +114,8 @@ def test_a_band_model_sees_beyond_its_band_through_depth():
 def test_band_runs_train_on_whole_histories():
     cfg = run_config("routerkt-akt", "x.csv", ["model.context=band"])
     assert cfg.data.protocol is Protocol.WHOLE and cfg.model.band == cfg.model.max_len
-    window = run_config("routerkt-akt", "x.csv")
+    assert run_config("routerkt-akt", "x.csv").data.protocol is Protocol.WHOLE      # band by default
+    window = run_config("routerkt-akt", "x.csv", ["model.context=window"])
     assert window.data.protocol is Protocol.RECENT and window.model.band == 0
     explicit = run_config("routerkt-akt", "x.csv", ["model.context=band", "data.protocol=recent"])
     from routerkt.errors import UserError

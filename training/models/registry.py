@@ -26,8 +26,9 @@ _SIMPLEKT = {"backbone": "simplekt", "dropout": 0.1}
 PRESETS: dict[str, dict[str, Any]] = {
     # AKT backbone: the attention-bias comparison of the RouterKT paper
     "akt": {"backbone": "akt", "attention": "monotonic"},
-    # a band model by default: its served AUC beat the window model's on assist2009 and statics2011, every fold
-    # (results/served/PROTOCOLS.md); the paper grid pins model.context=window (training/paper/reproduce.py)
+    # a band model by default (as routerkt-akt): its served AUC beat the window model's on assist2009 and
+    # statics2011, every fold (results/served/PROTOCOLS.md); the paper grid pins model.context=window
+    # (training/paper/reproduce.py)
     "akt-standard": {"backbone": "akt", "attention": "standard", "context": "band"},
     "alibi-akt": {"backbone": "akt", "attention": "alibi"},              # ALiBi on all six layers
     # FoLiBi as its paper: ALiBi in the knowledge retriever, monotonic (AKT) encoders with gradient
@@ -35,7 +36,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # RKT-style recency mixture (learned per-head lambda and tau); NO question-relation matrix, so
     # it is not RKT itself (docs/training.md, "Presets")
     "relative-akt": {"backbone": "akt", "attention": "relative"},
-    "routerkt-akt": {"backbone": "akt", **_ROUTER},
+    "routerkt-akt": {"backbone": "akt", **_ROUTER, "context": "band"},        # a band model by default (above)
     # CL4KT backbone (contrastive loss on, as in CL4KT and RouterCL4KT)
     "cl4kt": {**_CL4KT, "attention": "monotonic"},
     "cl4kt-standard": {**_CL4KT, "attention": "standard"},      # dense standard attention: the control
