@@ -18,9 +18,6 @@ EPOCHS = 20                # few epochs: a retrain runs on a schedule; early sto
 PATIENCE = 3
 VALID_SHARE = 0.1          # training learners kept for early stopping
 RETRAIN_DEFAULTS = ["data.folds=1", f"train.patience={PATIENCE}"]
-# what a retrain trains on, by the model's context unless --set data.protocol says: a window model on every
-# window of the training rows (chunks), a band model on whole histories (what it serves, and all it accepts)
-PROTOCOL_OF_CONTEXT = {"window": "chunks", "band": "whole"}
 
 
 @dataclass
@@ -38,8 +35,8 @@ def build_config(info: ModelInfo, base_fold: Path | None, preset: str | None, tr
     """The base run's whole configuration (`info`: the base version's, loop/retrain/base_version.py) when its run
     is known and no other --preset is asked for, else the preset's (default: the base version's); the
     retrain defaults, then --set, on top."""
-    from training.config import RunConfig, apply_overrides, from_dict
-    from training.models.registry import run_config
+    from training.config import Protocol, RunConfig, apply_overrides, from_dict
+    from training.models.registry import run_config, trained_as_served
     preset = preset or info.preset
     if not preset:
         raise UserError("the base version names no preset (model_info.json); give --preset")
@@ -54,11 +51,10 @@ def build_config(info: ModelInfo, base_fold: Path | None, preset: str | None, tr
     try:
         cfg = apply_overrides(cfg, RETRAIN_DEFAULTS + [f"data.window={info.window}", f"train.epochs={epochs}"]
                               + list(overrides))
-        if not any(o.strip().startswith("data.protocol=") for o in overrides):
-            cfg = apply_overrides(cfg, [f"data.protocol={PROTOCOL_OF_CONTEXT[cfg.model.context.value]}"])
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    return cfg
+    # a window model retrains on every window of the training rows (chunks), a band model on whole histories
+    return trained_as_served(cfg, overrides, window=Protocol.CHUNKS)
 
 
 def train(cfg, base_vocab: Vocab, out: Path, warm_fold: Path | None, log) -> Trained:

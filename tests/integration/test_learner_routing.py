@@ -104,15 +104,21 @@ def test_routed_learners_hit_the_gateway_that_holds_their_state(setup, tmp_path_
 HAPROXY_CFG = Path(__file__).resolve().parents[2] / "serving" / "deploy" / "k8s" / "haproxy.cfg"
 
 
+def haproxy_command() -> str:
+    """The haproxy binary (Debian puts it in /usr/sbin); a failure, not a skip, when it is missing."""
+    haproxy = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin")
+    if haproxy is None:
+        pytest.fail("needs haproxy (Debian's package; `make install` installs it)")
+    return haproxy
+
+
 class Proxied:
     """The shipped router config (serving/deploy/k8s/haproxy.cfg) run by a real HAProxy on loopback, TLS on both
     sides, in front of `gateways` (host:port each); `stub` reaches it through serving.client.connect, which sends
     the route header of every call naming a learner."""
 
     def __init__(self, folder: Path, gateways: list[str], ca: Pem, cert: Pem) -> None:
-        haproxy = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin")
-        if haproxy is None:
-            pytest.fail("needs haproxy (Debian's package; `make install` installs it)")
+        haproxy = haproxy_command()
         crt = folder / "router.crt"                       # the config's naming: tls.crt beside tls.key
         shutil.copy(cert.cert, crt)
         shutil.copy(cert.key, folder / "router.key")
@@ -178,9 +184,7 @@ def test_the_shipped_haproxy_router_sends_each_learner_to_one_gateway(setup, tmp
 
 def test_the_shipped_router_config_checks_with_dns_discovery(tmp_path) -> None:
     """The branch Kubernetes and compose use (one DNS name resolving to every gateway) is a valid HAProxy config."""
-    haproxy = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin")
-    if haproxy is None:
-        pytest.fail("needs haproxy (Debian's package; `make install` installs it)")
+    haproxy = haproxy_command()
     ca = make_ca(tmp_path, "ca")
     cert = make_cert(tmp_path, ca, "router")
     shutil.copy(cert.cert, tmp_path / "tls.crt")

@@ -83,8 +83,16 @@ def run_config(preset: str, data_path: str | os.PathLike = "", overrides: Iterab
         cfg = apply_overrides(cfg, overrides)
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    if cfg.model.context is Context.BAND and not any(o.strip().startswith("data.protocol=") for o in overrides):
-        cfg.data.protocol = Protocol.WHOLE      # a band model trains on what it serves: whole histories
+    return trained_as_served(cfg, overrides)
+
+
+def trained_as_served(cfg: RunConfig, overrides: Iterable[str], window: Protocol | None = None) -> RunConfig:
+    """A band model trains on what it serves, whole histories; a window model on `window` (None: as configured);
+    an override naming data.protocol wins over both."""
+    if not any(o.strip().startswith("data.protocol=") for o in overrides):
+        protocol = Protocol.WHOLE if cfg.model.context is Context.BAND else window
+        if protocol is not None:
+            cfg.data.protocol = protocol
     return cfg
 
 
