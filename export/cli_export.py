@@ -38,6 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--queue-delay-us", type=int, default=TritonModelOptions.max_queue_delay_us,
                    help="dynamic batcher max queue delay (default chosen by `routerkt bench cost`)")
     p.add_argument("--preferred-batch-sizes", default="8,32,128", help="comma-separated")
+    p.add_argument("--held-state-mib", type=int, default=TritonModelOptions.held_state_mib,
+                   help="learner states the python model keeps for the gateway, in MiB (a step call then carries "
+                        "a key, not the state; one instance only; 0: none; docs/operations.md, 'Held states')")
     p.add_argument("--no-warmup", action="store_true", help="no warm-up request at model load")
     p.add_argument("--fuse-attention", action="store_true",
                    help="rewrite each attention core into one onnxruntime MultiHeadAttention op where the attention "
@@ -61,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
                         "expected integers like 8,32,128") from None
     options = TritonModelOptions(max_batch_size=args.max_batch_size, instance_count=args.instances,
                                  ort_intra_op_threads=args.threads, max_queue_delay_us=args.queue_delay_us,
-                                 preferred_batch_sizes=preferred, warmup=not args.no_warmup, fp16=args.fp16)
+                                 preferred_batch_sizes=preferred, warmup=not args.no_warmup, fp16=args.fp16,
+                                 held_state_mib=args.held_state_mib)
     result = export_run(args.run, args.repository, name=args.name, version=args.version, backend=args.backend,
                         fold=args.fold, keep_versions=args.keep_versions, options=options, quantize=args.quantize,
                         fuse_attention=args.fuse_attention, policy_file=args.policy_file,

@@ -29,7 +29,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from routerkt.contract import signature
 from routerkt.contract.repository_reader import parse_triton_config
-from routerkt.contract.step_signature import STEP_GRAPHS, StepGraphs, served_step_dims, step_tensor_names
+from routerkt.contract.step_signature import (HELD_INPUTS, STEP_GRAPHS, StepGraphs, served_step_dims,
+                                             step_tensor_names)
 from routerkt.errors import UserError
 
 
@@ -44,6 +45,7 @@ PARAM_ORT_INTRA_OP_THREADS = "ORT_INTRA_OP_THREADS"
 PARAM_ORT_MEM_ARENA = "ORT_CPU_MEM_ARENA"
 PARAM_WINDOW = "WINDOW"
 PARAM_GRAPH = "GRAPH"            # which graph of the contract the python model serves: score | rank
+PARAM_HELD_STATE_BYTES = "HELD_STATE_BYTES"   # the learner states model.py keeps for the gateway (held_* graphs)
 # Id bounds (rows of the question / skill embeddings: valid ids are [0, N)). model.py reads them from
 # its version folder's model_info.json (n_questions, n_skills); these parameters are only its fallback
 # for a version folder without them, and what the model.py copies of versions exported before that
@@ -103,6 +105,10 @@ class TritonModelOptions:
     # state kind (attention | recurrent; None: not served): every input optional, model.py picks the graph
     # by the inputs a request carries (the gateway's learner-state path through Triton, serving/state/)
     step_state: str | None = None
+    # with the step graphs: the learner states model.py keeps between calls, in MiB (step_signature.py's
+    # held states: a step call then carries a key, not the ~300 KB state). Declared only with one
+    # instance (each instance is its own process, so a second one would hold other states); 0: none.
+    held_state_mib: int = 1024
     preferred_batch_sizes: list[int] = field(default_factory=lambda: [8, 32, 128])
     # The next three by measurement: `routerkt bench cost` (bench/cost/cost.json, 2-core machine,
     # 1 / 8 / 32 callers, Predict with history 99 and 1 candidate, delays 0/100/500/2000 us x 1/2
@@ -155,6 +161,8 @@ class TritonModelOptions:
         if self.graph not in target.graphs:
             raise UserError(f"the {self.backend.value} backend serves the {' or '.join(target.graphs)} graph only "
                             f"({target.note})")
+        if not isinstance(self.held_state_mib, int) or isinstance(self.held_state_mib, bool) or self.held_state_mib < 0:
+            raise UserError(f"Triton option held_state_mib must be >= 0, got {self.held_state_mib!r}")
         if not isinstance(self.max_queue_delay_us, int) or self.max_queue_delay_us < 0:
             raise UserError(f"Triton option max_queue_delay_us must be >= 0, got {self.max_queue_delay_us!r}")
         for size in self.preferred_batch_sizes:
@@ -206,7 +214,10 @@ def build_config(name: str, options: TritonModelOptions) -> mc.ModelConfig:
     for spec in outputs.outputs:
         config.output.add(name=spec.name, data_type=mc.DataType.Value(spec.triton_dtype), dims=dims[spec.name])
     if options.step_state is not None:
-        _add_step_graphs(config, STEP_GRAPHS[options.step_state], options.window)
+        held = options.held_state_mib > 0 and options.instance_count == 1
+        _add_step_graphs(config, STEP_GRAPHS[options.step_state], options.window, held)
+        if held:
+            config.parameters[PARAM_HELD_STATE_BYTES].string_value = str(options.held_state_mib << 20)
 
     # Dynamic batching only: see HEADER for why there is no queue policy / priority levels.
     batching = config.dynamic_batching
@@ -225,14 +236,15 @@ def build_config(name: str, options: TritonModelOptions) -> mc.ModelConfig:
     return config
 
 
-def _add_step_graphs(config: mc.ModelConfig, graphs: StepGraphs, window: int) -> None:
-    """Declare the step graphs' tensors beside the rank graph's; every input becomes optional (a request
-    carries one graph's inputs). A per-learner scalar (dims []) travels as [batch, 1] (Triton needs a dim)
-    and reaches model.py as [batch] (reshape)."""
+def _add_step_graphs(config: mc.ModelConfig, graphs: StepGraphs, window: int, held: bool) -> None:
+    """Declare the step graphs' tensors beside the rank graph's (`held`: the held graphs' keys too); every
+    input becomes optional (a request carries one graph's inputs). A per-learner scalar (dims []) travels as
+    [batch, 1] (Triton needs a dim) and reaches model.py as [batch] (reshape)."""
     dims = served_step_dims(graphs, window)
     inputs, outputs = step_tensor_names(graphs)
+    inputs = inputs | HELD_INPUTS if held else inputs
     declared = {t.name for t in config.input}, {t.name for t in config.output}
-    specs = {t.name: t for g in graphs.graphs for t in g.inputs + g.outputs}
+    specs = {t.name: t for g in graphs.graphs + graphs.held for t in g.inputs + g.outputs}
     for names, known, add in ((inputs, declared[0], config.input.add), (outputs, declared[1], config.output.add)):
         for name in sorted(names - known):
             tensor = add(name=name, data_type=mc.DataType.Value(specs[name].triton_dtype), dims=dims[name] or (1,))

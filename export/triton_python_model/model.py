@@ -2,7 +2,10 @@
 config parameter GRAPH says which) with onnxruntime on CPU. A rank model whose version folder holds the step
 graphs (step_start/step_append/step_next.onnx) and whose config.pbtxt declares their tensors (every input
 optional) also serves them: a request's inputs say which graph it is for (the gateway's learner states,
-sent with each request and answered with the new state: the model keeps none). A rank model whose version folder also
+sent with each request and answered with the new state). With config parameter HELD_STATE_BYTES it also keeps
+the states it computes, least recently used out first (the held calls of routerkt/contract/step_signature.py:
+a request names a state by `state_ref` and keeps its new one under `keep_as`; a key not held is answered
+NOT_FOUND, and the gateway rebuilds). A rank model whose version folder also
 holds explain.onnx (the explain graph: the rank graph's inputs and candidate_probs plus the attention
 outputs) runs it instead of rank.onnx for the requests that ask for an explain output; the others
 (and every request of a version without explain.onnx) run rank.onnx alone, as before. The id bounds
@@ -26,6 +29,7 @@ Triton 2.51 facts this file is written around (docs/operations.md, "Triton 2.51"
 import json
 import os
 import time
+from collections import OrderedDict
 
 import numpy as np
 import onnxruntime as ort
@@ -59,6 +63,10 @@ STEP_START, STEP_APPEND, STEP_NEXT = "step_start", "step_append", "step_next"
 STEP_ONNX_FILES = {STEP_START: "step_start.onnx", STEP_APPEND: "step_append.onnx", STEP_NEXT: "step_next.onnx"}
 STATE_LENGTH = "state_length"                    # int64 [batch]: a step request's state carries it
 APPEND_QUESTION, APPEND_SKILLS, APPEND_RESPONSE = "append_question", "append_skills", "append_response"
+STATE_REF = "state_ref"                         # held states: int64 [batch] keys
+KEEP_AS = "keep_as"
+UPDATED = "updated_"                             # step_append's outputs: UPDATED + the state tensor's name
+STATE_NOT_HELD = "state not held"                # in a NOT_FOUND answer: the caller rebuilds the state
 PADDED_LAST = SKILL_INPUTS + (APPEND_SKILLS,)    # padded on their last axis (PAD_ID 0) to batch requests
 ID_LIMITS = {HISTORY_QUESTIONS: "questions", CANDIDATE_QUESTIONS: "questions", APPEND_QUESTION: "questions",
              HISTORY_SKILLS: "skills", CANDIDATE_SKILLS: "skills", APPEND_SKILLS: "skills"}
@@ -72,6 +80,7 @@ PARAM_WINDOW = "WINDOW"
 PARAM_N_QUESTIONS = "N_QUESTIONS"
 PARAM_N_SKILLS = "N_SKILLS"
 PARAM_GRAPH = "GRAPH"
+PARAM_HELD_STATE_BYTES = "HELD_STATE_BYTES"
 # The version folder's model_info.json (mirrors routerkt/contract/signature.py INFO_FILE and the fields of
 # routerkt/contract/model_info.py): its id bounds, read first; the config parameters above are the fallback.
 INFO_FILE = "model_info.json"
@@ -112,6 +121,8 @@ class TritonPythonModel:
         served = self.graph == "rank" and all(os.path.isfile(p) for p in steps.values())
         self.steps = {k: ort.InferenceSession(p, options, providers=["CPUExecutionProvider"])
                       for k, p in steps.items()} if served else {}
+        budget = params.get(PARAM_HELD_STATE_BYTES, "")
+        self.held = HeldStates(int(budget)) if served and budget.isdigit() and int(budget) > 0 else None
         # The family must stay referenced as long as its metric: dropping it unregisters the metric.
         self.exec_family, self.exec_seconds = _exec_histogram(self.model_name, args["model_version"])
 
@@ -125,7 +136,10 @@ class TritonPythonModel:
             kind = self._kind(request)
             arrays, problem = self._read_step(request, kind) if kind in STEP_ONNX_FILES else self._read(request)
             if problem is not None:
-                responses[i] = _error(problem, pb_utils.TritonError.INVALID_ARG)
+                code = pb_utils.TritonError.INVALID_ARG
+                if problem.startswith(STATE_NOT_HELD):
+                    code = getattr(pb_utils.TritonError, "NOT_FOUND", pb_utils.TritonError.INTERNAL)
+                responses[i] = _error(problem, code)
                 continue
             # a version without explain.onnx answers candidate_probs alone, as before (the gateway never asks
             # it; Triton's warm-up and clients that name no outputs ask for every output of config.pbtxt)
@@ -189,9 +203,16 @@ class TritonPythonModel:
         offset = 0
         for i, arrays, width in zip(good, feeds, widths):
             rows = arrays[input_names[0]].shape[0]
+            named = zip(output_names, outputs)
+            if KEEP_AS in arrays:                  # a held call: keep the new states, answer their lengths
+                self.held.keep(arrays[KEEP_AS], {n[len(UPDATED):] if n.startswith(UPDATED) else n: o
+                                                 for n, o in zip(output_names, outputs)}, offset)
+                if STATE_REF in arrays:
+                    self.held.release(arrays[STATE_REF])
+                named = [(n, o) for n, o in zip(output_names, outputs) if n.endswith(STATE_LENGTH)]
             tensors = [pb_utils.Tensor(name, np.ascontiguousarray(o[offset:offset + rows, :width] if o.ndim > 1
                                                                   else o[offset:offset + rows]))
-                       for name, o in zip(output_names, outputs)]
+                       for name, o in named]
             offset += rows
             responses[i] = pb_utils.InferenceResponse(output_tensors=tensors)
 
@@ -264,12 +285,28 @@ class TritonPythonModel:
     def _read_step(self, request, kind):
         """The inputs of one step request (dtypes, axes and fixed dims as the step graph's), or (None, message)."""
         session = self.steps[kind]
+        held, keys = {}, {}
+        for name in (STATE_REF, KEEP_AS):
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            if tensor is not None:
+                keys[name] = tensor.as_numpy().reshape(-1)
+                if self.held is None:
+                    return None, f"input '{name}': this model keeps no states (config {PARAM_HELD_STATE_BYTES})"
+                if keys[name].dtype != np.int64:
+                    return None, f"input '{name}' must be INT64 [batch]"
+        if STATE_REF in keys:                      # a held call: the state is the one kept under state_ref
+            length = pb_utils.get_input_tensor_by_name(request, STATE_LENGTH)
+            if length is None:
+                return None, f"missing input '{STATE_LENGTH}' of the {kind} graph"
+            held = self.held.gather(keys[STATE_REF], length.as_numpy().reshape(-1))
+            if held is None:
+                return None, f"{STATE_NOT_HELD}: a state_ref is not kept here (evicted, or a new model instance)"
         arrays = {}
         for spec in session.get_inputs():
             tensor = pb_utils.get_input_tensor_by_name(request, spec.name)
-            if tensor is None:
+            if tensor is None and spec.name not in held:
                 return None, f"missing input '{spec.name}' of the {kind} graph"
-            a = arrays[spec.name] = tensor.as_numpy()
+            a = arrays[spec.name] = tensor.as_numpy() if tensor is not None else held[spec.name]
             dims = [d if isinstance(d, int) else -1 for d in spec.shape]
             if a.dtype != ORT_DTYPES.get(spec.type) or a.ndim != len(dims) or any(
                     d >= 0 and n != d for d, n in zip(dims[1:], a.shape[1:])) or 0 in a.shape[1:]:
@@ -292,14 +329,67 @@ class TritonPythonModel:
         if length is not None and self.window is not None and not self.band and length.size and (
                 length.max() > self.window - 1):
             return None, f"input '{STATE_LENGTH}' must be in [0, {self.window - 1}]"
-        return arrays, None
+        rows = arrays[session.get_inputs()[0].name].shape[0]
+        if any(k.shape[0] != rows for k in keys.values()):
+            return None, f"the inputs of the {kind} graph disagree on their 'batch' axis"
+        return {**arrays, **keys}, None
 
     def finalize(self):
         self.session = None
         self.explain_session = None
         self.steps = {}
+        self.held = None
         self.exec_seconds = None
         self.exec_family = None
+
+
+class HeldStates:
+    """The learner states this instance keeps (key -> the state tensors, each [1, ...]), at most `budget`
+    bytes, least recently used out first. A key is the caller's and never reused for another state, so a
+    key kept twice is a clash of two callers' keys: neither is kept (both then rebuild)."""
+
+    def __init__(self, budget):
+        self.budget = budget
+        self.states = OrderedDict()
+        self.nbytes = 0
+
+    def gather(self, refs, lengths):
+        """The states under `refs` as one batch, or None when one is not kept or has another length."""
+        if len(refs) != len(lengths):
+            return None
+        rows = []
+        for ref, length in zip(refs.tolist(), lengths.tolist()):
+            state = self.states.get(ref)
+            if state is None or int(state[STATE_LENGTH][0]) != length:
+                return None
+            self.states.move_to_end(ref)
+            rows.append(state)
+        return {n: rows[0][n] if len(rows) == 1 else np.concatenate([r[n] for r in rows]) for n in rows[0]}
+
+    def keep(self, keys, outputs, offset):
+        """Keep row offset + k of every state tensor in `outputs` under keys[k]."""
+        for k, key in enumerate(keys.tolist()):
+            state = {n: np.array(o[offset + k:offset + k + 1]) for n, o in outputs.items()}
+            size = sum(a.nbytes for a in state.values())
+            if key in self.states or size > self.budget:
+                self._drop(key)
+                continue
+            self.states[key] = state
+            self.nbytes += size
+            while self.nbytes > self.budget:
+                self._drop(next(iter(self.states)))
+
+    def release(self, refs):
+        """Replaced states go first when room is needed; a call that read one before it was replaced still
+        finds it meanwhile (the gateway's Predict beside Observe's fill)."""
+        for ref in refs.tolist():
+            if ref in self.states:
+                self.states.move_to_end(ref, last=False)
+
+    def _drop(self, key):
+        state = self.states.pop(key, None)
+        if state is not None:
+            self.nbytes -= sum(a.nbytes for a in state.values())
 
 
 def _session(path, options, input_names, output_names):

@@ -42,6 +42,17 @@ The state, per learner (all axes but `batch` and `history` are fixed by the mode
   hidden]: the LSTM's (h, c) after the start vector and the kept history (8 + 8 * hidden bytes).
 Models the step path cannot step (RouterKT's whole-window `sequence` routing scope: no causal state) get
 no step graphs.
+
+Held states (issue 58): a Triton python model whose config.pbtxt also declares `state_ref` and `keep_as`
+(int64 [batch]) keeps the states it computes, so a step call carries a key instead of the state. The same
+three graphs, called with these inputs instead (`StepGraphs.held`):
+- `held_start`: the history inputs + keep_as -> state_length; the state is kept under each row's keep_as.
+- `held_append`: state_length, state_ref + the appended interactions + keep_as -> updated_state_length; the
+  state under state_ref (whose length must equal state_length) is advanced and kept under keep_as instead.
+- `held_next`: state_length, state_ref + the candidates -> candidate_probs.
+A key the model does not hold (evicted, or a new model instance after a restart or reload), or whose state
+has another length, is answered NOT_FOUND with STATE_NOT_HELD in the message: the caller rebuilds. Keys are
+the caller's: random, never reused for another state (serving/state/placement.py).
 """
 from __future__ import annotations
 
@@ -75,6 +86,10 @@ RECURRENT_STATE = (STATE_LENGTH, _float32("state_hidden", "batch", "hidden"), _f
 APPENDED = (_int64("append_question", "batch", "appended"), _int64("append_skills", "batch", "appended", "skills"),
             _int64("append_response", "batch", "appended"))
 HISTORY, CANDIDATES = RANK.inputs[:3], RANK.inputs[3:]
+STATE_REF = _int64("state_ref", "batch")     # held states: the key of a state the model holds
+KEEP_AS = _int64("keep_as", "batch")         # held states: the key to hold the call's new state under
+HELD_INPUTS = frozenset({STATE_REF.name, KEEP_AS.name})
+STATE_NOT_HELD = "state not held"            # in a held call's NOT_FOUND message: rebuild the state
 
 
 def updated(spec: TensorSpec) -> TensorSpec:
@@ -91,14 +106,15 @@ class StepGraphs:
     start: Graph
     append: Graph
     next: Graph
+    held: tuple[Graph, Graph, Graph]     # held_start, held_append, held_next (the module docstring)
 
     @property
     def graphs(self) -> tuple[Graph, Graph, Graph]:
         return self.start, self.append, self.next
 
     def graph(self, name: str) -> Graph:
-        """The step graph called `name` (step_start | step_append | step_next); KeyError for another name."""
-        return {g.name: g for g in self.graphs}[name]
+        """The step graph called `name` (step_* or held_*); KeyError for another name."""
+        return {g.name: g for g in self.graphs + self.held}[name]
 
     def names(self) -> dict[str, dict[str, list[str]]]:
         """model_info.json's `step_graphs`: each graph's input and output names."""
@@ -106,9 +122,12 @@ class StepGraphs:
 
 
 def _step_graphs(kind: str, state: tuple[TensorSpec, ...]) -> StepGraphs:
+    held = (Graph("held_start", HISTORY + (KEEP_AS,), (STATE_LENGTH,)),
+            Graph("held_append", (STATE_LENGTH, STATE_REF) + APPENDED + (KEEP_AS,), (updated(STATE_LENGTH),)),
+            Graph("held_next", (STATE_LENGTH, STATE_REF) + CANDIDATES, RANK.outputs))
     return StepGraphs(kind, state, start=Graph("step_start", HISTORY, state),
                       append=Graph("step_append", state + APPENDED, tuple(updated(t) for t in state)),
-                      next=Graph("step_next", state + CANDIDATES, RANK.outputs))
+                      next=Graph("step_next", state + CANDIDATES, RANK.outputs), held=held)
 
 
 STEP_GRAPHS: dict[str, StepGraphs] = {ATTENTION: _step_graphs(ATTENTION, ATTENTION_STATE),
@@ -120,7 +139,7 @@ STEP_FILES: dict[str, str] = {"step_start": STEP_START_ONNX_FILE, "step_append":
 def served_step_dims(graphs: StepGraphs, window: int) -> dict[str, tuple[int, ...]]:
     """Non-batch dims of each step tensor as a Triton rank model declares it (config.pbtxt): the state's
     history axis W - 1, every other axis variable (-1), so one config serves every version of a preset."""
-    tensors = {t.name: t for g in graphs.graphs for t in g.inputs + g.outputs}
+    tensors = {t.name: t for g in graphs.graphs + graphs.held for t in g.inputs + g.outputs}
     return {name: tuple(window - 1 if a == "history" else -1 for a in t.axes[1:]) for name, t in tensors.items()}
 
 
@@ -130,13 +149,18 @@ def step_tensor_names(graphs: StepGraphs) -> tuple[set[str], set[str]]:
 
 
 STEP_INPUTS: frozenset[str] = frozenset(n for g in STEP_GRAPHS.values() for n in step_tensor_names(g)[0]) - set(
-    RANK.input_names)                 # the input names only step graphs have (a config declaring them serves them)
+    RANK.input_names) | HELD_INPUTS   # the input names only step graphs have (a config declaring them serves them)
 
 
 def served_state_kind(input_names) -> str | None:
     """The state kind whose step graphs a rank model's config (its input names) serves, or None."""
     names = set(input_names)
     return next((kind for kind, graphs in STEP_GRAPHS.items() if step_tensor_names(graphs)[0] <= names), None)
+
+
+def holds_states(input_names) -> bool:
+    """A rank model's config (its input names) declares the held-state inputs (the module docstring)."""
+    return HELD_INPUTS <= set(input_names)
 
 
 def state_kind_of(graph_names: dict[str, dict[str, list[str]]]) -> str | None:

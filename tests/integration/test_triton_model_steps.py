@@ -108,3 +108,47 @@ def test_a_bad_step_request_fails_alone_naming_its_input(model) -> None:
     assert responses[0].error is None
     for name, response in zip(bad, responses[1:]):
         assert response.error.code() == _TritonError.INVALID_ARG and name in response.error.message(), name
+
+
+def _appended(rows: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"append_question": rng.integers(2, 12, (rows, 1)), "append_skills": rng.integers(2, 5, (rows, 1, 1)),
+            "append_response": rng.integers(0, 2, (rows, 1))}
+
+
+def test_held_states_answer_as_the_state_sent_and_a_key_not_held_is_not_found(model) -> None:
+    """held_start / held_append / held_next (step_signature.py's held states) against the same graphs with the
+    state sent: the same probabilities; a released, unknown or wrong-length key answers NOT_FOUND."""
+    history, append, candidates = _history(2, 1, seed=11), _appended(2, seed=12), _candidates(2, 4, 1, seed=13)
+    sent = _outputs(model.execute([_Request(history)])[0])
+    sent = {n[len("updated_"):]: a for n, a in _outputs(model.execute([_Request({**sent, **append})])[0]).items()}
+    want = _outputs(model.execute([_Request({**sent, **candidates})])[0])["candidate_probs"]
+
+    first, second = np.array([101 << 8, 202 << 8]), np.array([303 << 8, 404 << 8])
+    kept = _outputs(model.execute([_Request({**history, "keep_as": first})])[0])
+    assert set(kept) == {"state_length"}
+    moved = _outputs(model.execute([_Request({"state_length": kept["state_length"], "state_ref": first, **append,
+                                              "keep_as": second})])[0])
+    assert set(moved) == {"updated_state_length"}
+    np.testing.assert_array_equal(moved["updated_state_length"], sent["state_length"])
+    got = _outputs(model.execute([_Request({"state_length": moved["updated_state_length"], "state_ref": second,
+                                            **candidates})])[0])["candidate_probs"]
+    np.testing.assert_allclose(got, want, atol=1e-6)
+
+    assert set(list(model.held.states)[:2]) == set(first.tolist())   # replaced by the append: the first evicted
+    length = moved["updated_state_length"]
+    for refs, lengths in ((np.array([999 << 8, second[1]]), length), (second, length + 1)):
+        response = model.execute([_Request({"state_length": lengths, "state_ref": refs, **candidates})])[0]
+        assert response.error.code() == _TritonError.NOT_FOUND and "state not held" in response.error.message()
+
+
+def test_held_states_stay_within_their_budget_least_recently_used_out_first(model, monkeypatch) -> None:
+    history = _history(1, 1, seed=21)
+    size = sum(a.nbytes for a in _outputs(model.execute([_Request(history)])[0]).values())
+    monkeypatch.setattr(model.held, "budget", 2 * size)
+    for key in (1, 2, 3):
+        model.execute([_Request({**history, "keep_as": np.array([key << 8])})])
+    assert (1 << 8) not in model.held.states and {2 << 8, 3 << 8} <= set(model.held.states)
+    assert model.held.nbytes <= 2 * size
+    model.execute([_Request({**history, "keep_as": np.array([2 << 8])})])      # a key kept twice: a clash
+    assert (2 << 8) not in model.held.states

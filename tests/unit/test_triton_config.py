@@ -236,10 +236,10 @@ def test_non_python_or_unreadable_served_configs_are_replaced() -> None:
 
 @pytest.mark.parametrize("kind", ["attention", "recurrent"])
 def test_a_rank_model_serving_step_graphs_declares_them_with_every_input_optional(kind: str) -> None:
-    from routerkt.contract.step_signature import STEP_GRAPHS, served_state_kind, step_tensor_names
+    from routerkt.contract.step_signature import HELD_INPUTS, STEP_GRAPHS, served_state_kind, step_tensor_names
     config = _round_trip("kt", _options(graph="rank", step_state=kind, window=20))
     inputs, outputs = step_tensor_names(STEP_GRAPHS[kind])
-    assert {t.name for t in config.input} == inputs | set(signature.RANK.input_names)
+    assert {t.name for t in config.input} == inputs | set(signature.RANK.input_names) | HELD_INPUTS
     assert {t.name for t in config.output} == outputs | set(signature.RANK.output_names)
     assert all(t.optional for t in config.input)
     by_name = {t.name: t for t in list(config.input) + list(config.output)}
@@ -249,6 +249,21 @@ def test_a_rank_model_serving_step_graphs_declares_them_with_every_input_optiona
     assert served_state_kind(t.name for t in _round_trip("kt", _options(graph="rank")).input) is None
     assert [w.name for w in config.model_warmup] == [WARMUP_NAME]        # warm-up: the rank graph's inputs
     assert set(config.model_warmup[0].inputs) == set(signature.RANK.input_names)
+
+
+def test_held_states_are_declared_with_one_instance_and_a_budget_only() -> None:
+    from routerkt.contract.step_signature import HELD_INPUTS, holds_states
+    from export.triton_config import PARAM_HELD_STATE_BYTES
+    held = _round_trip("kt", _options(graph="rank", step_state="attention", window=20, held_state_mib=3))
+    assert holds_states(t.name for t in held.input)
+    assert held.parameters[PARAM_HELD_STATE_BYTES].string_value == str(3 << 20)
+    assert all(by.optional and list(by.dims) == [1] and by.HasField("reshape") for by in held.input
+               if by.name in HELD_INPUTS)
+    for options in ({"held_state_mib": 0}, {"instance_count": 2}):
+        config = _round_trip("kt", _options(graph="rank", step_state="attention", window=20, **options))
+        assert not holds_states(t.name for t in config.input) and PARAM_HELD_STATE_BYTES not in config.parameters
+    with pytest.raises(UserError, match="held_state_mib"):
+        render_config("kt", _options(graph="rank", step_state="attention", held_state_mib=-1))
 
 
 @pytest.mark.parametrize("kwargs", [{"graph": "score", "step_state": "attention"},

@@ -48,6 +48,11 @@ def test_tensor_and_parameter_literals_match_the_signature() -> None:
     assert lit["PARAM_N_QUESTIONS"] == triton_config.PARAM_N_QUESTIONS
     assert lit["PARAM_N_SKILLS"] == triton_config.PARAM_N_SKILLS
     assert lit["INFO_FILE"] == signature.INFO_FILE
+    assert lit["PARAM_HELD_STATE_BYTES"] == triton_config.PARAM_HELD_STATE_BYTES
+    from routerkt.contract import step_signature
+    assert (lit["STATE_REF"], lit["KEEP_AS"]) == (step_signature.STATE_REF.name, step_signature.KEEP_AS.name)
+    assert lit["STATE_NOT_HELD"] == step_signature.STATE_NOT_HELD and lit["UPDATED"] == step_signature.UPDATED
+    assert lit["STATE_LENGTH"] == step_signature.STATE_LENGTH.name
     from routerkt.contract.model_info import ModelInfo
     assert dict(lit["INFO_BOUNDS"]) == {"n_questions": triton_config.PARAM_N_QUESTIONS,
                                         "n_skills": triton_config.PARAM_N_SKILLS}
@@ -60,7 +65,7 @@ def test_model_py_imports_nothing_from_the_project() -> None:
                for alias in node.names}
     modules |= {node.module.split(".")[0] for node in ast.walk(tree)
                 if isinstance(node, ast.ImportFrom) and node.module}
-    assert modules <= {"json", "os", "time", "numpy", "onnxruntime", "triton_python_backend_utils"}
+    assert modules <= {"collections", "json", "os", "time", "numpy", "onnxruntime", "triton_python_backend_utils"}
 
 
 # -- a fake triton_python_backend_utils -----------------------------------------------------------
