@@ -62,6 +62,8 @@ class Settings:
     state_cache_mb: float = 256.0                 # learner states cached for Predict by learner_id on versions
                                                   # exported with step graphs (serving/state/); 0 = off
     prefix_cache: bool = False                    # stateless Predicts too, keyed by a hash of the history prefix
+    held_states: bool = True                      # Triton keeps the states where the model's config allows it (a step
+                                                  # call carries a key, not the state: serving/state/placement.py)
     fill_on_observe: bool = True                  # Observe advances the learner's cached states (in the background)
     step_batch_rows: int = 1                      # > 1: step calls of concurrent Predicts reaching a graph in one event-
                                                   # loop turn share one backend call of at most this many rows (off:

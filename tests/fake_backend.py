@@ -31,6 +31,9 @@ class IdleBackend:
     async def ensure_ready(self, model: str, version: int, timeout_s: float) -> bool:
         return version in self.ready_versions(model)
 
+    def holds_states(self, model) -> bool:
+        return False
+
     def steps(self, model) -> bool:
         return False
 

@@ -146,6 +146,10 @@ class OnnxRuntimeBackend:
     def steps(self, model: ModelVersion) -> bool:
         return (model.name, model.version) in self._steps
 
+    def holds_states(self, model: ModelVersion) -> bool:
+        """In process, the gateway's cache is where the states are: nothing to hold apart."""
+        return False
+
     async def infer_step(self, model: ModelVersion, graph: str, feeds: dict[str, np.ndarray],
                          timeout_s: float) -> dict[str, np.ndarray]:
         """Every output of the step graph `graph` (the learner-state path, serving/state/), by name."""

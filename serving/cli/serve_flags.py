@@ -89,6 +89,10 @@ def _add_state_arguments(parser: argparse.ArgumentParser, defaults: Settings) ->
     parser.add_argument("--prefix-cache", default=defaults.prefix_cache, action=Switch,
                         help="stateless Predicts (the history sent) also use the learner-state cache, keyed by a "
                              "hash of the history prefix (docs/benchmarks.md)")
+    parser.add_argument("--held-states", default=defaults.held_states, action=Switch,
+                        help="Triton keeps the learner states where the model's config declares it (a step call "
+                             "then carries a key, not the state; docs/operations.md, 'Held states'); "
+                             "--no-held-states: the gateway sends them")
     parser.add_argument("--fill-on-observe", default=defaults.fill_on_observe, action=Switch,
                         help="Observe advances cached learner states in the background (--no-fill-on-observe: "
                              "the next Predict by learner_id appends the new answers)")

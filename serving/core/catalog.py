@@ -29,7 +29,7 @@ from routerkt.contract.repository_reader import (list_models, list_versions, rea
                                           read_vocab)
 from routerkt.contract.signature import (CONFIG_FILE, SCORE, Graph, graph_with_inputs, served_dims, skill_axis,
                                          zero_inputs)
-from routerkt.contract.step_signature import STEP_FILES, STEP_INPUTS, served_state_kind
+from routerkt.contract.step_signature import STEP_FILES, STEP_INPUTS, holds_states, served_state_kind
 from routerkt.contract.vocab import Vocab
 from routerkt.errors import UserError
 from serving.status_errors import not_found, shown
@@ -51,6 +51,7 @@ class ModelVersion:
     explain: bool = False    # the version holds explain.onnx and its config serves the explain outputs
     step_state: str | None = None   # the state kind of its step graphs (step_signature.py), None without them
     step_served: bool = False       # its config.pbtxt declares the step graphs too (Triton can run them)
+    state_held: bool = False        # ... and the held-state keys (Triton keeps the learner states)
     band: bool = False              # a band model: a prediction reads the whole history (step graphs beyond W - 1)
 
     def probe_inputs(self) -> dict[str, np.ndarray]:
@@ -166,6 +167,7 @@ class ModelCatalog:
             stepped = skill_sets and all((folder / file).is_file() for file in STEP_FILES.values())
             step_state = info.step_state if stepped else None
             step_served = step_state is not None and served_state_kind(shape.input_names) == step_state
+            state_held = step_served and holds_states(shape.input_names)
             if info.band and step_state is None:
                 raise UserError(f"a band model's version needs its step graphs ({', '.join(STEP_FILES.values())})")
         except (UserError, OSError, UnicodeDecodeError) as exc:
@@ -180,7 +182,8 @@ class ModelCatalog:
                         "each set's first skill", name, version)
         return ModelVersion(name=name, version=version, window=window, max_batch_size=shape.max_batch_size,
                             vocab=vocab, graph=graph, skill_sets=skill_sets, explain=explain,
-                            step_state=step_state, step_served=step_served, band=info.band)
+                            step_state=step_state, step_served=step_served, state_held=state_held,
+                            band=info.band)
 
     def _stamp(self, config_path: Path, name: str, version: int) -> _Stamp | None:
         folder = self.repository / name / str(version)

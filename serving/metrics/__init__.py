@@ -212,12 +212,13 @@ class Metrics:
         self.state_lookups = Counter(
             "routerkt_state_lookups", "Predicts answered by the learner-state path (serving/state/), by key (learner: "
             "by learner_id; history: the prefix cache of stateless Predicts) and the cached state found: hit, "
-            "appended (new answers appended), miss (none), stale (rebuilt).",
+            "appended (new answers appended), miss (none), stale (rebuilt), lost (Triton no longer held the state: "
+            "answered again from the whole history).",
             ("model", "key", "result"), registry=registry)
         self.state_fills = Counter(
             "routerkt_state_fills", "Cached learner states advanced by an Observe's new answers in the background: "
-            "filled, dropped (window slid or too many answers), superseded (a Predict replaced it), skipped (too "
-            "many fills running), failed.", ("model", "result"), registry=registry)
+            "filled, dropped (window slid or too many answers), superseded (a Predict replaced it), lost (Triton no "
+            "longer held it), skipped (too many fills running), failed.", ("model", "result"), registry=registry)
         self.state_evictions = Counter(
             "routerkt_state_evictions", "Cached learner states evicted to stay within --state-cache-mb.",
             ("model",), registry=registry)

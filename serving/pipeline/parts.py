@@ -41,6 +41,7 @@ class FailureKind(str, Enum):
     DEADLINE = "deadline"            # the timeout passed
     REJECTED = "rejected"            # the backend refused our tensors: a gateway bug
     FAILED = "failed"                # the model failed while executing
+    STATE_LOST = "state_lost"        # the backend no longer holds a learner state the call named (rebuild it)
 
 
 class BackendError(Exception):
@@ -174,11 +175,15 @@ class InferenceBackend(Protocol):
         """True when this backend runs `model`'s step graphs (infer_step): the learner-state path of
         serving/state/ may answer for it; False: the full forward answers every call."""
 
+    def holds_states(self, model: ModelVersion) -> bool:
+        """True when this backend keeps `model`'s learner states between step calls (the held graphs of
+        routerkt/contract/step_signature.py; serving/state/placement.py): a call then carries a key."""
+
     async def infer_step(self, model: ModelVersion, graph: str, feeds: dict[str, np.ndarray],
                          timeout_s: float) -> dict[str, np.ndarray]:
-        """Every output of `model`'s step graph `graph` (step_start | step_append | step_next,
-        routerkt/contract/step_signature.py) for `feeds`, by output name; raises BackendError (REJECTED
-        for a version whose steps() is False)."""
+        """Every output of `model`'s step graph `graph` (step_start | step_append | step_next, or a held_*
+        graph where holds_states(), routerkt/contract/step_signature.py) for `feeds`, by output name; raises
+        BackendError (REJECTED for a version whose steps() is False; STATE_LOST for a held key not held)."""
 
 
 @dataclass(frozen=True)

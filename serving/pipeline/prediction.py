@@ -41,6 +41,7 @@ from serving.pipeline.step_batching import StepBatcher
 from serving.pipeline.versions import VersionResolver
 from serving.state.cache import StateCache
 from serving.state.learner_states import NONE, LearnerStates, StepCall
+from serving.state.placement import StateLost
 from serving.core.validation import LearnerInput, validate_query
 
 log = logging.getLogger("routerkt.gateway.service")
@@ -121,6 +122,19 @@ class PredictionService:
 
     async def _answer(self, model: ModelVersion, learners: list[LearnerInput],
                       deadline: Deadline) -> list[tuple[np.ndarray, int]]:
+        """(probabilities, history_used) per learner; once more from whole histories when the backend had lost
+        a held state (StateLost: the entries are dropped by then, so the second try rebuilds them)."""
+        try:
+            return await self._answer_once(model, learners, deadline)
+        except StateLost:
+            self.metrics.state_lookups.labels(model=model.name, key="learner", result="lost").inc()
+        try:
+            return await self._answer_once(model, learners, deadline)
+        except StateLost:
+            raise errors.unavailable(f"model {shown(model.name)} lost a learner state twice; retry shortly") from None
+
+    async def _answer_once(self, model: ModelVersion, learners: list[LearnerInput],
+                           deadline: Deadline) -> list[tuple[np.ndarray, int]]:
         states = self.states if self.states is not None and self.runs_steps(model) else None
         learners = await self.complete_history(learners, model, deadline, states)
         self._observe_sizes(learners)
@@ -148,17 +162,29 @@ class PredictionService:
                                        self.step_runner(model, deadline), self._step_rows(model),
                                        self.settings.rank_candidates_per_infer,
                                        wait_s=max(deadline.remaining() - self.settings.deadline_margin_s, 0.0) / 2,
-                                       read=[(learners[i].cached, learners[i].revision) for i in named])
+                                       read=[(learners[i].cached, learners[i].revision) for i in named],
+                                       held=self.holds_states(model))
         full = await self.infer(model, [encoded[i] for i in rest], deadline) if rest else []
         return _placed(len(learners), (named, stepped), (rest, full))
+
+    def holds_states(self, model: ModelVersion) -> bool:
+        """The backend keeps `model`'s learner states (serving/state/placement.py), and settings allow it."""
+        return self.settings.held_states and self.backend.holds_states(model)
 
     def step_runner(self, model: ModelVersion, deadline: Deadline) -> StepCall:
         """(step graph, feeds) -> outputs: `model`'s step graphs through the backend, within `deadline`; calls
         of other Predicts reaching the same graph in the same event-loop turn share one backend call
         (serving/pipeline/step_batching.py)."""
+        async def step(timeout: float, graph: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            try:
+                return await self.backend.infer_step(model, graph, feeds, timeout)
+            except BackendError as exc:
+                if exc.kind is FailureKind.STATE_LOST:
+                    raise StateLost(exc.detail) from None
+                raise
+
         async def send(graph: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-            return await self._backend_call(model, deadline, lambda timeout: self.backend.infer_step(
-                model, graph, feeds, timeout))
+            return await self._backend_call(model, deadline, lambda timeout: step(timeout, graph, feeds))
 
         async def run(graph: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             if self.step_batcher is None:

@@ -75,7 +75,8 @@ class StateFill:
             encoded = self.service.encoder.encode_new(new, model)
             run = self.service.step_runner(model, Deadline.after(self.service.settings.default_deadline_s))
             try:
-                result = await self.states.observed(model, learner_key, encoded, run, revision)
+                result = await self.states.observed(model, learner_key, encoded, run, revision,
+                                                    held=self.service.holds_states(model))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:                          # never affects the Observe (already answered)

@@ -37,6 +37,8 @@ class LearnerState:
     prior: int = 0                     # their fingerprint
     revision: Revision | None = None   # the store's log the state covers (serving/core/revision.py): a Predict
                                        # by learner_id then reads only the events after it (sessions/history.py)
+    held: int | None = None            # the key Triton holds the state under (serving/state/placement.py);
+                                       # `tensors` then holds its state_length only
 
     @property
     def length(self) -> int:

@@ -40,11 +40,12 @@ from typing import TYPE_CHECKING, Awaitable, Callable
 import numpy as np
 
 from routerkt.contract.signature import PAD_ID
-from routerkt.contract.step_signature import STEP_GRAPHS, UPDATED
+from routerkt.contract.step_signature import STEP_GRAPHS
 from serving.core.encoded import EncodedLearner, StepFeeds
 from serving.core.revision import Revision
 from serving.state.cache import LearnerState, StateCache
 from serving.state.fingerprint import extend
+from serving.state.placement import PLACES, SLOT_MASK, GatewayPlace, HeldPlace, Kept, StateLost, slot_of
 
 if TYPE_CHECKING:
     from serving.core.catalog import ModelVersion
@@ -119,12 +120,16 @@ class LearnerStates:
 
     async def predict(self, model: ModelVersion, keys: list[Keys], learners: list[EncodedLearner],
                       run: StepCall, rows: int, candidates: int, wait_s: float | None = None,
-                      read: list[tuple[LearnerState | None, Revision | None]] | None = None) -> list[np.ndarray]:
+                      read: list[tuple[LearnerState | None, Revision | None]] | None = None,
+                      held: bool = False) -> list[np.ndarray]:
         """P(correct) per candidate, float32 [C_i], of each learner (`keys`: where its state is cached; its
         encoded kept history and candidates in `learners`), answered by `model`'s step graphs through `run`;
         an Observe's fill of one of them in flight is waited for (at most `wait_s`), not done twice.
         `read[i]`: (the entry whose later events alone `learners[i]` holds, or None for a whole history; the
-        store's log revision the history was read at, kept with the new entry)."""
+        store's log revision the history was read at, kept with the new entry). `held`: the backend holds
+        the states (serving/state/placement.py); a held state it has lost raises StateLost after every
+        entry of the chunk is dropped, so that the caller's second try reads whole histories and rebuilds."""
+        place = PLACES[held and all(k.store for k in keys)]        # NONE: nothing to keep, nowhere to hold
         read = read or [(None, None)] * len(learners)
         filling = {self.filling[k.store] for k, (entry, _) in zip(keys, read) if entry is None and k.store in self.filling}
         if filling:
@@ -133,26 +138,45 @@ class LearnerStates:
                  for i, (k, learner, (entry, _)) in enumerate(zip(keys, learners, read))]
         for plan, (_, revision) in zip(plans, read):
             plan.revision = revision
+        if any(p.state is not None and (p.state.held is not None) != place.held for p in plans):
+            self._drop(model, plans)          # kept in the other place (the model's config changed): rebuild
+            raise StateLost("a cached state is kept elsewhere")
         out: list[np.ndarray] = [np.empty(0, np.float32)] * len(learners)
         for first in range(0, len(plans), rows):
             chunk = plans[first:first + rows]
-            await self._update(model, chunk, run)
+            try:
+                await self._update(model, chunk, run, place)
+            except StateLost:
+                self._drop(model, chunk)
+                raise
             for plan in chunk:
                 if plan.found is not None and plan.found != plan.keys.store:
                     self.cache.forget(plan.found)            # a shorter history's entry, now superseded
                 if plan.keys.store:                          # NONE: a stateless band model's long history
                     self.cache.put(model.name, model.version, plan.keys.store, replace(plan.state,
                                                                                        revision=plan.revision))
-            for plan, probs in zip(chunk, await self._next(model, chunk, run, candidates)):
+            try:
+                answered = await self._next(model, chunk, run, candidates, place)
+            except StateLost:
+                self._drop(model, chunk)
+                raise
+            for plan, probs in zip(chunk, answered):
                 out[plan.index] = probs
         return out
 
+    def _drop(self, model: ModelVersion, chunk: list[_Learner]) -> None:
+        """Forget the chunk's entries (a held state of one of them was lost)."""
+        for plan in chunk:
+            for key in {plan.keys.store, plan.found} - {"", None}:
+                self.cache.discard(model.name, model.version, key)
+
     async def observed(self, model: ModelVersion, learner_key: str, new: EncodedLearner, run: StepCall,
-                       revision: Revision | None = None) -> str | None:
+                       revision: Revision | None = None, held: bool = False) -> str | None:
         """Observe's fill: the learner's cached state of `model` advanced by the newly stored interactions
         (`new`, in model ids, oldest first), so that its next Predict is a hit. "filled"; "dropped" when
         the window would slide past W - 1 or more than max_appends arrived (the next Predict rebuilds);
-        "superseded" when a Predict replaced the entry meanwhile (its state is kept); None: no entry."""
+        "superseded" when a Predict replaced the entry meanwhile (its state is kept); "lost" when the backend
+        no longer holds the entry's state (dropped: the next Predict rebuilds); None: no entry."""
         state = self.cache.get(model.name, model.version, learner_key)
         count = new.history_used
         if state is None or count == 0:
@@ -161,7 +185,14 @@ class LearnerStates:
             self.cache.discard(model.name, model.version, learner_key)
             return "dropped"
         plan = self._continue(model, 0, self.learner_keys_of(learner_key), new, state, lookup=False)
-        await self._update(model, [plan], run)
+        if (state.held is not None) != held:
+            self._drop(model, [plan])
+            return "lost"
+        try:
+            await self._update(model, [plan], run, PLACES[held])
+        except StateLost:
+            self._drop(model, [plan])
+            return "lost"
         if self.cache.peek(model.name, model.version, learner_key) is not state:
             return "superseded"
         # the store's log after Observe's append, when that append alone followed the state's log
@@ -205,51 +236,57 @@ class LearnerStates:
             self.on_lookup(model.name, keys.kind, "miss" if seen is None else "stale")
         return _Learner(index, learner, keys, None, None)
 
-    async def _update(self, model: ModelVersion, chunk: list[_Learner], run: StepCall) -> None:
+    async def _update(self, model: ModelVersion, chunk: list[_Learner], run: StepCall,
+                      place: GatewayPlace | HeldPlace) -> None:
         """Each learner's state brought to its history: rebuilt together, then appended step by step."""
-        graphs = STEP_GRAPHS[model.step_state]
         rebuild = [p for p in chunk if p.appends is None]
         if rebuild:
-            await self._rebuild(model, rebuild, run)
+            await self._rebuild(model, rebuild, run, place)
         for step in range(max((p.appends or 0 for p in chunk), default=0)):
             moving = [p for p in chunk if p.appends is not None and p.appends > step]
-            tensors = await self._append(model, moving, [p.state.length - p.base for p in moving], 1, run)
-            for k, p in enumerate(moving):
-                p.state = _entry(model, p, p.state.length + 1, {n: t[k:k + 1] for n, t in tensors.items()})
+            kept = await self._append(model, moving, [p.state.length - p.base for p in moving], 1, run, place)
+            for p, entry in zip(moving, kept):
+                p.state = _entry(model, p, p.state.length + 1, entry)
 
-    async def _rebuild(self, model: ModelVersion, rebuild: list[_Learner], run: StepCall) -> None:
+    async def _rebuild(self, model: ModelVersion, rebuild: list[_Learner], run: StepCall,
+                       place: GatewayPlace | HeldPlace) -> None:
         """step_start on each learner's first W - 1 interactions (all of a window model's kept ones); a band
         model's longer history then in step_append calls of up to W - 1 interactions, learner by learner."""
         graphs, first = STEP_GRAPHS[model.step_state], max(model.window - 1, 0)
         width = max(p.encoded.skills.shape[1] for p in rebuild)
         rows = [self.encoder.history_row(_head(p.encoded, first), model.window, width) for p in rebuild]
         feeds = {spec.name: np.stack([r[j] for r in rows]) for j, spec in enumerate(graphs.start.inputs)}
-        tensors = await run(graphs.start.name, feeds)
+        feeds.update(place.keep_feeds([slot_of(p.keys.store) for p in rebuild]))
+        tensors = await run(place.graphs(graphs)[0].name, feeds)
         for k, p in enumerate(rebuild):
             covered = min(p.encoded.history_used, first)
-            p.state = _entry(model, p, covered, {n: t[k:k + 1] for n, t in tensors.items()})
+            p.state = _entry(model, p, covered, place.kept(tensors, feeds, k))
         for p in rebuild:
             while p.state.length < p.encoded.history_used:         # a band model past its band
                 count = min(first, p.encoded.history_used - p.state.length)
-                tensors = await self._append(model, [p], [p.state.length], count, run)
-                p.state = _entry(model, p, p.state.length + count, tensors)
+                kept = await self._append(model, [p], [p.state.length], count, run, place)
+                p.state = _entry(model, p, p.state.length + count, kept[0])
 
     async def _append(self, model: ModelVersion, moving: list[_Learner], positions: list[int], count: int,
-                      run: StepCall) -> dict[str, np.ndarray]:
-        """step_append of `count` interactions of each learner from its encoded index `positions[k]` on."""
+                      run: StepCall, place: GatewayPlace | HeldPlace) -> list[Kept]:
+        """step_append of `count` interactions of each learner from its encoded index `positions[k]` on: each
+        one's new entry tensors and held key."""
         graphs = STEP_GRAPHS[model.step_state]
         width = max(p.encoded.skills.shape[1] for p in moving)
-        feeds = {name: _stacked([p.state.tensors[name] for p in moving]) for name in _names(graphs.state)}
+        feeds = place.state_feeds(graphs, [p.state for p in moving])
         feeds["append_question"] = np.stack([p.encoded.questions[i:i + count] for p, i in zip(moving, positions)])
         feeds["append_response"] = np.stack([p.encoded.responses[i:i + count] for p, i in zip(moving, positions)])
         feeds["append_skills"] = np.stack([self.encoder.widen(p.encoded.skills[i:i + count], width)
                                            for p, i in zip(moving, positions)])
-        tensors = await run(graphs.append.name, feeds)
-        return {n: tensors[UPDATED + n] for n in _names(graphs.state)}
+        feeds.update(place.keep_feeds([p.state.held & SLOT_MASK for p in moving] if place.held else []))
+        tensors = await run(place.graphs(graphs)[1].name, feeds)
+        return [place.kept(tensors, feeds, k) for k in range(len(moving))]
 
-    async def _next(self, model: ModelVersion, chunk: list[_Learner], run: StepCall, limit: int) -> list[np.ndarray]:
+    async def _next(self, model: ModelVersion, chunk: list[_Learner], run: StepCall, limit: int,
+                    place: GatewayPlace | HeldPlace) -> list[np.ndarray]:
         """step_next over the chunk's learners, candidates in pieces of at most `limit`."""
         graphs = STEP_GRAPHS[model.step_state]
+
         pieces, owners = self.encoder.split_candidates([p.encoded for p in chunk], max(limit, 1))
         width = self.encoder.candidate_width(max(piece.n_candidates for piece in pieces))
         skills = max(piece.candidate_skills.shape[1] for piece in pieces)
@@ -258,9 +295,9 @@ class LearnerStates:
         for k, piece in enumerate(pieces):
             questions[k, :piece.n_candidates] = piece.candidate_questions
             candidate_skills[k, :piece.n_candidates, :piece.candidate_skills.shape[1]] = piece.candidate_skills
-        feeds = {name: _stacked([chunk[o].state.tensors[name] for o in owners]) for name in _names(graphs.state)}
+        feeds = place.state_feeds(graphs, [chunk[o].state for o in owners])
         feeds["candidate_questions"], feeds["candidate_skills"] = questions, candidate_skills
-        probs = (await run(graphs.next.name, feeds))[graphs.next.output_names[0]]
+        probs = (await run(place.graphs(graphs)[2].name, feeds))[graphs.next.output_names[0]]
         parts: list[list[np.ndarray]] = [[] for _ in chunk]
         for k, (piece, owner) in enumerate(zip(pieces, owners)):
             parts[owner].append(np.asarray(probs[k, :piece.n_candidates], dtype=np.float32))
@@ -280,29 +317,20 @@ def _history_hash(learner: EncodedLearner, m: int) -> str:
     return HISTORY + digest.hexdigest()
 
 
-def _stacked(tensors: list[np.ndarray]) -> np.ndarray:
-    """The learners' state tensors [1, ...] as one batch; one learner's as it is (entries are never written)."""
-    return tensors[0] if len(tensors) == 1 else np.concatenate(tensors)
-
-
-def _names(state) -> list[str]:
-    return [spec.name for spec in state]
-
-
 def _head(learner: EncodedLearner, n: int) -> EncodedLearner:
     """The learner with its first `n` history interactions only."""
     return EncodedLearner(learner.questions[:n], learner.skills[:n], learner.responses[:n],
                           learner.candidate_questions, learner.candidate_skills)
 
 
-def _entry(model: ModelVersion, plan: _Learner, length: int, tensors: dict[str, np.ndarray]) -> LearnerState:
+def _entry(model: ModelVersion, plan: _Learner, length: int, kept: Kept) -> LearnerState:
     """The cache entry of the learner's first `length` interactions (arrays copied: a batch's output is not
     kept alive by one learner's slice). A band model's entry keeps the last W - 1 of them and the
     fingerprint of the ones before."""
-    learner, base = plan.encoded, plan.base
+    (tensors, held), learner, base = kept, plan.encoded, plan.base
     keep = max(length - (model.window - 1), base) if model.band else base
     prior = extend(plan.prior, *(a[:keep - base] for a in (learner.questions, learner.skills, learner.responses)))
     end = length - base
     return LearnerState(np.array(learner.questions[keep - base:end]), np.array(learner.skills[keep - base:end]),
                         np.array(learner.responses[keep - base:end]), {n: np.array(t) for n, t in tensors.items()},
-                        offset=keep, prior=prior)
+                        offset=keep, prior=prior, held=held)

@@ -83,6 +83,9 @@ class FakeBackend:
             raise self.fail
         return questions.astype(np.float32) / 100.0
 
+    def holds_states(self, model) -> bool:
+        return False
+
     def steps(self, model) -> bool:
         return False
 

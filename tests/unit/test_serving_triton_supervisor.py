@@ -36,6 +36,9 @@ def error(status: str, message: str = "boom") -> InferenceServerException:
     (error("UNAVAILABLE", "Request for unknown model: 'kt' version 1 is not at ready state"), FailureKind.NOT_LOADED),
     (error("INTERNAL", STUB_ERROR), FailureKind.STUB_CRASHED),
     (error("INVALID_ARGUMENT", "unexpected shape"), FailureKind.REJECTED),
+    # model.py's answer for a held key it does not hold: the caller rebuilds, the model is fine
+    (error("NOT_FOUND", "state not held: a state_ref is not kept here (evicted, or a new model instance)"),
+     FailureKind.STATE_LOST),
     (error("INTERNAL", "model execution failed"), FailureKind.FAILED),
 ])
 def test_classify(exc: InferenceServerException, kind: FailureKind) -> None:

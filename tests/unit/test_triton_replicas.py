@@ -81,6 +81,9 @@ class FakeReplica(IdleBackend):
 class SteppingReplica(FakeReplica):
     """A replica that runs step graphs: its answer is its value, per row."""
 
+    def holds_states(self, model) -> bool:
+        return False
+
     def steps(self, model: ModelVersion) -> bool:
         return True
 
@@ -311,3 +314,49 @@ def test_step_calls_take_turns_and_fail_over_like_inferences() -> None:
     out = asyncio.run(backend.infer_step(KT1, "step_start", FEEDS, 1.0))
     assert float(out["candidate_probs"][0, 0]) == pytest.approx(0.2)
     assert sample(metrics, "routerkt_triton_replica_retries_total", reason="unavailable") == 1
+
+
+class HoldingReplica(SteppingReplica):
+    """A replica that holds states: it answers each row with its value and remembers the keys it saw."""
+
+    def holds_states(self, model) -> bool:
+        return True
+
+    async def infer_step(self, model: ModelVersion, graph: str, feeds, timeout_s: float) -> dict[str, np.ndarray]:
+        keys = feeds.get("state_ref", feeds.get("keep_as"))
+        self.seen = getattr(self, "seen", []) + keys.tolist()
+        rows = {"questions": np.zeros((keys.shape[0], 4), dtype=np.int64)}
+        probs = await self.infer(model, rows, timeout_s)
+        return {"candidate_probs": probs[:, :1] + keys[:, None].astype(np.float32) * 0}
+
+
+def test_a_held_call_goes_to_its_slots_replica_and_mixed_rows_are_split() -> None:
+    a, b = HoldingReplica(0.1), HoldingReplica(0.2)
+    backend, _ = replicas(a, b)
+    assert backend.holds_states(KT1) and not replicas(HoldingReplica(0.1), SteppingReplica(0.2))[0].holds_states(KT1)
+    owner = {slot: backend.holder(KT1, slot) for slot in range(256)}
+    assert {r.index for r in owner.values()} == {0, 1}               # slots spread over both
+    on_a = next(s for s, r in owner.items() if r.index == 0)
+    on_b = next(s for s, r in owner.items() if r.index == 1)
+    keys = np.array([(7 << 8) | on_a, (9 << 8) | on_b, (11 << 8) | on_a], dtype=np.int64)
+    out = asyncio.run(backend.infer_step(KT1, "held_next", {"state_ref": keys, "state_length": keys}, 1.0))
+    np.testing.assert_allclose(out["candidate_probs"][:, 0], [0.1, 0.2, 0.1])
+    assert (sorted(a.seen), b.seen) == (sorted([int(keys[0]), int(keys[2])]), [int(keys[1])])
+    for _ in range(3):                                                 # always the same replica, no turns
+        asyncio.run(backend.infer_step(KT1, "held_next", {"state_ref": keys[:1], "state_length": keys[:1]}, 1.0))
+    assert a.calls == 4 and b.calls == 1
+
+
+def test_a_held_key_on_a_failed_replica_is_lost_and_a_start_moves_to_the_next() -> None:
+    a, b = HoldingReplica(0.1), HoldingReplica(0.2)
+    backend, _ = replicas(a, b)
+    slot = next(s for s in range(256) if backend.holder(KT1, s).index == 0)
+    key = np.array([(5 << 8) | slot], dtype=np.int64)
+    a.errors = [BackendError(FailureKind.UNAVAILABLE, "gone")]
+    with pytest.raises(BackendError) as lost:
+        asyncio.run(backend.infer_step(KT1, "held_next", {"state_ref": key, "state_length": key}, 1.0))
+    assert lost.value.kind is FailureKind.STATE_LOST
+    assert backend.holder(KT1, slot).index == 1                         # replica 0 is down now
+    a.ready, a.errors = {"kt": {1}}, [BackendError(FailureKind.UNAVAILABLE, "gone again")]
+    out = asyncio.run(backend.infer_step(KT1, "held_start", {"keep_as": key}, 1.0))
+    assert float(out["candidate_probs"][0, 0]) == pytest.approx(0.2) and b.seen == [int(key[0])]

@@ -105,8 +105,12 @@ class TritonInferenceBackend:
 
     def steps(self, model: ModelVersion) -> bool:
         """The version holds step graphs and its config.pbtxt serves them (`routerkt export --step-graphs`):
-        the learner-state path (serving/state/) sends each learner's state with the request."""
+        the learner-state path (serving/state/) sends each learner's state with the request, or its key."""
         return model.step_state is not None and model.step_served
+
+    def holds_states(self, model: ModelVersion) -> bool:
+        """The version's config.pbtxt declares the held-state inputs: model.py keeps the learner states."""
+        return self.steps(model) and model.state_held
 
     async def infer_step(self, model: ModelVersion, graph: str, feeds: dict[str, np.ndarray],
                          timeout_s: float) -> dict[str, np.ndarray]:

@@ -16,6 +16,11 @@ address is found again within about probe_interval_s plus the client's 1 s recon
   DEADLINE, REJECTED and FAILED are not retried. Without another ready replica, or with less than
   MIN_RETRY_S left, the first error is raised. Step-graph calls (the learner-state path, serving/state/)
   go the same way: the learner's state travels with the request, so any replica answers it.
+- held states (serving/state/placement.py): a held call goes to the replica that holds its keys: each key's
+  slot ranks the replicas once (rendezvous hashing), and the first ready one in that order holds it, so
+  a replica going out moves only its own learners. Rows of several replicas are split and sent together.
+  A held_start failing as RETRYABLE is retried on the slot's next ready replica; a call naming a held key
+  whose replica failed raises STATE_LOST (the gateway rebuilds, on the next replica).
 - metrics: the replicas' supervisors do not write routerkt_triton_ready / routerkt_model_ready
   (they would overwrite each other); this backend sets them from all replicas (1 when any replica
   is ready / serves the model), plus routerkt_triton_replica_up{replica},
@@ -27,6 +32,7 @@ address is found again within about probe_interval_s plus the client's 1 s recon
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import logging
 import time
@@ -36,12 +42,14 @@ from typing import TypeVar
 
 import numpy as np
 
+from routerkt.contract.step_signature import KEEP_AS, STATE_REF
 from serving.backends.triton.backend import TritonInferenceBackend, tls_of
 from serving.core.catalog import ModelCatalog, ModelVersion
 from serving.metrics import Metrics
 from serving.pipeline.parts import BackendError, FailureKind, InferenceBackend
 from serving.settings import Settings
 from serving.backends.triton.triton_client import TritonClient, control_headers
+from serving.state.placement import SLOT_BITS, slots
 
 log = logging.getLogger("routerkt.gateway.triton")
 
@@ -116,6 +124,9 @@ class TritonReplicaBackend:
         names = list(names) if names is not None else [f"replica {i}" for i in range(len(backends))]
         self.replicas = [Replica(i, name, backend) for i, (name, backend) in enumerate(zip(names, backends))]
         self._turn = itertools.count()
+        self._ranked = [sorted(self.replicas, key=lambda r: hashlib.blake2b(f"{slot}:{r.index}".encode(),
+                                                                           digest_size=8).digest(), reverse=True)
+                        for slot in range(1 << SLOT_BITS)]      # slot -> replicas in its rendezvous order
         self._catalog: ModelCatalog | None = None
         self._models_seen: set[str] = set()
         for replica in self.replicas:
@@ -259,8 +270,54 @@ class TritonReplicaBackend:
         so any replica answers any learner)."""
         return all(replica.backend.steps(model) for replica in self.replicas)
 
+    def holds_states(self, model: ModelVersion) -> bool:
+        return all(replica.backend.holds_states(model) for replica in self.replicas)
+
     async def infer_step(self, model: ModelVersion, graph: str, feeds: dict[str, np.ndarray],
                          timeout_s: float) -> dict[str, np.ndarray]:
-        """A step graph on the next ready replica, retried like `infer` (a read: repeating it is harmless)."""
-        return await self._retried(model, timeout_s, lambda backend, left: backend.infer_step(
-            model, graph, feeds, left))
+        """A step graph on the next ready replica, retried like `infer` (a read: repeating it is harmless);
+        a held call on the replicas holding its keys (the module docstring)."""
+        keys = feeds.get(STATE_REF.name, feeds.get(KEEP_AS.name))
+        if keys is None:
+            return await self._retried(model, timeout_s, lambda backend, left: backend.infer_step(
+                model, graph, feeds, left))
+        started, rows = time.monotonic(), {}
+        for row, slot in enumerate(slots(keys).tolist()):
+            holder = self.holder(model, slot)
+            if holder is None:
+                raise BackendError(FailureKind.UNAVAILABLE,
+                                   f"no Triton replica serves model {model.name} version {model.version} now")
+            rows.setdefault(holder.index, (holder, slot, []))[2].append(row)
+        if len(rows) == 1:
+            holder, slot, _ = next(iter(rows.values()))
+            return await self._held(model, graph, feeds, holder, slot, timeout_s, started)
+        parts = await asyncio.gather(*(self._held(model, graph, {n: a[picked] for n, a in feeds.items()}, holder, slot,
+                                                  timeout_s, started) for holder, slot, picked in rows.values()))
+        total = int(keys.shape[0])
+        out = {n: np.empty((total, *a.shape[1:]), a.dtype) for n, a in parts[0].items()}
+        for (_, _, picked), part in zip(rows.values(), parts):
+            for n, a in part.items():
+                out[n][picked] = a
+        return out
+
+    def holder(self, model: ModelVersion, slot: int, exclude: Replica | None = None) -> Replica | None:
+        """The first replica in the slot's rendezvous order with `model` ready now (None: none)."""
+        return next((r for r in self._ranked[slot] if r is not exclude
+                     and model.version in r.backend.ready_versions(model.name)), None)
+
+    async def _held(self, model: ModelVersion, graph: str, feeds: dict[str, np.ndarray], holder: Replica, slot: int,
+                    timeout_s: float, started: float) -> dict[str, np.ndarray]:
+        send = lambda backend, left: backend.infer_step(model, graph, feeds, left)  # noqa: E731
+        try:
+            return await self._send(holder, send, timeout_s - (time.monotonic() - started))
+        except BackendError as exc:
+            if exc.kind not in RETRYABLE:
+                raise
+            self.refresh_gauges()
+            if STATE_REF.name in feeds:                  # its states went with the replica: rebuild elsewhere
+                raise BackendError(FailureKind.STATE_LOST, f"replica {holder.index}: {exc.kind.value}") from None
+            second, remaining = self.holder(model, slot, exclude=holder), timeout_s - (time.monotonic() - started)
+            if second is None or remaining < MIN_RETRY_S:
+                raise
+            self.metrics.triton_replica_retries.labels(reason=exc.kind.value).inc()
+            return await self._send(second, send, remaining)

@@ -117,6 +117,8 @@ class TritonSupervisor:
     # -- what the request path reports -----------------------------------------------------------
     def on_failure(self, model: str, version: int, exc: BackendError) -> None:
         kind = exc.kind
+        if kind is FailureKind.STATE_LOST:               # the model is fine: the caller rebuilds the state
+            return
         if kind is FailureKind.UNAVAILABLE:
             if self._triton_ready:
                 log.warning("Triton at %s is unreachable; marking every model not ready", self.client.url)

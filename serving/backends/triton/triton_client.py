@@ -32,6 +32,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from routerkt.contract.signature import Graph
+from routerkt.contract.step_signature import STATE_NOT_HELD
 from serving.metrics import Metrics
 from serving.pipeline.parts import BackendError, FailureKind
 from serving.security.triton_access import TRITON_KEY_HEADER, grpc_headers  # noqa: F401
@@ -58,6 +59,8 @@ def classify_status(status: str, message: str) -> FailureKind:
         return FailureKind.NOT_LOADED
     if status in ("UNAVAILABLE", "CANCELLED"):
         return FailureKind.UNAVAILABLE
+    if status == "NOT_FOUND" and STATE_NOT_HELD in message:
+        return FailureKind.STATE_LOST            # a held key the model no longer holds (step_signature.py)
     if status == "NOT_FOUND":
         return FailureKind.NOT_LOADED
     if STUB_UNHEALTHY in message:
