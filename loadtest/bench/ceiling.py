@@ -3,7 +3,8 @@ same gRPC service (loadtest/null_server.py: the ceiling of the gRPC stack), same
 rounds interleaved (issue 58; docs/benchmarks.md, "The ceiling").
 
 `routerkt serve` children over the repository (a model with step graphs), one per `--backends` (in-process
-onnxruntime; triton: over one tritonserver started here), each with its SQLite store and outcome tracking
+onnxruntime; triton: over one tritonserver started here, with held states where the model's config declares
+them; triton-sent: over the same Triton, sending the states), each with its SQLite store and outcome tracking
 off, and the do-nothing server. `--learners` learners of `--history` answers are stored in every gateway and
 predicted once (their states cached; each compared with the same history sent: max |diff|). Then for each
 caller count (`--callers`), `--rounds` rounds in which every target runs `--seconds`: the ceiling, Predict
@@ -34,13 +35,16 @@ from routerkt.atomic import atomic_write_json
 from routerkt.errors import UserError
 from serving.processes import free_port
 
-BACKENDS = ("onnxruntime", "triton")
+# a gateway per name: its `routerkt serve` flags (triton-sent: Triton without held states, the A/B of them)
+BACKENDS = {"onnxruntime": ["--backend", "onnxruntime"], "triton": ["--backend", "triton"],
+            "triton-sent": ["--backend", "triton", "--no-held-states"]}
 LOOKUPS = ("hit", "appended", "miss", "stale")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_common_flags(p, "ceiling")
-    p.add_argument("--backends", default=",".join(BACKENDS), help="gateways' backends, comma-separated")
+    p.add_argument("--backends", default="onnxruntime,triton",
+                   help=f"gateways' backends, comma-separated, of {', '.join(BACKENDS)}")
     p.add_argument("--history", type=int, default=99, help="answers stored per learner")
     p.add_argument("--learners", type=int, default=32, help="stored learners")
     p.add_argument("--callers", default="1,8,32", help="caller counts, comma-separated")
@@ -70,9 +74,10 @@ class Targets:
             folder = args.out / f"gateway-{backend}"
             for old in folder.glob("sessions.sqlite3*"):
                 old.unlink()
-            if backend == "triton" and triton is None:
-                triton = start_triton(stack, args.repository.resolve(), args.out).grpc_url
-            flags = ["--backend", backend, *(["--triton-url", triton] if backend == "triton" else [])]
+            flags = list(BACKENDS[backend])
+            if "triton" in flags:
+                triton = triton or start_triton(stack, args.repository.resolve(), args.out).grpc_url
+                flags += ["--triton-url", triton]
             gateway = GatewayProcess(args.repository.resolve(), folder, [
                 *flags, "--store", f"sqlite:///{folder / 'sessions.sqlite3'}", "--no-track-outcomes",
                 *(["--config", str(args.serve_config.resolve())] if args.serve_config else [])]).start()
