@@ -5,7 +5,7 @@ optional) also serves them: a request's inputs say which graph it is for (the ga
 sent with each request and answered with the new state). With config parameter HELD_STATE_BYTES it also keeps
 the states it computes, least recently used out first (the held calls of routerkt/contract/step_signature.py:
 a request names a state by `state_ref` and keeps its new one under `keep_as`; a key not held is answered
-NOT_FOUND, and the gateway rebuilds). A rank model whose version folder also
+NOT_FOUND, and the gateway rebuilds; a request of `state_ref` alone deletes those states: ForgetLearner). A rank model whose version folder also
 holds explain.onnx (the explain graph: the rank graph's inputs and candidate_probs plus the attention
 outputs) runs it instead of rank.onnx for the requests that ask for an explain output; the others
 (and every request of a version without explain.onnx) run rank.onnx alone, as before. The id bounds
@@ -60,6 +60,7 @@ EXPLAIN_ONNX_FILE = "explain.onnx"
 SKILL_INPUTS = (SKILLS, HISTORY_SKILLS, CANDIDATE_SKILLS)   # [batch, length, K]: a skill set per interaction
 # ... and the step graphs (routerkt/contract/step_signature.py): picked by the inputs a request carries.
 STEP_START, STEP_APPEND, STEP_NEXT = "step_start", "step_append", "step_next"
+HELD_DROP = "held_drop"                          # state_ref alone: delete the states (ForgetLearner)
 STEP_ONNX_FILES = {STEP_START: "step_start.onnx", STEP_APPEND: "step_append.onnx", STEP_NEXT: "step_next.onnx"}
 STATE_LENGTH = "state_length"                    # int64 [batch]: a step request's state carries it
 APPEND_QUESTION, APPEND_SKILLS, APPEND_RESPONSE = "append_question", "append_skills", "append_response"
@@ -134,6 +135,9 @@ class TritonPythonModel:
                 responses[i] = _error("request cancelled", pb_utils.TritonError.CANCELLED)
                 continue
             kind = self._kind(request)
+            if kind == HELD_DROP:
+                responses[i] = self._drop(request)
+                continue
             arrays, problem = self._read_step(request, kind) if kind in STEP_ONNX_FILES else self._read(request)
             if problem is not None:
                 code = pb_utils.TritonError.INVALID_ARG
@@ -170,7 +174,18 @@ class TritonPythonModel:
             return STEP_APPEND
         if has(STATE_LENGTH):
             return STEP_NEXT
+        if has(STATE_REF):
+            return HELD_DROP
         return self.graph if has(CANDIDATE_QUESTIONS) else STEP_START
+
+    def _drop(self, request):
+        """Delete the states named by a request of `state_ref` alone: their lengths (-1: not held)."""
+        refs = pb_utils.get_input_tensor_by_name(request, STATE_REF).as_numpy().reshape(-1)
+        if self.held is None or refs.dtype != np.int64:
+            return _error(f"input '{STATE_REF}' must be INT64 [batch] of a model that keeps states",
+                          pb_utils.TritonError.INVALID_ARG)
+        lengths = np.array([self.held.drop(ref) for ref in refs.tolist()], dtype=np.int64)
+        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(STATE_LENGTH, lengths)])
 
     def _run(self, session, input_names, output_names, good, feeds, responses):
         """One onnxruntime run over the requests `good` (their validated `feeds`): every request's
@@ -372,12 +387,12 @@ class HeldStates:
             state = {n: np.array(o[offset + k:offset + k + 1]) for n, o in outputs.items()}
             size = sum(a.nbytes for a in state.values())
             if key in self.states or size > self.budget:
-                self._drop(key)
+                self.drop(key)
                 continue
             self.states[key] = state
             self.nbytes += size
             while self.nbytes > self.budget:
-                self._drop(next(iter(self.states)))
+                self.drop(next(iter(self.states)))
 
     def release(self, refs):
         """Replaced states go first when room is needed; a call that read one before it was replaced still
@@ -386,10 +401,13 @@ class HeldStates:
             if ref in self.states:
                 self.states.move_to_end(ref, last=False)
 
-    def _drop(self, key):
+    def drop(self, key):
+        """Delete the state under `key`: its length, or -1 when none was held."""
         state = self.states.pop(key, None)
-        if state is not None:
-            self.nbytes -= sum(a.nbytes for a in state.values())
+        if state is None:
+            return -1
+        self.nbytes -= sum(a.nbytes for a in state.values())
+        return int(state[STATE_LENGTH][0])
 
 
 def _session(path, options, input_names, output_names):

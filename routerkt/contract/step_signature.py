@@ -50,6 +50,8 @@ three graphs, called with these inputs instead (`StepGraphs.held`):
 - `held_append`: state_length, state_ref + the appended interactions + keep_as -> updated_state_length; the
   state under state_ref (whose length must equal state_length) is advanced and kept under keep_as instead.
 - `held_next`: state_length, state_ref + the candidates -> candidate_probs.
+- `held_drop`: state_ref alone -> state_length: each state is deleted (ForgetLearner), its length answered
+  (-1: none was held).
 A key the model does not hold (evicted, or a new model instance after a restart or reload), or whose state
 has another length, is answered NOT_FOUND with STATE_NOT_HELD in the message: the caller rebuilds. Keys are
 the caller's: random, never reused for another state (serving/state/placement.py).
@@ -106,7 +108,7 @@ class StepGraphs:
     start: Graph
     append: Graph
     next: Graph
-    held: tuple[Graph, Graph, Graph]     # held_start, held_append, held_next (the module docstring)
+    held: tuple[Graph, Graph, Graph, Graph]   # held_start, held_append, held_next, held_drop (the docstring)
 
     @property
     def graphs(self) -> tuple[Graph, Graph, Graph]:
@@ -124,7 +126,8 @@ class StepGraphs:
 def _step_graphs(kind: str, state: tuple[TensorSpec, ...]) -> StepGraphs:
     held = (Graph("held_start", HISTORY + (KEEP_AS,), (STATE_LENGTH,)),
             Graph("held_append", (STATE_LENGTH, STATE_REF) + APPENDED + (KEEP_AS,), (updated(STATE_LENGTH),)),
-            Graph("held_next", (STATE_LENGTH, STATE_REF) + CANDIDATES, RANK.outputs))
+            Graph("held_next", (STATE_LENGTH, STATE_REF) + CANDIDATES, RANK.outputs),
+            Graph("held_drop", (STATE_REF,), (STATE_LENGTH,)))
     return StepGraphs(kind, state, start=Graph("step_start", HISTORY, state),
                       append=Graph("step_append", state + APPENDED, tuple(updated(t) for t in state)),
                       next=Graph("step_next", state + CANDIDATES, RANK.outputs), held=held)

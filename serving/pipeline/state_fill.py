@@ -1,6 +1,8 @@
 """StateFill: what Observe and ForgetLearner do to the learner-state cache (serving/state/, issue 50).
 
-ForgetLearner drops every cached state of the learner. Observe, once its events are stored (the
+ForgetLearner drops every cached state of the learner, and has the states Triton holds for it deleted there
+(held_drop, in the background: unreachable once the entries are gone, they would otherwise wait for eviction).
+Observe, once its events are stored (the
 caller's answer does not wait), advances each cached state of the learner (one per model version
 held) by the newly stored answers with step_append, in the background, so that the learner's next
 Predict by learner_id is a `hit` (step_next only) instead of appending on the caller's time. A fill
@@ -17,6 +19,9 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
+import numpy as np
+
+from routerkt.contract.step_signature import STATE_REF, STEP_GRAPHS
 from serving.core.calls import Deadline
 from serving.core.revision import Revision
 from serving.core.validation import LearnerInput
@@ -45,7 +50,28 @@ class StateFill:
         self._tasks: set[asyncio.Task] = set()
 
     def forget(self, learner_key: str) -> int:
+        held = self.states.held_by(learner_key)
+        if held:
+            self._start(self._drop_held(held))
         return self.states.forget(learner_key)
+
+    async def _drop_held(self, held: dict[tuple[str, int], list[int]]) -> None:
+        for (name, version), keys in held.items():
+            try:
+                model = self.service.catalog.get(name, version)
+                await self.service.backend.infer_step(model, STEP_GRAPHS[model.step_state].held[3].name,
+                                                      {STATE_REF.name: np.array(keys, dtype=np.int64)},
+                                                      self.service.settings.default_deadline_s)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:                          # unreachable anyway: it ages out of Triton's LRU
+                log.debug("deleting held states failed: %s", type(exc).__name__)
+
+    def _start(self, work) -> asyncio.Task:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     def observed(self, learner_key: str, new: LearnerInput, revision: Revision | None = None) -> None:
         """`new`: the events Observe stored for the learner (raw ids, oldest first, no candidates); `revision`:
@@ -57,9 +83,7 @@ class StateFill:
             for name, _ in held:
                 self.metrics.state_fills.labels(model=name, result="skipped").inc()
             return
-        task = asyncio.create_task(self._fill(learner_key, new, held, revision))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task = self._start(self._fill(learner_key, new, held, revision))
         self.states.fill_started(learner_key, task)      # the learner's next Predict waits for it
 
     async def _fill(self, learner_key: str, new: LearnerInput, held: list[tuple[str, int]],

@@ -107,6 +107,15 @@ class LearnerStates:
         """Drop the learner's cached states (ForgetLearner; `learner_key`: the keyed hash)."""
         return self.cache.forget(learner_key)
 
+    def held_by(self, learner_key: str) -> dict[tuple[str, int], list[int]]:
+        """(model, version) -> the keys the backend holds the learner's states under (placement.py)."""
+        held: dict[tuple[str, int], list[int]] = {}
+        for name, version in self.cache.versions_of(learner_key):
+            entry = self.cache.peek(name, version, learner_key)
+            if entry is not None and entry.held is not None:
+                held.setdefault((name, version), []).append(entry.held)
+        return held
+
     def cached(self, model: ModelVersion, learner_key: str) -> LearnerState | None:
         """The learner's entry for `model` (the history source's StateLookup: serving/sessions/history.py)."""
         return self.cache.peek(model.name, model.version, learner_key)

@@ -3,7 +3,8 @@ two Triton replicas over the tiny step model, one gateway over both that lets Tr
 (the default where config.pbtxt declares them) and one over the first alone that sends them. Every Predict by
 learner_id answers as the same history sent (<= 1e-5); the learners' states spread over both replicas; the
 held gateway's cache keeps histories and keys, not states. A replica killed, then restarted empty, costs
-rebuilds (`lost` lookups), never a failed call or another answer."""
+rebuilds (`lost` lookups), never a failed call or another answer. ForgetLearner deletes the learner's state
+in Triton too."""
 from __future__ import annotations
 
 import threading
@@ -13,9 +14,12 @@ import numpy as np
 import pytest
 
 from routerkt.contract.repository_reader import latest_version, read_vocab
+from serving.api import knowledge_tracing_pb2 as pb
+from serving.sessions.keys import LearnerKeys
+from serving.state.placement import SLOT_MASK
 from serving.tritonserver.launcher import TritonServer
 from tests.e2e.test_learner_states_triton import _ready
-from tests.integration.test_learner_states import Learner, Served
+from tests.integration.test_learner_states import SECRET, Learner, Served
 
 pytestmark = pytest.mark.e2e
 LEARNERS = 12
@@ -29,6 +33,28 @@ def _lost(served: Served) -> int:
 def _inferences(served: Served, replica: int) -> int:
     return int(served.metrics.registry.get_sample_value(
         "routerkt_triton_replica_inferences_total", {"replica": str(replica)}) or 0)
+
+
+def _held(url: str, version: int, ref: int, length: int) -> bool:
+    """Whether the Triton at `url` holds the state `ref` of that length (a held_next of one candidate answers)."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    client = grpcclient.InferenceServerClient(url)
+    inputs = []
+    for name, array in (("state_ref", np.array([[ref]])), ("state_length", np.array([[length]])),
+                        ("candidate_questions", np.ones((1, 1))), ("candidate_skills", np.ones((1, 1, 1)))):
+        inputs.append(grpcclient.InferInput(name, list(array.shape), "INT64"))
+        inputs[-1].set_data_from_numpy(array.astype(np.int64))
+    try:
+        client.infer("kt", inputs, model_version=str(version),
+                     outputs=[grpcclient.InferRequestedOutput("candidate_probs")])
+        return True
+    except InferenceServerException as exc:
+        assert "state not held" in exc.message(), exc.message()
+        return False
+    finally:
+        client.close()
 
 
 def _gaps(learners: list[Learner]) -> float:
@@ -88,6 +114,19 @@ def test_held_states_spread_over_replicas_answer_exactly_and_survive_a_lost_repl
             time.sleep(0.1)
         assert _gaps(learners) <= 1e-5                       # back on replica 0, empty: rebuilt again
         assert _lost(held) > lost and _gaps(learners) <= 1e-5
+
+        # ForgetLearner deletes the learner's states in Triton too: its key is answered NOT_FOUND there
+        service = held.gateway.server.service
+        model = service.catalog.get("kt", latest_version(repository, "kt"))
+        entry = service.states.cache.peek("kt", model.version, LearnerKeys(SECRET).learner(learners[0].name))
+        where = (service.backend.holder(model, entry.held & SLOT_MASK).name, model.version, entry.held,
+                 int(entry.tensors["state_length"][0]))
+        assert _held(*where)
+        held.stub.ForgetLearner(pb.ForgetLearnerRequest(learner_id=learners[0].name), timeout=10.0)
+        deadline = time.monotonic() + 10
+        while _held(*where):
+            assert time.monotonic() < deadline, "ForgetLearner left the learner's state in Triton"
+            time.sleep(0.05)
     finally:
         for served in (held, sent):
             if served is not None:

@@ -141,6 +141,11 @@ def test_held_states_answer_as_the_state_sent_and_a_key_not_held_is_not_found(mo
         response = model.execute([_Request({"state_length": lengths, "state_ref": refs, **candidates})])[0]
         assert response.error.code() == _TritonError.NOT_FOUND and "state not held" in response.error.message()
 
+    dropped = _outputs(model.execute([_Request({"state_ref": np.array([second[0], 999 << 8])})])[0])   # ForgetLearner
+    np.testing.assert_array_equal(dropped["state_length"], [length[0], -1])
+    response = model.execute([_Request({"state_length": length, "state_ref": second, **candidates})])[0]
+    assert response.error.code() == _TritonError.NOT_FOUND
+
 
 def test_held_states_stay_within_their_budget_least_recently_used_out_first(model, monkeypatch) -> None:
     history = _history(1, 1, seed=21)
