@@ -160,7 +160,8 @@ def export_run(run: Path, repository: Path, name: str | None = None, version: in
         info = _model_info(ckpt, run, name, options, quantize, exported)
         if step:
             info = dataclasses.replace(info, step_graphs=step.graphs.names(),
-                                       step_parity_max_abs_diff=step.report.max_abs_diff)
+                                       step_parity_max_abs_diff=step.report.max_abs_diff,
+                                       held_states=target.model_py)   # this model.py runs the held graphs
         files[signature.INFO_FILE] = info.save_bytes()
         protected = read_named_versions(policy_file).get(name, set())
         version = publish_version(repository, name, files, config_text, version=version, keep_versions=keep_versions,

@@ -14,6 +14,8 @@ ModelInfoError naming the file and the field. Format 1 (before the contract exis
 (the default) also has "step_graphs" (the step graphs' names -> inputs/outputs,
 routerkt/contract/step_signature.py) and "step_parity_max_abs_diff"; both keys are absent otherwise (and
 in older files). "context" is "window" (absent in older files) or "band" (training/config.py Context).
+"held_states" (with step graphs; absent in older files: false): the version's model.py can keep learner states
+(the held graphs of routerkt/contract/step_signature.py), which serving uses only where config.pbtxt declares them.
 """
 from __future__ import annotations
 
@@ -68,6 +70,7 @@ class ModelInfo:
     step_graphs: dict[str, dict[str, list[str]]] = field(default_factory=dict)   # empty: no step graphs
     step_parity_max_abs_diff: float = math.nan
     context: str = "window"         # window: the last window - 1 interactions; band: the whole history (step graphs)
+    held_states: bool = False       # its model.py runs the held graphs (step_signature.py): written with step graphs
 
     @property
     def band(self) -> bool:
@@ -82,7 +85,7 @@ class ModelInfo:
     def to_json(self) -> dict[str, Any]:
         d = {"format": FORMAT, **asdict(self)}
         if not self.step_graphs:                  # a version without step graphs: the file as before them
-            del d["step_graphs"], d["step_parity_max_abs_diff"]
+            del d["step_graphs"], d["step_parity_max_abs_diff"], d["held_states"]
         return d
 
     def save_bytes(self) -> bytes:
@@ -148,4 +151,7 @@ def _step_fields(d: dict, where: str) -> dict[str, Any]:
     if not isinstance(step_graphs, dict) or (step_graphs and state_kind_of(step_graphs) is None):
         raise ModelInfoError(f"{where}: 'step_graphs' must name the step graphs of one state kind "
                              "(routerkt/contract/step_signature.py)")
-    return {"step_graphs": step_graphs}
+    held = d.get("held_states", False)
+    if not isinstance(held, bool):
+        raise ModelInfoError(f"{where}: 'held_states' must be true or false, got {held!r}")
+    return {"step_graphs": step_graphs, "held_states": held and bool(step_graphs)}

@@ -51,7 +51,7 @@ class ModelVersion:
     explain: bool = False    # the version holds explain.onnx and its config serves the explain outputs
     step_state: str | None = None   # the state kind of its step graphs (step_signature.py), None without them
     step_served: bool = False       # its config.pbtxt declares the step graphs too (Triton can run them)
-    state_held: bool = False        # ... and the held-state keys (Triton keeps the learner states)
+    state_held: bool = False        # ... and the held-state keys, and its model.py runs them (Triton keeps the states)
     band: bool = False              # a band model: a prediction reads the whole history (step graphs beyond W - 1)
 
     def probe_inputs(self) -> dict[str, np.ndarray]:
@@ -167,7 +167,7 @@ class ModelCatalog:
             stepped = skill_sets and all((folder / file).is_file() for file in STEP_FILES.values())
             step_state = info.step_state if stepped else None
             step_served = step_state is not None and served_state_kind(shape.input_names) == step_state
-            state_held = step_served and holds_states(shape.input_names)
+            state_held = step_served and holds_states(shape.input_names) and info.held_states
             if info.band and step_state is None:
                 raise UserError(f"a band model's version needs its step graphs ({', '.join(STEP_FILES.values())})")
         except (UserError, OSError, UnicodeDecodeError) as exc:

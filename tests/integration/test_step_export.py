@@ -193,3 +193,32 @@ def test_export_step_graphs_publishes_them_beside_the_rank_graph(kt_repository, 
     assert run(parser.parse_args(["--run", str(kt_repository.run), "--repository", str(left_out), "--name", "kt",
                                   "--no-step-graphs"])) == 0
     assert not list((left_out / "kt" / "1").glob("step_*.onnx"))
+
+
+def test_the_gateway_holds_states_only_for_a_version_whose_model_py_and_config_both_can(kt_step_repository,
+                                                                                        tmp_path):
+    """model_info.json's held_states (this export's model.py runs the held graphs) and config.pbtxt's state_ref /
+    keep_as: a version exported before held states (no held_states) or a config without them (--held-state-mib 0)
+    gets its states sent, so a new config never sends keys to an older version's model.py."""
+    from export.triton_config import TritonModelOptions, render_config
+    from serving.core.catalog import ModelCatalog
+
+    def served(field: str) -> bool:
+        catalog = ModelCatalog(repo)
+        catalog.refresh()
+        return getattr(catalog.get("kt", 1), field)
+    repo = tmp_path / "repo"
+    shutil.copytree(kt_step_repository.path, repo)
+    version = repo / "kt" / "1"
+    info = json.loads((version / signature.INFO_FILE).read_text())
+    assert info["held_states"] is True
+    assert served("state_held")
+
+    older = {k: v for k, v in info.items() if k != "held_states"}
+    (version / signature.INFO_FILE).write_text(json.dumps(older))
+    assert served("step_served") and not served("state_held")
+    (version / signature.INFO_FILE).write_text(json.dumps(info))
+    config = repo / "kt" / signature.CONFIG_FILE
+    options = TritonModelOptions(graph="rank", step_state="attention", window=info["window"], held_state_mib=0)
+    config.write_text(render_config("kt", options))
+    assert served("step_served") and not served("state_held")
