@@ -31,7 +31,7 @@ from export.onnx_export import (PARITY_TOL, ExportError, check_parity, check_ran
                                 ParityReport, export_rank_onnx, rank_batches)
 from export.repository import publish_version
 from export.step_export import export_step_graphs, step_graphs_of
-from export.triton_python_model import MODEL_PY
+from export.triton_python_model import PYTHON_MODEL_FILES
 from export.triton_config import TARGETS, Backend, Target, TritonModelOptions, publish_config, render_config
 from routerkt.contract import signature
 from routerkt.contract.rollout_versions import read_named_versions
@@ -276,7 +276,7 @@ def _version_files(ckpt, exported: dict[str, Exported], target: Target, options:
     else:
         files[signature.ONNX_FILE] = exported["score"].path
     if target.model_py:
-        files["model.py"] = MODEL_PY
+        files.update(PYTHON_MODEL_FILES)
     return files
 
 

@@ -13,9 +13,10 @@ outputs) runs it instead of rank.onnx for the requests that ask for an explain o
 parameters N_QUESTIONS / N_SKILLS only when it lacks them: one config.pbtxt serves versions of
 different vocabularies, so a retrain whose vocabulary grew leaves it unchanged.
 
-Copied verbatim into every version folder of a python-backend model by `routerkt export`. It runs
+Copied verbatim into every version folder of a python-backend model by `routerkt export`, with
+routerkt_held_states.py beside it (the python backend puts the version folder on sys.path). It runs
 inside Triton's `triton_python_backend_stub` with the project venv's interpreter, so it imports only
-numpy, onnxruntime, the standard library and `triton_python_backend_utils`, never the project.
+numpy, onnxruntime, the standard library, `triton_python_backend_utils` and that file, never the project.
 The tensor names below mirror routerkt/contract/signature.py (a unit test keeps them equal).
 
 Triton 2.51 facts this file is written around (docs/operations.md, "Triton 2.51"):
@@ -29,11 +30,11 @@ Triton 2.51 facts this file is written around (docs/operations.md, "Triton 2.51"
 import json
 import os
 import time
-from collections import OrderedDict
 
 import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
+from routerkt_held_states import HeldStates, held_gauges
 
 # Mirrors routerkt/contract/signature.py: the score graph (SCORE, ONNX_FILE) ...
 QUESTIONS = "questions"
@@ -124,6 +125,7 @@ class TritonPythonModel:
                       for k, p in steps.items()} if served else {}
         budget = params.get(PARAM_HELD_STATE_BYTES, "")
         self.held = HeldStates(int(budget)) if served and budget.isdigit() and int(budget) > 0 else None
+        self.held_gauges = held_gauges(pb_utils, self.model_name, args["model_version"]) if self.held else []
         # The family must stay referenced as long as its metric: dropping it unregisters the metric.
         self.exec_family, self.exec_seconds = _exec_histogram(self.model_name, args["model_version"])
 
@@ -163,6 +165,8 @@ class TritonPythonModel:
                     self.session, self.input_names)
                 outputs = EXPLAIN_OUTPUTS if kind == "explain" else (self.output_name,)
             self._run(session, inputs, outputs, good, feeds, responses)
+        for gauge, value in zip(self.held_gauges[1:], (len(self.held.states), self.held.nbytes) if self.held else ()):
+            gauge.set(value)
         return responses
 
     def _kind(self, request):
@@ -354,60 +358,9 @@ class TritonPythonModel:
         self.explain_session = None
         self.steps = {}
         self.held = None
+        self.held_gauges = []
         self.exec_seconds = None
         self.exec_family = None
-
-
-class HeldStates:
-    """The learner states this instance keeps (key -> the state tensors, each [1, ...]), at most `budget`
-    bytes, least recently used out first. A key is the caller's and never reused for another state, so a
-    key kept twice is a clash of two callers' keys: neither is kept (both then rebuild)."""
-
-    def __init__(self, budget):
-        self.budget = budget
-        self.states = OrderedDict()
-        self.nbytes = 0
-
-    def gather(self, refs, lengths):
-        """The states under `refs` as one batch, or None when one is not kept or has another length."""
-        if len(refs) != len(lengths):
-            return None
-        rows = []
-        for ref, length in zip(refs.tolist(), lengths.tolist()):
-            state = self.states.get(ref)
-            if state is None or int(state[STATE_LENGTH][0]) != length:
-                return None
-            self.states.move_to_end(ref)
-            rows.append(state)
-        return {n: rows[0][n] if len(rows) == 1 else np.concatenate([r[n] for r in rows]) for n in rows[0]}
-
-    def keep(self, keys, outputs, offset):
-        """Keep row offset + k of every state tensor in `outputs` under keys[k]."""
-        for k, key in enumerate(keys.tolist()):
-            state = {n: np.array(o[offset + k:offset + k + 1]) for n, o in outputs.items()}
-            size = sum(a.nbytes for a in state.values())
-            if key in self.states or size > self.budget:
-                self.drop(key)
-                continue
-            self.states[key] = state
-            self.nbytes += size
-            while self.nbytes > self.budget:
-                self.drop(next(iter(self.states)))
-
-    def release(self, refs):
-        """Replaced states go first when room is needed; a call that read one before it was replaced still
-        finds it meanwhile (the gateway's Predict beside Observe's fill)."""
-        for ref in refs.tolist():
-            if ref in self.states:
-                self.states.move_to_end(ref, last=False)
-
-    def drop(self, key):
-        """Delete the state under `key`: its length, or -1 when none was held."""
-        state = self.states.pop(key, None)
-        if state is None:
-            return -1
-        self.nbytes -= sum(a.nbytes for a in state.values())
-        return int(state[STATE_LENGTH][0])
 
 
 def _session(path, options, input_names, output_names):

@@ -75,12 +75,12 @@ def two_model_repository(source: Path, name: str, version: int, out: Path) -> No
     """`name` (rank graph) and `name`-windows (score graph), both from one version folder."""
     from export.repository import publish_version
     from export.triton_config import PARAM_N_QUESTIONS, PARAM_N_SKILLS, TritonModelOptions, render_config
-    from export.triton_python_model import MODEL_PY
+    from export.triton_python_model import PYTHON_MODEL_FILES
 
     info = read_model_info(source, name, version)
     folder = version_dir(source, name, version)
     files = {f: folder / f for f in (ONNX_FILE, RANK_ONNX_FILE, VOCAB_FILE, INFO_FILE)}
-    files["model.py"] = MODEL_PY
+    files.update(PYTHON_MODEL_FILES)
     for served, graph in ((name, RANK.name), (f"{name}-windows", SCORE.name)):
         options = TritonModelOptions(window=info.window, graph=graph, parameters={
             PARAM_N_QUESTIONS: str(info.n_questions), PARAM_N_SKILLS: str(info.n_skills)})

@@ -113,14 +113,14 @@ class TritonLevel:
 def build_repository(presets: list[str], models: dict, onnx: dict[str, Path], repo: Path, batch: int,
                      length: int, threads: int) -> None:
     from export.repository import publish_version
-    from export.triton_python_model import MODEL_PY
+    from export.triton_python_model import PYTHON_MODEL_FILES
     from export.triton_config import PARAM_N_QUESTIONS, PARAM_N_SKILLS, TritonModelOptions, render_config
     for preset in presets:
         options = TritonModelOptions(window=length, max_batch_size=max(batch, 8), ort_intra_op_threads=threads,
                                      preferred_batch_sizes=sorted({min(batch, 128), min(batch, 256), batch}),
                                      max_queue_delay_us=5000,
                                      parameters={PARAM_N_QUESTIONS: str(N_QUESTIONS), PARAM_N_SKILLS: str(N_SKILLS)})
-        publish_version(repo, preset, {"model.onnx": onnx[preset], "model.py": MODEL_PY},
+        publish_version(repo, preset, {"model.onnx": onnx[preset], **PYTHON_MODEL_FILES},
                         render_config(preset, options))
 
 

@@ -82,7 +82,7 @@ METRIC_NAMES = (
 )
 
 # Metrics read from Triton's own /metrics port (Triton 2.51; docs/operations.md, "Triton 2.51 facts"), plus the
-# execution histogram our python-backend model.py registers there.
+# execution histogram and the held-state gauges our python-backend model.py registers there.
 TRITON_METRICS = (
     "nv_inference_request_success",
     "nv_inference_request_failure",
@@ -101,6 +101,8 @@ TRITON_METRICS = (
     "nv_cpu_memory_total_bytes",
     "nv_cpu_memory_used_bytes",
     "routerkt_triton_model_exec_seconds",
+    "routerkt_triton_held_states",
+    "routerkt_triton_held_state_bytes",
 )
 
 

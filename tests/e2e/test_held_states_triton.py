@@ -57,6 +57,13 @@ def _held(url: str, version: int, ref: int, length: int) -> bool:
         client.close()
 
 
+def _scraped(metrics_url: str, name: str) -> float:
+    """The sum of a metric's samples on a Triton's metrics port."""
+    import urllib.request
+    text = urllib.request.urlopen(f"http://{metrics_url}/metrics", timeout=5).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
 def _gaps(learners: list[Learner]) -> float:
     return max(learner.gap() for learner in learners)
 
@@ -91,6 +98,9 @@ def test_held_states_spread_over_replicas_answer_exactly_and_survive_a_lost_repl
         assert _gaps(learners) <= 1e-5                       # Observe's fill (held_append) or the Predict's
         assert held.lookups()["hit"] >= LEARNERS and _lost(held) == 0
         assert all(_inferences(held, i) > 0 for i in range(2)), "the learners' states on both replicas"
+        held_there = [_scraped(t.metrics_url, "routerkt_triton_held_states") for t in tritons]
+        assert all(n > 0 for n in held_there) and sum(held_there) >= LEARNERS, held_there     # Triton's gauges
+        assert all(_scraped(t.metrics_url, "routerkt_triton_held_state_bytes") > 0 for t in tritons)
 
         alike = Learner(sent, "sent-0", questions, skills, seed=0)
         alike.observe(6)

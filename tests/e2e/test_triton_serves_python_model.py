@@ -16,7 +16,7 @@ import pytest
 
 from routerkt.contract import signature
 from export.repository import list_versions, publish_version
-from export.triton_python_model import MODEL_PY
+from export.triton_python_model import PYTHON_MODEL_FILES
 from export.triton_config import PARAM_N_QUESTIONS, PARAM_N_SKILLS, TritonModelOptions, render_config
 from serving.tritonserver.launcher import STUB_NAME, TritonServer
 
@@ -34,7 +34,7 @@ def _publish(repo: Path, tiny, version: int | None = None) -> int:
         window=WINDOW, max_batch_size=64, preferred_batch_sizes=[8], max_queue_delay_us=20_000,
         parameters={PARAM_N_QUESTIONS: str(tiny.n_questions), PARAM_N_SKILLS: str(tiny.n_skills),
                     "run_id": "e2e"})
-    files = {signature.ONNX_FILE: tiny.onnx_path, "model.py": MODEL_PY,
+    files = {signature.ONNX_FILE: tiny.onnx_path, **PYTHON_MODEL_FILES,
              signature.VOCAB_FILE: b"{}", signature.INFO_FILE: b'{"preset": "tiny"}'}
     return publish_version(repo, MODEL, files, render_config(MODEL, options), version=version)
 
@@ -148,7 +148,7 @@ def test_a_new_version_is_served_next_to_the_previous_one(served) -> None:
 def test_start_failure_raises_with_the_log_tail_and_stops_the_server(tiny_kt_onnx, tmp_path) -> None:
     repo = tmp_path / "repo"
     options = TritonModelOptions(window=WINDOW, parameters={PARAM_N_QUESTIONS: "5", PARAM_N_SKILLS: "5"})
-    files = {signature.ONNX_FILE: b"this is not an onnx model", "model.py": MODEL_PY}
+    files = {signature.ONNX_FILE: b"this is not an onnx model", **PYTHON_MODEL_FILES}
     publish_version(repo, "broken", files, render_config("broken", options))
     server = TritonServer(repo, exit_timeout_s=2)
     with pytest.raises(RuntimeError, match="did not become ready") as info:

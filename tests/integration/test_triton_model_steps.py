@@ -28,6 +28,7 @@ GRAPHS = STEP_GRAPHS["attention"]
 def model(kt_step_repository):
     patch = pytest.MonkeyPatch()
     patch.setitem(sys.modules, "triton_python_backend_utils", _fake_pb_utils())
+    patch.syspath_prepend(str(MODEL_PY.parent))              # the stub puts the version folder on sys.path
     spec = importlib.util.spec_from_file_location("routerkt_test_step_model", MODEL_PY)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -155,5 +156,7 @@ def test_held_states_stay_within_their_budget_least_recently_used_out_first(mode
         model.execute([_Request({**history, "keep_as": np.array([key << 8])})])
     assert (1 << 8) not in model.held.states and {2 << 8, 3 << 8} <= set(model.held.states)
     assert model.held.nbytes <= 2 * size
+    states, nbytes = model.held_gauges[1:]                                    # the Triton metrics
+    assert (states.value, nbytes.value) == (len(model.held.states), model.held.nbytes)
     model.execute([_Request({**history, "keep_as": np.array([2 << 8])})])      # a key kept twice: a clash
     assert (2 << 8) not in model.held.states

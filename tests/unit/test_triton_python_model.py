@@ -18,7 +18,7 @@ import pytest
 
 from export import triton_config
 from routerkt.contract import signature
-from export.triton_python_model import MODEL_PY
+from export.triton_python_model import HELD_STATES_PY, MODEL_PY
 
 pytestmark = pytest.mark.unit
 
@@ -53,6 +53,9 @@ def test_tensor_and_parameter_literals_match_the_signature() -> None:
     assert (lit["STATE_REF"], lit["KEEP_AS"]) == (step_signature.STATE_REF.name, step_signature.KEEP_AS.name)
     assert lit["STATE_NOT_HELD"] == step_signature.STATE_NOT_HELD and lit["UPDATED"] == step_signature.UPDATED
     assert lit["STATE_LENGTH"] == step_signature.STATE_LENGTH.name
+    held = {n.targets[0].id: n.value.value for n in ast.parse(HELD_STATES_PY.read_text()).body
+            if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)}
+    assert held["STATE_LENGTH"] == step_signature.STATE_LENGTH.name
     from routerkt.contract.model_info import ModelInfo
     assert dict(lit["INFO_BOUNDS"]) == {"n_questions": triton_config.PARAM_N_QUESTIONS,
                                         "n_skills": triton_config.PARAM_N_SKILLS}
@@ -65,7 +68,11 @@ def test_model_py_imports_nothing_from_the_project() -> None:
                for alias in node.names}
     modules |= {node.module.split(".")[0] for node in ast.walk(tree)
                 if isinstance(node, ast.ImportFrom) and node.module}
-    assert modules <= {"collections", "json", "os", "time", "numpy", "onnxruntime", "triton_python_backend_utils"}
+    assert modules <= {"json", "os", "time", "numpy", "onnxruntime", "triton_python_backend_utils", "routerkt_held_states"}
+    tree = ast.parse(HELD_STATES_PY.read_text())
+    assert {alias.name for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+            for alias in node.names} | {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)} <= {
+        "collections", "OrderedDict", "numpy"}
 
 
 # -- a fake triton_python_backend_utils -----------------------------------------------------------
@@ -113,6 +120,9 @@ class _Histogram:
 
     def observe(self, value: float) -> None:
         self.observed.append(value)
+
+    def set(self, value: float) -> None:              # a gauge's
+        self.value = value
 
 
 class _MetricFamily:
@@ -177,6 +187,7 @@ def _initialized(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parameters: di
     pytest.importorskip("onnx")
     pytest.importorskip("onnxruntime")
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", _fake_pb_utils())
+    monkeypatch.syspath_prepend(str(MODEL_PY.parent))       # the stub puts the version folder on sys.path
     spec = importlib.util.spec_from_file_location("routerkt_test_backend_model", MODEL_PY)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
