@@ -18,8 +18,11 @@ and step_append of the rest, W - 1 at a time. Its entry keeps the last W - 1 int
 fingerprint of the ones before (serving/state/cache.py), a fixed size at any length.
 Every path gives the rank graph's probabilities on the same kept history (<= 1e-5; the e2e and
 integration tests compare them), so a miss or an eviction costs time, never a different answer.
-The new state is cached after the call. Learners are taken in chunks of at most `rows` per backend
-call, and a learner's candidates in pieces of at most `candidates` (as the rank path splits them).
+Where a state lives between calls is its placement (serving/state/placement.py): the entry's own tensors, sent
+with every step call, or a key under which Triton holds it (`held`); a held state Triton no longer has raises
+StateLost, and the caller answers again from whole histories. The new state is cached after the call.
+Learners are taken in chunks of at most `rows` per backend call, and a learner's candidates in pieces of at
+most `candidates` (as the rank path splits them).
 Observe's fill (`observed`, run in the background by serving/pipeline/state_fill.py) appends a learner's
 newly stored answers to its entry ahead of the next Predict, which waits for a fill in flight (`filling`)
 instead of appending the same answers again; whatever a fill leaves, the prefix rule above still decides.
