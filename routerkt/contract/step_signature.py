@@ -59,6 +59,7 @@ the caller's: random, never reused for another state (serving/state/placement.py
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from routerkt.contract.signature import RANK, Graph, TensorSpec
 
@@ -99,6 +100,15 @@ def updated(spec: TensorSpec) -> TensorSpec:
     return replace(spec, name=UPDATED + spec.name)
 
 
+class HeldGraphs(NamedTuple):
+    """The held calls of one state kind (the module docstring): the step graphs' names for a held state."""
+
+    start: Graph
+    append: Graph
+    next: Graph
+    drop: Graph
+
+
 @dataclass(frozen=True)
 class StepGraphs:
     """The three step graphs of one state kind."""
@@ -108,7 +118,7 @@ class StepGraphs:
     start: Graph
     append: Graph
     next: Graph
-    held: tuple[Graph, Graph, Graph, Graph]   # held_start, held_append, held_next, held_drop (the docstring)
+    held: HeldGraphs
 
     @property
     def graphs(self) -> tuple[Graph, Graph, Graph]:
@@ -124,10 +134,11 @@ class StepGraphs:
 
 
 def _step_graphs(kind: str, state: tuple[TensorSpec, ...]) -> StepGraphs:
-    held = (Graph("held_start", HISTORY + (KEEP_AS,), (STATE_LENGTH,)),
-            Graph("held_append", (STATE_LENGTH, STATE_REF) + APPENDED + (KEEP_AS,), (updated(STATE_LENGTH),)),
-            Graph("held_next", (STATE_LENGTH, STATE_REF) + CANDIDATES, RANK.outputs),
-            Graph("held_drop", (STATE_REF,), (STATE_LENGTH,)))
+    held = HeldGraphs(Graph("held_start", HISTORY + (KEEP_AS,), (STATE_LENGTH,)),
+                      Graph("held_append", (STATE_LENGTH, STATE_REF) + APPENDED + (KEEP_AS,),
+                            (updated(STATE_LENGTH),)),
+                      Graph("held_next", (STATE_LENGTH, STATE_REF) + CANDIDATES, RANK.outputs),
+                      Graph("held_drop", (STATE_REF,), (STATE_LENGTH,)))
     return StepGraphs(kind, state, start=Graph("step_start", HISTORY, state),
                       append=Graph("step_append", state + APPENDED, tuple(updated(t) for t in state)),
                       next=Graph("step_next", state + CANDIDATES, RANK.outputs), held=held)

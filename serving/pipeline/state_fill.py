@@ -59,7 +59,7 @@ class StateFill:
         for (name, version), keys in held.items():
             try:
                 model = self.service.catalog.get(name, version)
-                await self.service.backend.infer_step(model, STEP_GRAPHS[model.step_state].held[3].name,
+                await self.service.backend.infer_step(model, STEP_GRAPHS[model.step_state].held.drop.name,
                                                       {STATE_REF.name: np.array(keys, dtype=np.int64)},
                                                       self.service.settings.default_deadline_s)
             except asyncio.CancelledError:

@@ -150,7 +150,7 @@ class LearnerStates:
                  for i, (k, learner, (entry, _)) in enumerate(zip(keys, learners, read))]
         for plan, (_, revision) in zip(plans, read):
             plan.revision = revision
-        if any(p.state is not None and (p.state.held is not None) != place.held for p in plans):
+        if any(_kept_elsewhere(p.state, place.held) for p in plans):
             self._drop(model, plans)          # kept in the other place (the model's config changed): rebuild
             raise StateLost("a cached state is kept elsewhere")
         out: list[np.ndarray] = [np.empty(0, np.float32)] * len(learners)
@@ -197,7 +197,7 @@ class LearnerStates:
             self.cache.discard(model.name, model.version, learner_key)
             return "dropped"
         plan = self._continue(model, 0, self.learner_keys_of(learner_key), new, state, lookup=False)
-        if (state.held is not None) != held:
+        if _kept_elsewhere(state, held):
             self._drop(model, [plan])
             return "lost"
         try:
@@ -269,7 +269,7 @@ class LearnerStates:
         rows = [self.encoder.history_row(_head(p.encoded, first), model.window, width) for p in rebuild]
         feeds = {spec.name: np.stack([r[j] for r in rows]) for j, spec in enumerate(graphs.start.inputs)}
         feeds.update(place.keep_feeds([slot_of(p.keys.store) for p in rebuild]))
-        tensors = await run(place.graphs(graphs)[0].name, feeds)
+        tensors = await run(place.graphs(graphs).start.name, feeds)
         for k, p in enumerate(rebuild):
             covered = min(p.encoded.history_used, first)
             p.state = _entry(model, p, covered, place.kept(tensors, feeds, k))
@@ -291,7 +291,7 @@ class LearnerStates:
         feeds["append_skills"] = np.stack([self.encoder.widen(p.encoded.skills[i:i + count], width)
                                            for p, i in zip(moving, positions)])
         feeds.update(place.keep_feeds([p.state.held & SLOT_MASK for p in moving] if place.held else []))
-        tensors = await run(place.graphs(graphs)[1].name, feeds)
+        tensors = await run(place.graphs(graphs).append.name, feeds)
         return [place.kept(tensors, feeds, k) for k in range(len(moving))]
 
     async def _next(self, model: ModelVersion, chunk: list[_Learner], run: StepCall, limit: int,
@@ -309,11 +309,16 @@ class LearnerStates:
             candidate_skills[k, :piece.n_candidates, :piece.candidate_skills.shape[1]] = piece.candidate_skills
         feeds = place.state_feeds(graphs, [chunk[o].state for o in owners])
         feeds["candidate_questions"], feeds["candidate_skills"] = questions, candidate_skills
-        probs = (await run(place.graphs(graphs)[2].name, feeds))[graphs.next.output_names[0]]
+        probs = (await run(place.graphs(graphs).next.name, feeds))[graphs.next.output_names[0]]
         parts: list[list[np.ndarray]] = [[] for _ in chunk]
         for k, (piece, owner) in enumerate(zip(pieces, owners)):
             parts[owner].append(np.asarray(probs[k, :piece.n_candidates], dtype=np.float32))
         return [p[0] if len(p) == 1 else np.concatenate(p) for p in parts]
+
+
+def _kept_elsewhere(state: LearnerState | None, held: bool) -> bool:
+    """The entry's state is in the other place than the call's (the version's config changed since)."""
+    return state is not None and (state.held is not None) != held
 
 
 def _history_hash(learner: EncodedLearner, m: int) -> str:

@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from routerkt.contract.signature import Graph
-from routerkt.contract.step_signature import KEEP_AS, STATE_LENGTH, STATE_REF, UPDATED, StepGraphs
+from routerkt.contract.step_signature import KEEP_AS, STATE_LENGTH, STATE_REF, UPDATED, HeldGraphs, StepGraphs
 
 if TYPE_CHECKING:
     from serving.state.cache import LearnerState
@@ -59,8 +58,9 @@ class GatewayPlace:
 
     held = False
 
-    def graphs(self, graphs: StepGraphs) -> tuple[Graph, Graph, Graph]:
-        return graphs.graphs
+    def graphs(self, graphs: StepGraphs) -> StepGraphs | HeldGraphs:
+        """The calls this place makes (`.start`, `.append`, `.next`)."""
+        return graphs
 
     def state_feeds(self, graphs: StepGraphs, states: list[LearnerState]) -> dict[str, np.ndarray]:
         return {spec.name: _stacked([s.tensors[spec.name] for s in states]) for spec in graphs.state}
@@ -78,7 +78,7 @@ class HeldPlace:
 
     held = True
 
-    def graphs(self, graphs: StepGraphs) -> tuple[Graph, Graph, Graph]:
+    def graphs(self, graphs: StepGraphs) -> StepGraphs | HeldGraphs:
         return graphs.held
 
     def state_feeds(self, graphs: StepGraphs, states: list[LearnerState]) -> dict[str, np.ndarray]:
