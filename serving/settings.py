@@ -65,9 +65,10 @@ class Settings:
     held_states: bool = True                      # Triton keeps the states where the model's config allows it (a step
                                                   # call carries a key, not the state: serving/state/placement.py)
     fill_on_observe: bool = True                  # Observe advances the learner's cached states (in the background)
-    step_batch_rows: int = 1                      # > 1: step calls of concurrent Predicts reaching a graph in one event-
-                                                  # loop turn share one backend call of at most this many rows (off:
-                                                  # no gain measured here, docs/benchmarks.md "The ceiling")
+    step_batch_rows: int = 64                     # > 1: step calls of concurrent Predicts share one backend call of at
+                                                  # most this many rows (serving/pipeline/step_batching.py)
+    step_gather_s: float = 0.005                  # how long a batch waits for more calls at most (0: one loop turn);
+                                                  # it goes at once when every call in flight is in it
     store_probe_s: float = 1.0                    # how often the store is pinged (health, recovery)
     store_expiry_s: float = 60.0                  # how often inactive learners are swept (SQLite)
 
@@ -181,10 +182,14 @@ class Settings:
         if not isinstance(self.bulk_pause_ratio, (int, float)) or isinstance(self.bulk_pause_ratio, bool) \
                 or not self.bulk_pause_ratio >= 0:
             raise UserError(f"settings.bulk_pause_ratio must be a number >= 0, got {self.bulk_pause_ratio!r}")
-        for name in ("inflight_wait_s", "deadline_margin_s", "grace_period_s", "reload_cooldown_s", "store_ttl_s"):
+        for name in ("inflight_wait_s", "deadline_margin_s", "grace_period_s", "reload_cooldown_s", "store_ttl_s",
+                     "step_gather_s"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
                 raise UserError(f"settings.{name} must be >= 0 seconds, got {value!r}")
+        if self.step_gather_s > 0.1:
+            raise UserError(f"settings.step_gather_s must be at most 0.1 s (a batch's wait adds to its calls' latency), "
+                            f"got {self.step_gather_s!r}")
         if not isinstance(self.state_cache_mb, (int, float)) or isinstance(self.state_cache_mb, bool) \
                 or not self.state_cache_mb >= 0:
             raise UserError(f"settings.state_cache_mb must be a number of MiB >= 0, got {self.state_cache_mb!r}")

@@ -65,6 +65,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-mb", type=float, default=256.0, help="--state-cache-mb of the cache-on gateway")
     p.add_argument("--burst", type=int, default=10, help="answers per visit in the session pattern")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--serve-config", type=Path, default=None, metavar="TOML",
+                   help="a `routerkt serve --config` file every gateway starts with (e.g. step_batch_rows = 1)")
     p.add_argument("--backend", choices=BACKENDS, default=BACKENDS[0],
                    help="the gateways' inference: in-process onnxruntime, or one tritonserver started here")
     p.add_argument("--histories", default=",".join(map(str, HISTORIES)), help="history lengths, comma-separated")
@@ -102,7 +104,8 @@ class Bench:
                 stale.unlink()
             gateway = GatewayProcess(args.repository.resolve(), folder, [
                 *backend, "--store", f"sqlite:///{folder / 'sessions.sqlite3'}",
-                "--state-cache-mb", f"{budget:g}", "--no-track-outcomes", *flags])
+                "--state-cache-mb", f"{budget:g}", "--no-track-outcomes", *flags,
+                *(["--config", str(args.serve_config.resolve())] if args.serve_config else [])])
             gateway.start()
             stack.callback(gateway.stop)
             self.gateways[mode] = gateway.wait_serving()

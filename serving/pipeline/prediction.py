@@ -8,8 +8,7 @@ version's group runs on its own) -> admission (serving/pipeline/admission.py, Pr
 `complete_history` (the request's history or the session store's) -> `encode` (ids -> left-padded
 windows) -> `infer` / `infer_outputs` (the backend, within the caller's deadline; for a Predict's
 learners named by learner_id, the learner-state path of serving/state/ when the backend runs the
-version's step graphs) -> the
-prediction sink (Predict only). Learners whose route names a shadow version are
+version's step graphs) -> the prediction sink (Predict only). Learners whose route names a shadow version are
 scored again by it in the background, after the answer (at most max_shadow_inflight such tasks;
 beyond that skipped and counted); shadow answers go to the sink only. With `issue_prediction_ids`,
 each learner not named by learner_id gets a prediction_id. Every failure a client sees is a
@@ -68,7 +67,8 @@ class PredictionService:
         self.states = states                                  # the learner-state path (serving/state/), or None
         # a band model's history beyond W - 1 goes through its step graphs, uncached without a state cache
         self._band_steps = states or LearnerStates(StateCache(0), encoder)
-        self.step_batcher = StepBatcher(settings.step_batch_rows) if settings.step_batch_rows > 1 else None
+        self.step_batcher = StepBatcher(settings.step_batch_rows, settings.step_gather_s, lambda: self._inflight,
+                                        alone_after=(StateLost,)) if settings.step_batch_rows > 1 else None
         self._slots = asyncio.Semaphore(settings.max_inflight)
         self._inflight = 0
         self._queued = 0                                     # calls waiting for a slot
@@ -172,9 +172,8 @@ class PredictionService:
         return self.settings.held_states and self.backend.holds_states(model)
 
     def step_runner(self, model: ModelVersion, deadline: Deadline) -> StepCall:
-        """(step graph, feeds) -> outputs: `model`'s step graphs through the backend, within `deadline`; calls
-        of other Predicts reaching the same graph in the same event-loop turn share one backend call
-        (serving/pipeline/step_batching.py)."""
+        """(step graph, feeds) -> outputs: `model`'s step graphs through the backend, within `deadline`; calls of
+        concurrent Predicts share one backend call (serving/pipeline/step_batching.py)."""
         async def step(timeout: float, graph: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             try:
                 return await self.backend.infer_step(model, graph, feeds, timeout)

@@ -1,5 +1,6 @@
-"""StepBatcher: step calls reaching it in one event-loop turn share one backend call, each caller gets its own rows
-back; calls of other shapes or beyond max_rows go apart; a failure reaches every member."""
+"""StepBatcher: step calls gathered together share one backend call, each caller gets its own rows
+back; a batch goes when every call in flight is in it, after gather_s, or full; calls of other shapes go apart; a
+failure reaches every member."""
 from __future__ import annotations
 
 import asyncio
@@ -65,3 +66,73 @@ def test_a_failure_reaches_every_member() -> None:
                                     return_exceptions=True)
     outputs = asyncio.run(main())
     assert backend.batches == [3] and all(isinstance(o, RuntimeError) for o in outputs)
+
+
+def test_a_batch_goes_as_soon_as_every_call_in_flight_is_in_it() -> None:
+    backend, inflight = Backend(), [3]
+    batcher = StepBatcher(max_rows=64, gather_s=30.0, arriving=lambda: inflight[0])
+
+    async def main():
+        started = asyncio.get_running_loop().time()
+        first = [asyncio.ensure_future(batcher.run(("m", 1, "g"), rows(k), backend.send, 60.0)) for k in range(2)]
+        await asyncio.sleep(0.05)
+        assert backend.batches == [] and not any(f.done() for f in first)     # a third call is still on its way
+        last = await batcher.run(("m", 1, "g"), rows(2), backend.send, 60.0)
+        return [await f for f in first] + [last], asyncio.get_running_loop().time() - started
+    outputs, took = asyncio.run(main())
+    assert backend.batches == [3] and took < 5.0
+    assert all(np.array_equal(out["y"], rows(k)["x"] * 2) for k, out in enumerate(outputs))
+
+
+def test_a_batch_waits_at_most_gather_s_for_calls_that_do_not_come() -> None:
+    backend = Backend()
+    batcher = StepBatcher(max_rows=64, gather_s=0.05, arriving=lambda: 10)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        outputs = await asyncio.gather(*(batcher.run(("m", 1, "g"), rows(k), backend.send, 60.0) for k in range(2)))
+        return outputs, loop.time() - started
+    outputs, took = asyncio.run(main())
+    assert backend.batches == [2] and 0.04 <= took < 5.0
+    assert np.array_equal(outputs[1]["y"], rows(1)["x"] * 2)
+
+
+def test_a_full_batch_goes_at_once() -> None:
+    backend = Backend()
+    batcher = StepBatcher(max_rows=2, gather_s=30.0, arriving=lambda: 10)
+
+    async def main():
+        calls = [asyncio.ensure_future(batcher.run(("m", 1, "g"), rows(k), backend.send, 60.0)) for k in range(3)]
+        await asyncio.sleep(0.05)
+        sent = backend.batches[:]
+        for call in calls:                      # the third one's batch would gather for 30 s
+            call.cancel()
+        await asyncio.gather(*calls, return_exceptions=True)
+        return sent
+    assert asyncio.run(main()) == [2]           # the third call opened a new batch, still gathering
+
+
+class Lost(Exception):
+    pass
+
+
+def test_after_a_member_failure_every_member_goes_again_alone() -> None:
+    """A merged call failing with one of alone_after (a state one member's key lost) is sent again member by
+    member: only that member fails, the others get their rows."""
+    batches: list[int] = []
+
+    async def send(feeds):
+        batches.append(int(feeds["x"].shape[0]))
+        if (feeds["x"][:, 0] == 100).any():                 # member 1's rows
+            raise Lost("state not held")
+        return {"y": feeds["x"] * 2}
+    batcher = StepBatcher(max_rows=64, alone_after=(Lost,))
+
+    async def main():
+        return await asyncio.gather(*(batcher.run(("m", 1, "g"), rows(k), send, 5.0) for k in range(3)),
+                                    return_exceptions=True)
+    outputs = asyncio.run(main())
+    assert batches == [3, 1, 1, 1]
+    assert isinstance(outputs[1], Lost)
+    assert np.array_equal(outputs[0]["y"], rows(0)["x"] * 2) and np.array_equal(outputs[2]["y"], rows(2)["x"] * 2)
