@@ -15,7 +15,10 @@ synchronous=NORMAL: a cache, so no fsync, and its writes never wait behind or bl
     served(owner, question, model, version, probability, expires_ms)  PK (owner, question, model, version)
 
 One writer thread and one reader thread, each with its own connection (sqlite3 connections stay in
-the thread that made them); the event loop never waits on the disk. An append is one IMMEDIATE
+the thread that made them); the event loop never waits on a lock. The one exception is a read of at most
+INLINE_READ_ROWS events (a cached learner's freshness check, serving/sessions/history.py): it runs on the
+event loop's own connection with no busy wait (a WAL reader takes no lock a writer holds), about the cost
+of the thread hop it saves; should SQLite answer busy or fail, the reader thread reads it. An append is one IMMEDIATE
 transaction: skip known event keys, insert the rest with consecutive sequence numbers, trim to
 `keep`, update the learner row. Another process writing the same file waits on SQLite's lock
 (busy timeout), so appends of one learner stay ordered.
@@ -49,6 +52,7 @@ SERVED_SCHEMA = (
     "CREATE INDEX IF NOT EXISTS served_by_expiry ON served (expires_ms)",
 )
 BUSY_TIMEOUT_S = 5.0
+INLINE_READ_ROWS = 8       # a history read of at most this many events runs on the event loop's thread
 
 
 class SqliteStore:
@@ -78,6 +82,7 @@ class SqliteStore:
         await self._run(self._served, self._create_served)
 
     async def close(self) -> None:
+        self._close_local()                        # the event loop thread's read connection
         for pool in (self._writer, self._reader, self._served):
             await asyncio.get_running_loop().run_in_executor(pool, self._close_local)
             pool.shutdown(wait=False)              # its queue is empty: never block the event loop
@@ -95,6 +100,13 @@ class SqliteStore:
     def _connection(self) -> sqlite3.Connection:
         return self._thread_connection("conn", self.path, "FULL")
 
+    def _loop_connection(self) -> sqlite3.Connection:
+        """The event loop thread's read connection: never waits on a lock (busy: sqlite3.OperationalError)."""
+        conn = getattr(self._local, "loop", None)
+        if conn is None:
+            conn = self._local.loop = sqlite3.connect(self.path, timeout=0, isolation_level=None)
+        return conn
+
     def _served_connection(self) -> sqlite3.Connection:
         return self._thread_connection("served", self.served_path, "NORMAL")
 
@@ -104,7 +116,7 @@ class SqliteStore:
             conn.execute(statement)
 
     def _close_local(self) -> None:
-        for name in ("conn", "served"):
+        for name in ("conn", "served", "loop"):
             conn = getattr(self._local, name, None)
             if conn is not None:
                 conn.close()
@@ -181,15 +193,20 @@ class SqliteStore:
                             new=tuple(flags), revision=Revision(next_seq - count, next_seq) if count else None)
 
     async def history(self, learner_key: str, limit: int) -> History:
-        def read() -> History:
-            rows = self._connection().execute(           # one statement: the events and the log, one snapshot
+        def read(conn: sqlite3.Connection) -> History:
+            rows = conn.execute(                          # one statement: the events and the log, one snapshot
                 "SELECT question, skill, correct, skills, (SELECT next_seq FROM learners WHERE learner = ?1), "
                 "(SELECT count FROM learners WHERE learner = ?1) FROM events WHERE learner = ?1 "
                 "ORDER BY seq DESC LIMIT ?2", (learner_key, limit)).fetchall()[::-1]
             sets = {i: parse_skills(row[3]) for i, row in enumerate(rows) if row[3] is not None}
             revision = Revision(rows[0][4] - rows[0][5], rows[0][4]) if rows and rows[0][4] is not None else None
             return History.from_rows([row[:3] for row in rows], sets, revision)
-        return await self._run(self._reader, read)
+        if limit <= INLINE_READ_ROWS:
+            try:
+                return read(self._loop_connection())
+            except sqlite3.Error:                         # busy, or failing: the reader thread, which waits or says
+                pass
+        return await self._run(self._reader, lambda: read(self._connection()))
 
     async def forget(self, learner_key: str) -> tuple[bool, int]:
         def delete() -> tuple[bool, int]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 
 from serving import status_errors as errors
@@ -80,7 +81,7 @@ class StoreCalls:
             raise errors.deadline_exceeded("the call's deadline passed before the session store was asked")
         started = time.perf_counter()
         try:
-            result = await asyncio.wait_for(coro, timeout)
+            result = await _within(coro, timeout)
         except asyncio.TimeoutError:
             self.metrics.store_errors.labels(operation=operation).inc()
             log.warning("session store %s did not answer within the call's deadline (%.3fs)", operation, timeout)
@@ -95,3 +96,12 @@ class StoreCalls:
             self.metrics.store_seconds.labels(operation=operation).observe(time.perf_counter() - started)
         self._set_up(True)
         return result
+
+
+async def _within(coro, timeout: float):
+    """`await coro`, TimeoutError after `timeout` s; in the caller's own task where asyncio.timeout exists
+    (Python 3.11+: no task and loop turn more per store call), else through asyncio.wait_for."""
+    if sys.version_info < (3, 11):
+        return await asyncio.wait_for(coro, timeout)
+    async with asyncio.timeout(timeout):
+        return await coro

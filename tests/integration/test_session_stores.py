@@ -273,3 +273,26 @@ def test_redis_reads_entries_written_before_skill_sets(redis_server) -> None:
         await store.append(key, [StoredEvent(KEYS.event(key, "new"), 102, (8, 9), 1)], keep=10, now_ms=2)
         assert (await store.history(key, 10)).skills.tolist() == [[7, -2], [-2, -2], [8, 9]]
     run(with_store(redis_server.url, scenario))
+
+
+def test_sqlite_small_reads_run_inline_and_fall_back_to_the_reader_thread(tmp_path) -> None:
+    """A read of at most INLINE_READ_ROWS events runs on the event loop's own connection, sees a commit made
+    through the writer thread at once, and is read by the reader thread when that connection fails."""
+    from serving.sessions.sqlite_store import INLINE_READ_ROWS
+
+    async def scenario(store):
+        key = KEYS.learner("inline")
+        await store.append(key, events("inline", range(6)), keep=50, now_ms=1)
+        small = await store.history(key, INLINE_READ_ROWS)
+        assert store._local.loop is not None                    # the loop thread's connection answered
+        assert small.questions.tolist() == list(range(100, 106)) and small.revision.next - small.revision.first == 6
+        await store.append(key, events("inline", range(6, 9), start_q=106), keep=50, now_ms=2)
+        assert (await store.history(key, 2)).questions.tolist() == [107, 108]     # the newest commit is seen
+
+        def broken():
+            raise sqlite3.OperationalError("database is locked")
+        store._loop_connection = broken
+        fell_back = await store.history(key, 4)
+        assert fell_back.questions.tolist() == [105, 106, 107, 108]
+        assert fell_back.revision == (await store.history(key, 50)).revision
+    run(with_store(f"sqlite:///{tmp_path / 'inline.sqlite3'}", scenario))
