@@ -212,10 +212,20 @@ class WindowEncoder:
             first += learner.n_candidates
         return Inference(indices, dict(zip(SCORE.input_names, arrays)), reads, rank=False)
 
+SMALL_ROWS = 16         # _map of at most this many rows goes by dictionary lookups
+
 
 def _map(raw_questions: np.ndarray, raw_skills: np.ndarray, vocab: Vocab) -> tuple[np.ndarray, np.ndarray, int, int]:
     """(question ids [n], skill sets [n, K] in model ids, #unknown questions, #skill slots mapped to
     UNK). Absent sets (first slot ABSENT_SKILL) are the vocabulary's set of the question."""
+    if raw_questions.shape[0] <= SMALL_ROWS:
+        return _map_small(raw_questions, raw_skills, vocab)
+    return _map_arrays(raw_questions, raw_skills, vocab)
+
+
+def _map_arrays(raw_questions: np.ndarray, raw_skills: np.ndarray,
+                vocab: Vocab) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """_map with numpy, for many rows."""
     questions = vocab.encode_questions(raw_questions)
     absent = raw_skills[:, 0] == ABSENT_SKILL
     if not absent.any():
@@ -234,3 +244,28 @@ def _map(raw_questions: np.ndarray, raw_skills: np.ndarray, vocab: Vocab) -> tup
     if resolved.shape[1] > 1:                      # unused slots (one column holds none once resolved)
         skills[resolved == NO_SKILL] = PAD_ID
     return questions, skills, int((questions == UNK_ID).sum()), int((skills == UNK_ID).sum())
+
+
+def _map_small(raw_questions: np.ndarray, raw_skills: np.ndarray,
+               vocab: Vocab) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """_map by dictionary lookups: the same result, without numpy's per-call cost on a few rows (a Predict's
+    candidates, a cached learner's new answers; tests/unit/test_encoder.py compares the two)."""
+    n, width = raw_skills.shape
+    rows = raw_skills.tolist()
+    absent = [k for k, row in enumerate(rows) if row[0] == ABSENT_SKILL]
+    if absent:
+        raw = raw_questions.tolist()
+        looked = [vocab.question_skills.get(raw[k], (-1,)) for k in absent]
+        used = 1 if vocab.max_skills == 1 else max(len(skill_set) for skill_set in looked)
+        if used > width:
+            rows = [row + [NO_SKILL] * (used - width) for row in rows]
+        for k, skill_set in zip(absent, looked):
+            rows[k][:used] = list(skill_set[:used]) + [NO_SKILL] * (used - len(skill_set[:used]))
+    pad = len(rows[0]) > 1 if rows else False          # unused slots of a set: PAD_ID (one column holds none)
+    skill_ids = vocab.skills
+    skills = [[PAD_ID if pad and s == NO_SKILL else skill_ids.get(s, UNK_ID) for s in row] for row in rows]
+    question_ids = vocab.questions
+    questions = [question_ids.get(q, UNK_ID) for q in raw_questions.tolist()]
+    skill_array = np.array(skills, dtype=np.int64).reshape(n, len(rows[0]) if rows else width)
+    return (np.array(questions, dtype=np.int64), skill_array, questions.count(UNK_ID),
+            sum(row.count(UNK_ID) for row in skills))

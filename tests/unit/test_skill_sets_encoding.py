@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from routerkt.contract.signature import PAD_ID, RANK, SCORE, UNK_ID, zero_inputs
+from routerkt.contract.signature import NO_SKILL, PAD_ID, RANK, SCORE, UNK_ID, zero_inputs
 from routerkt.contract.vocab import Vocab
 from serving.core.catalog import ModelVersion, _skill_sets
 from serving.encoder.window import WindowEncoder, encode_learner
@@ -146,3 +146,22 @@ def test_stored_events_read_back_as_sets():
     assert history.skills.tolist() == [[3, 17], [5, -2], [-2, -2], [-2, -2]]
     assert History.from_rows([(1, 5, 1)]).skills.shape == (1, 1)
     assert History.empty().skills.shape == (0, 1)
+
+
+@pytest.mark.parametrize("vocab", [VOCAB, SINGLE], ids=["sets", "single"])
+def test_the_small_rows_path_maps_exactly_as_the_array_path(vocab):
+    from serving.encoder.window import _map_arrays, _map_small
+    rng = np.random.default_rng(7)
+    raw_ids = [100, 101, 102, 103, 999, -1]
+    skill_ids = [7, 8, 9, 55, -1]
+    for _ in range(400):
+        n, width = int(rng.integers(0, 17)), int(rng.integers(1, 4))
+        questions = np.array(rng.choice(raw_ids, n), dtype=np.int64)
+        skills = np.full((n, width), NO_SKILL, dtype=np.int64)
+        for k in range(n):
+            used = int(rng.integers(0, width + 1))          # 0: absent (looked up from the vocabulary)
+            skills[k, :used] = rng.choice(skill_ids, used)
+        small, arrays = _map_small(questions, skills, vocab), _map_arrays(questions, skills, vocab)
+        assert small[0].dtype == arrays[0].dtype == np.int64 and small[1].dtype == np.int64
+        assert np.array_equal(small[0], arrays[0]) and small[1].shape == arrays[1].shape
+        assert np.array_equal(small[1], arrays[1]) and small[2:] == arrays[2:]
