@@ -67,8 +67,8 @@ class Settings:
     fill_on_observe: bool = True                  # Observe advances the learner's cached states (in the background)
     step_batch_rows: int = 64                     # > 1: step calls of concurrent Predicts share one backend call of at
                                                   # most this many rows (serving/pipeline/step_batching.py)
-    step_gather_s: float = 0.005                  # how long a batch waits for more calls at most (0: one loop turn);
-                                                  # it goes at once when every call in flight is in it
+    step_gather_s: float = 0.002                  # how long a batch waits for more calls at most (0: one loop turn;
+                                                  # a lone call, the gateway serving no other, never waits)
     store_probe_s: float = 1.0                    # how often the store is pinged (health, recovery)
     store_expiry_s: float = 60.0                  # how often inactive learners are swept (SQLite)
 

@@ -68,7 +68,7 @@ class PredictionService:
         # a band model's history beyond W - 1 goes through its step graphs, uncached without a state cache
         self._band_steps = states or LearnerStates(StateCache(0), encoder)
         self.step_batcher = StepBatcher(settings.step_batch_rows, settings.step_gather_s, lambda: self._inflight,
-                                        alone_after=(StateLost,)) if settings.step_batch_rows > 1 else None
+                                        (StateLost,)) if settings.step_batch_rows > 1 else None
         self._slots = asyncio.Semaphore(settings.max_inflight)
         self._inflight = 0
         self._queued = 0                                     # calls waiting for a slot

@@ -1,13 +1,15 @@
 """StepBatcher: concurrent step-graph calls of one model version share one backend call (issue 58).
 
 A call joins the batch of its (model, version, graph, input shapes past the batch axis) that is still
-gathering, up to `max_rows` rows. A batch is sent when the first of these comes:
-- every call in flight that could still join is already waiting in a batch (`arriving()`, the pipeline's
-  calls in flight: with one caller that is at once, so a lone call never waits);
-- `gather_s` after its first call (0: the event loop's next turn, so only calls that reach this point in the
-  same turn share it).
-While the event loop is busy with the other calls' earlier steps the batch fills, so under load one
-onnxruntime run or Triton request serves several Predicts (docs/benchmarks.md, "The ceiling").
+gathering. A batch is sent at the first of:
+- `max_rows` rows in it;
+- `gather_s` after its first call;
+- the event loop's next turn, for a lone call: the gateway serves no other call (`inflight()` <= 1) and the
+  last batch sent had one call, so at low load a call never waits.
+Under load the batch fills while the event loop serves the other calls' earlier steps, so one onnxruntime
+run or Triton request serves several Predicts (docs/benchmarks.md, "The ceiling": mean batch about 3 at 8
+callers with gather_s 2 ms). Waiting only until every call in flight had joined did not gather: the next
+calls are still in gRPC's queue then, not yet counted.
 Every step graph's inputs and outputs are batch-first and its rows are independent, so each caller gets
 back exactly its rows (the same values within float rounding: tests/integration/test_learner_states.py
 compares them with the full forward). The merged call runs under the longest deadline among its callers;
@@ -36,18 +38,16 @@ class _Batch:
 
 
 class StepBatcher:
-    """Gathers step calls per key until no other call can join or `gather_s` has passed (module docstring)."""
+    """Gathers step calls per key while calls are dense, at most `gather_s` (see the module docstring)."""
 
-    def __init__(self, max_rows: int, gather_s: float = 0.0,
-                 arriving: Callable[[], int] | None = None,
+    def __init__(self, max_rows: int, gather_s: float = 0.0, inflight: Callable[[], int] | None = None,
                  alone_after: tuple[type[Exception], ...] = ()) -> None:
         self.max_rows = max(1, max_rows)
         self.gather_s = max(0.0, gather_s)
-        self.arriving = arriving             # calls in flight that may reach the batcher, waiting ones included
-                                             # (None: unknown, a batch waits its gather_s)
-        self._gathering: dict[tuple, _Batch] = {}
-        self._waiting = 0                    # calls in batches not sent yet
         self.alone_after = alone_after       # failures of a merged call that may be one member's: each goes alone
+        self._gathering: dict[tuple, _Batch] = {}
+        self.inflight = inflight             # the calls the gateway is serving now (None: unknown, a batch waits)
+        self._last_lone = True               # the last batch sent had one call
         self.calls = 0                      # backend calls made (for tests and benchmarks)
         self.joined = 0                     # step calls that went in them
 
@@ -60,26 +60,24 @@ class StepBatcher:
             if batch is not None:
                 self._flush(shape_key, batch)
             batch = self._gathering[shape_key] = _Batch()
-            if self.gather_s > 0:
-                loop.call_later(min(self.gather_s, time_left_s), self._flush, shape_key, batch)
-            else:
+            if self._last_lone and self.inflight is not None and self.inflight() <= 1:   # no one to wait for
                 loop.call_soon(self._flush, shape_key, batch)
+            else:
+                loop.call_later(min(self.gather_s, time_left_s), self._flush, shape_key, batch)
         future = loop.create_future()
         batch.feeds.append(feeds)
         batch.futures.append(future)
         batch.sends.append((time_left_s, send))
         batch.rows += rows
-        self._waiting += 1
-        if self.arriving is not None and self._waiting >= self.arriving():   # nobody else can come: send them
-            for waiting_key, gathering in list(self._gathering.items()):
-                self._flush(waiting_key, gathering)
+        if batch.rows >= self.max_rows:
+            self._flush(shape_key, batch)
         return await asyncio.shield(future)
 
     def _flush(self, shape_key: tuple, batch: _Batch) -> None:
         if batch.sent:
             return
         batch.sent = True
-        self._waiting -= len(batch.futures)
+        self._last_lone = len(batch.futures) == 1
         if self._gathering.get(shape_key) is batch:
             del self._gathering[shape_key]
         task = asyncio.ensure_future(self._send(batch))

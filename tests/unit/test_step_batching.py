@@ -1,6 +1,6 @@
 """StepBatcher: step calls gathered together share one backend call, each caller gets its own rows
-back; a batch goes when every call in flight is in it, after gather_s, or full; calls of other shapes go apart; a
-failure reaches every member."""
+back; a lone call goes at once, others wait at most gather_s, a full batch goes; calls of other shapes go apart;
+a failure reaches every member (one of alone_after: each member goes again alone)."""
 from __future__ import annotations
 
 import asyncio
@@ -68,31 +68,33 @@ def test_a_failure_reaches_every_member() -> None:
     assert backend.batches == [3] and all(isinstance(o, RuntimeError) for o in outputs)
 
 
-def test_a_batch_goes_as_soon_as_every_call_in_flight_is_in_it() -> None:
-    backend, inflight = Backend(), [3]
-    batcher = StepBatcher(max_rows=64, gather_s=30.0, arriving=lambda: inflight[0])
-
-    async def main():
-        started = asyncio.get_running_loop().time()
-        first = [asyncio.ensure_future(batcher.run(("m", 1, "g"), rows(k), backend.send, 60.0)) for k in range(2)]
-        await asyncio.sleep(0.05)
-        assert backend.batches == [] and not any(f.done() for f in first)     # a third call is still on its way
-        last = await batcher.run(("m", 1, "g"), rows(2), backend.send, 60.0)
-        return [await f for f in first] + [last], asyncio.get_running_loop().time() - started
-    outputs, took = asyncio.run(main())
-    assert backend.batches == [3] and took < 5.0
-    assert all(np.array_equal(out["y"], rows(k)["x"] * 2) for k, out in enumerate(outputs))
-
-
-def test_a_batch_waits_at_most_gather_s_for_calls_that_do_not_come() -> None:
+def test_a_lone_call_never_waits() -> None:
+    """The gateway serves this call only and the last batch was lone: sent at the loop's next turn."""
     backend = Backend()
-    batcher = StepBatcher(max_rows=64, gather_s=0.05, arriving=lambda: 10)
+    batcher = StepBatcher(max_rows=64, gather_s=30.0, inflight=lambda: 1)
 
     async def main():
         loop = asyncio.get_running_loop()
         started = loop.time()
-        outputs = await asyncio.gather(*(batcher.run(("m", 1, "g"), rows(k), backend.send, 60.0) for k in range(2)))
+        outputs = [await batcher.run(("m", 1, "g"), rows(k), backend.send, 60.0) for k in range(3)]
         return outputs, loop.time() - started
+    outputs, took = asyncio.run(main())
+    assert backend.batches == [1, 1, 1] and took < 5.0
+    assert np.array_equal(outputs[2]["y"], rows(2)["x"] * 2)
+
+
+def test_with_other_calls_in_flight_a_batch_waits_gather_s_for_more() -> None:
+    backend, inflight = Backend(), [1]
+    batcher = StepBatcher(max_rows=64, gather_s=0.05, inflight=lambda: inflight[0])
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        inflight[0] = 3
+        started = loop.time()
+        first = asyncio.ensure_future(batcher.run(("m", 1, "g"), rows(0), backend.send, 60.0))
+        await asyncio.sleep(0.01)                       # a later call, still within the first one's gather_s
+        second = await batcher.run(("m", 1, "g"), rows(1), backend.send, 60.0)
+        return [await first, second], loop.time() - started
     outputs, took = asyncio.run(main())
     assert backend.batches == [2] and 0.04 <= took < 5.0
     assert np.array_equal(outputs[1]["y"], rows(1)["x"] * 2)
@@ -100,7 +102,7 @@ def test_a_batch_waits_at_most_gather_s_for_calls_that_do_not_come() -> None:
 
 def test_a_full_batch_goes_at_once() -> None:
     backend = Backend()
-    batcher = StepBatcher(max_rows=2, gather_s=30.0, arriving=lambda: 10)
+    batcher = StepBatcher(max_rows=2, gather_s=30.0, inflight=lambda: 10)
 
     async def main():
         calls = [asyncio.ensure_future(batcher.run(("m", 1, "g"), rows(k), backend.send, 60.0)) for k in range(3)]
