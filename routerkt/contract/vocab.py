@@ -96,6 +96,7 @@ class Vocab:
                                 for q, skill_set in question_skills.items()}
         self._tables: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._sets: np.ndarray | None = None
+        self._max_skills: int | None = None
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Vocab) and (self.questions, self.skills, self.question_skills) == \
@@ -112,7 +113,9 @@ class Vocab:
     @property
     def max_skills(self) -> int:
         """The largest skill set of a question (>= 1)."""
-        return max((len(skill_set) for skill_set in self.question_skills.values()), default=1)
+        if self._max_skills is None:
+            self._max_skills = max((len(skill_set) for skill_set in self.question_skills.values()), default=1)
+        return self._max_skills
 
     # -- sizes --------------------------------------------------------------------------------
     @property

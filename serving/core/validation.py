@@ -100,9 +100,10 @@ def validate_learner(learner: LearnerQuery, settings: Settings, prefix: str) -> 
                                f"at most {settings.max_candidates} candidates, got {n_candidates}")
 
     max_skills = settings.max_skills_per_interaction
-    _first_bad(questions < 0, f"{prefix}history", "question_id", "must be >= 0")
-    check_skills(skills, learner.history_sets, f"{prefix}history", max_skills)
-    _first_bad((correct != 0) & (correct != 1), f"{prefix}history", "correct", "must be 0 or 1")
+    if n_history:                                    # (an empty history, a Predict by learner_id: nothing to check)
+        _first_bad(questions < 0, f"{prefix}history", "question_id", "must be >= 0")
+        check_skills(skills, learner.history_sets, f"{prefix}history", max_skills)
+        _first_bad((correct != 0) & (correct != 1), f"{prefix}history", "correct", "must be 0 or 1")
     _first_bad(candidate_questions < 0, f"{prefix}candidates", "question_id", "must be >= 0")
     check_skills(candidate_skills, learner.candidate_sets, f"{prefix}candidates", max_skills)
     return LearnerInput(questions, skills, correct, candidate_questions, candidate_skills, prefix, learner.learner_id,

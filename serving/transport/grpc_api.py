@@ -94,6 +94,9 @@ def learner_query(history: Sequence, candidates: Sequence, learner_id: str = "",
          history_sets) = column_arrays(columns.question_ids, columns.skill_ids, columns.correct,
                                        f"{prefix}history_columns", len(history), columns.skill_lengths,
                                        columns.skill_values, max_skills)
+    elif not history:                                     # a Predict by learner_id
+        history_questions, history_correct = np.empty(0, np.int64), np.empty(0, np.int64)
+        history_skills = np.empty((0, 1), np.int64)
     else:
         history_rows = np.array([(i.question_id, i.skill_id, i.correct, i.HasField("skill_id"), len(i.skill_ids))
                                  for i in history], dtype=np.int64).reshape(-1, 5)        # [H, 5]
