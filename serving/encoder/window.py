@@ -249,7 +249,7 @@ def _map_arrays(raw_questions: np.ndarray, raw_skills: np.ndarray,
 def _map_small(raw_questions: np.ndarray, raw_skills: np.ndarray,
                vocab: Vocab) -> tuple[np.ndarray, np.ndarray, int, int]:
     """_map by dictionary lookups: the same result, without numpy's per-call cost on a few rows (a Predict's
-    candidates, a cached learner's new answers; tests/unit/test_encoder.py compares the two)."""
+    candidates, a cached learner's new answers; tests/unit/test_skill_sets_encoding.py compares the two)."""
     n, width = raw_skills.shape
     rows = raw_skills.tolist()
     absent = [k for k, row in enumerate(rows) if row[0] == ABSENT_SKILL]

@@ -38,7 +38,7 @@ class _Batch:
 
 
 class StepBatcher:
-    """Gathers step calls per key while calls are dense, at most `gather_s` (see the module docstring)."""
+    """Gathers step calls per key: a lone call goes at once, others wait at most `gather_s` (module docstring)."""
 
     def __init__(self, max_rows: int, gather_s: float = 0.0, inflight: Callable[[], int] | None = None,
                  alone_after: tuple[type[Exception], ...] = ()) -> None:

@@ -15,11 +15,11 @@ synchronous=NORMAL: a cache, so no fsync, and its writes never wait behind or bl
     served(owner, question, model, version, probability, expires_ms)  PK (owner, question, model, version)
 
 One writer thread and one reader thread, each with its own connection (sqlite3 connections stay in
-the thread that made them); the event loop never waits on a lock. The one exception is a read of at most
-INLINE_READ_ROWS events (a cached learner's freshness check, serving/sessions/history.py): it runs on the
+the thread that made them); the event loop never waits on a lock. One read runs on the event loop's thread: at
+most INLINE_READ_ROWS events (a cached learner's freshness check, serving/sessions/history.py): it runs on the
 event loop's own connection with no busy wait (a WAL reader takes no lock a writer holds), about the cost
-of the thread hop it saves; should SQLite answer busy or fail, the reader thread reads it. An append is one IMMEDIATE
-transaction: skip known event keys, insert the rest with consecutive sequence numbers, trim to
+of the thread hop it saves; should SQLite answer busy or fail, the reader thread reads it. An append is one
+IMMEDIATE transaction: skip known event keys, insert the rest with consecutive sequence numbers, trim to
 `keep`, update the learner row. Another process writing the same file waits on SQLite's lock
 (busy timeout), so appends of one learner stay ordered.
 """
