@@ -199,6 +199,7 @@ class LearnerPrediction:
     history_used: int                # interactions that reached the model (at most window - 1)
     version: int = 0                 # the version that answered this learner
     prediction_id: str = ""          # for ReportOutcome (outcome tracking on, learner not named by id)
+    learner_key: str = ""            # named by learner_id: its keyed hash, made once per call (never shown)
 
 
 @dataclass

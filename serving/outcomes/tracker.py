@@ -81,8 +81,8 @@ class OutcomeTracker:
         result = prediction.result
         entries = []
         for query, learner in zip(prediction.query.learners, result.learners):
-            if query.learner_id:
-                owner = self.keys.learner(query.learner_id)
+            if query.learner_id:              # the key the history source made for this call, else made here
+                owner = learner.learner_key or self.keys.learner(query.learner_id)
             elif learner.prediction_id:
                 owner = prediction_owner(learner.prediction_id)
             else:

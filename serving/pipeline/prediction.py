@@ -46,6 +46,7 @@ from serving.core.validation import LearnerInput, validate_query
 log = logging.getLogger("routerkt.gateway.service")
 
 T = TypeVar("T")
+Answer = tuple[np.ndarray, int, str]      # a learner's probabilities, history_used, learner key ("" unnamed)
 
 
 class PredictionService:
@@ -99,19 +100,19 @@ class PredictionService:
                    for learner in learners]
             served = {r.primary.version for r in routes}
             result = PredictResult(model=routes[0].primary.name, version=served.pop() if len(served) == 1 else 0,
-                                   learners=[LearnerPrediction(p, used, r.primary.version, i)
-                                             for (p, used), r, i in zip(answers, routes, ids)])
+                                   learners=[LearnerPrediction(p, used, r.primary.version, i, key)
+                                             for (p, used, key), r, i in zip(answers, routes, ids)])
             self.sink.on_prediction(PredictionRecord(query=query, result=result))
             self._start_shadow(query, learners, routes, ids)
             return result
 
     async def _answer_groups(self, learners: list[LearnerInput], models: list[ModelVersion],
-                             deadline: Deadline) -> list[tuple[np.ndarray, int]]:
-        """(probabilities, history_used) per learner, each by its model; one group per version."""
+                             deadline: Deadline) -> list[Answer]:
+        """An Answer per learner, each by its model; one group per version."""
         groups: dict[int, list[int]] = {}
         for i, model in enumerate(models):
             groups.setdefault(model.version, []).append(i)
-        out: list[tuple[np.ndarray, int] | None] = [None] * len(learners)
+        out: list[Answer | None] = [None] * len(learners)
 
         async def group(indices: list[int]) -> None:
             model = models[indices[0]]
@@ -120,10 +121,9 @@ class PredictionService:
         await asyncio.gather(*(group(indices) for indices in groups.values()))
         return out  # type: ignore[return-value]
 
-    async def _answer(self, model: ModelVersion, learners: list[LearnerInput],
-                      deadline: Deadline) -> list[tuple[np.ndarray, int]]:
-        """(probabilities, history_used) per learner; once more from whole histories when the backend had lost
-        a held state (StateLost: the entries are dropped by then, so the second try rebuilds them)."""
+    async def _answer(self, model: ModelVersion, learners: list[LearnerInput], deadline: Deadline) -> list[Answer]:
+        """An Answer per learner; once more from whole histories when the backend had lost a held state
+        (StateLost: the entries are dropped by then, so the second try rebuilds them)."""
         try:
             return await self._answer_once(model, learners, deadline)
         except StateLost:
@@ -134,14 +134,14 @@ class PredictionService:
             raise errors.unavailable(f"model {shown(model.name)} lost a learner state twice; retry shortly") from None
 
     async def _answer_once(self, model: ModelVersion, learners: list[LearnerInput],
-                           deadline: Deadline) -> list[tuple[np.ndarray, int]]:
+                           deadline: Deadline) -> list[Answer]:
         states = self.states if self.states is not None and self.runs_steps(model) else None
         learners = await self.complete_history(learners, model, deadline, states)
         self._observe_sizes(learners)
         encoded = self.encode(learners, model)
         probs = await self._infer_learners(model, learners, encoded, deadline)
         # a learner read after its cached state (LearnerInput.cached) used the state's interactions too
-        return [(p, e.history_used + (0 if learner.cached is None else learner.cached.length))
+        return [(p, e.history_used + (0 if learner.cached is None else learner.cached.length), learner.learner_key)
                 for p, e, learner in zip(probs, encoded, learners)]
 
     async def _infer_learners(self, model: ModelVersion, learners: list[LearnerInput], encoded: list[EncodedLearner],
@@ -220,8 +220,8 @@ class PredictionService:
             log.debug("shadow scoring failed: %s", type(exc).__name__)
             return
         result = PredictResult(model=models[0].name, version=0,
-                               learners=[LearnerPrediction(p, used, m.version, i)
-                                         for (p, used), m, i in zip(answers, models, ids)])
+                               learners=[LearnerPrediction(p, used, m.version, i, key)
+                                         for (p, used, key), m, i in zip(answers, models, ids)])
         self.sink.on_prediction(PredictionRecord(query=PredictQuery(query.model, 0, raw, query.batch), result=result,
                                           shadow=True))
 

@@ -124,3 +124,20 @@ def test_discard_drops_what_is_queued_for_a_forgotten_learner(tmp_path) -> None:
         eve = await joined(tracker, metrics, "eve", [1], [1], (True,))
         return dee, eve
     assert asyncio.run(scenario(tmp_path, body)) == (0, 1)
+
+
+def test_the_learner_key_made_by_the_call_is_used_not_made_again(tmp_path) -> None:
+    """A prediction carrying its learner's key (the history source's, once per call) is remembered under it; the
+    tracker's own keys are not asked, and the join by that key finds it."""
+    class NoKeys:
+        def learner(self, learner_id: str) -> str:
+            raise AssertionError("the learner id was keyed a second time")
+
+    async def body(tracker, metrics):
+        tracker.keys = NoKeys()
+        query = LearnerQuery.from_values([], [(10, None)], "ann")
+        probs = np.array([0.4], dtype=np.float32)
+        result = PredictResult("kt", 1, [LearnerPrediction(probs, 0, 1, "", KEYS.learner("ann"))])
+        tracker.on_prediction(PredictionRecord(PredictQuery("kt", 0, [query]), result))
+        return await joined(tracker, metrics, "ann", [10], [1], [True])
+    assert asyncio.run(scenario(tmp_path, body)) == 1
