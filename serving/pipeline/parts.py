@@ -69,6 +69,9 @@ class StateLookup(Protocol):
 
     def cached(self, model: ModelVersion, learner_key: str) -> CachedState | None: ...
 
+    async def settled(self, learner_key: str, wait_s: float) -> None:
+        """Return once no Observe's fill of the learner is running (at most `wait_s`)."""
+
 
 class HistorySource(Protocol):
     """Where a learner's history comes from."""

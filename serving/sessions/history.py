@@ -51,6 +51,7 @@ class SessionHistory:
         newest `max_appends` events and the log's revision in one small read, then the rule: nothing
         trimmed from the front, at most max_appends appended, and the state (with them) covering exactly
         what the whole read would return. None: read the whole history."""
+        await states.settled(key, max(deadline.remaining(), 0.0) / 2)
         entry = states.cached(model, key)
         if entry is None or entry.revision is None:
             return None

@@ -106,6 +106,13 @@ class LearnerStates:
                 del self.filling[learner_key]
         fill.add_done_callback(done)
 
+    async def settled(self, learner_key: str, wait_s: float) -> None:
+        """Return once no Observe's fill of the learner is running (at most `wait_s`): the history source asks
+        before it reads the entry, so a Predict right after an Observe is a hit, not an append done twice."""
+        fill = self.filling.get(learner_key)
+        if fill is not None:
+            await asyncio.wait({fill}, timeout=wait_s)
+
     def forget(self, learner_key: str) -> int:
         """Drop the learner's cached states (ForgetLearner; `learner_key`: the keyed hash)."""
         return self.cache.forget(learner_key)
