@@ -9,8 +9,8 @@ version's group runs on its own) -> admission (serving/pipeline/admission.py, Pr
 windows) -> `infer` / `infer_outputs` (the backend, within the caller's deadline; for a Predict's
 learners named by learner_id, the learner-state path of serving/state/ when the backend runs the
 version's step graphs) -> the prediction sink (Predict only). Learners whose route names a shadow version are
-scored again by it in the background, after the answer (at most max_shadow_inflight such tasks;
-beyond that skipped and counted); shadow answers go to the sink only. With `issue_prediction_ids`,
+scored again by it in the background, after the answer (serving/pipeline/shadow.py); shadow answers go to the
+sink only. With `issue_prediction_ids`,
 each learner not named by learner_id gets a prediction_id. Every failure a client sees is a
 ServingError with a safe message (`client_error` for backend failures): tracebacks and backend
 texts go to the log only, and nothing about a learner is logged.
@@ -36,6 +36,7 @@ from serving.pipeline.parts import (BackendError, Encoder, FailureKind, HistoryS
                            PredictionRecord, PredictionSink, Route, VersionPolicy)
 from serving.core.calls import Deadline, LearnerPrediction, PredictQuery, PredictResult
 from serving.settings import Settings
+from serving.pipeline.shadow import ShadowScoring
 from serving.pipeline.step_batching import StepBatcher
 from serving.pipeline.versions import VersionResolver
 from serving.state.cache import StateCache
@@ -74,7 +75,7 @@ class PredictionService:
         self._inflight = 0
         self._queued = 0                                     # calls waiting for a slot
         self.service_time = ServiceTime()
-        self._shadows: set[asyncio.Task] = set()
+        self.shadows = ShadowScoring(settings, metrics, sink, self._answer_groups)
 
     def runs_steps(self, model: ModelVersion) -> bool:
         """Whether `model` answers through its step graphs here (the one place this is decided: the
@@ -103,7 +104,7 @@ class PredictionService:
                                    learners=[LearnerPrediction(p, used, r.primary.version, i, key)
                                              for (p, used, key), r, i in zip(answers, routes, ids)])
             self.sink.on_prediction(PredictionRecord(query=query, result=result))
-            self._start_shadow(query, learners, routes, ids)
+            self.shadows.start(query, learners, routes, ids)
             return result
 
     async def _answer_groups(self, learners: list[LearnerInput], models: list[ModelVersion],
@@ -118,6 +119,8 @@ class PredictionService:
             model = models[indices[0]]
             for i, answer in zip(indices, await self._answer(model, [learners[i] for i in indices], deadline)):
                 out[i] = answer
+        if len(groups) == 1:                          # one version (the usual case): no task to gather
+            return await self._answer(models[0], learners, deadline)
         await asyncio.gather(*(group(indices) for indices in groups.values()))
         return out  # type: ignore[return-value]
 
@@ -161,7 +164,6 @@ class PredictionService:
         stepped = await states.predict(model, [keys[i] for i in named], [encoded[i] for i in named],
                                        self.step_runner(model, deadline), self._step_rows(model),
                                        self.settings.rank_candidates_per_infer,
-                                       wait_s=max(deadline.remaining() - self.settings.deadline_margin_s, 0.0) / 2,
                                        read=[(learners[i].cached, learners[i].revision) for i in named],
                                        held=self.holds_states(model))
         full = await self.infer(model, [encoded[i] for i in rest], deadline) if rest else []
@@ -192,44 +194,9 @@ class PredictionService:
                                                lambda merged: send(graph, merged), deadline.remaining())
         return run
 
-    # -- shadow scoring ----------------------------------------------------------------------------
-    def _start_shadow(self, query: PredictQuery, learners: list[LearnerInput], routes: list[Route],
-                      ids: list[str]) -> None:
-        picked = [i for i, r in enumerate(routes) if r.shadow is not None]
-        if not picked:
-            return
-        shadow = routes[picked[0]].shadow
-        if len(self._shadows) >= self.settings.max_shadow_inflight:
-            self.metrics.shadow_skipped.labels(model=shadow.name).inc(len(picked))
-            return
-        task = asyncio.create_task(self._shadow(query, [learners[i] for i in picked],
-                                                [routes[i].shadow for i in picked], [ids[i] for i in picked],
-                                                [query.learners[i] for i in picked]))
-        self._shadows.add(task)
-        task.add_done_callback(self._shadows.discard)
-
-    async def _shadow(self, query: PredictQuery, learners: list[LearnerInput], models: list[ModelVersion],
-                      ids: list[str], raw: list) -> None:
-        try:
-            deadline = Deadline.after(self.settings.default_deadline_s)
-            answers = await self._answer_groups(learners, models, deadline)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:                   # a shadow never affects a caller: count, log briefly
-            self.metrics.shadow_failures.labels(model=models[0].name).inc()
-            log.debug("shadow scoring failed: %s", type(exc).__name__)
-            return
-        result = PredictResult(model=models[0].name, version=0,
-                               learners=[LearnerPrediction(p, used, m.version, i, key)
-                                         for (p, used, key), m, i in zip(answers, models, ids)])
-        self.sink.on_prediction(PredictionRecord(query=PredictQuery(query.model, 0, raw, query.batch), result=result,
-                                          shadow=True))
-
     async def close(self) -> None:
         """Cancel shadow scorings still running (shutdown)."""
-        for task in list(self._shadows):
-            task.cancel()
-        await asyncio.gather(*self._shadows, return_exceptions=True)
+        await self.shadows.close()
 
     # -- the public steps --------------------------------------------------------------------------
     @asynccontextmanager
@@ -264,6 +231,8 @@ class PredictionService:
                                states: LearnerStates | None = None) -> list[LearnerInput]:
         """Each learner with its history for `model` from the history source (the request's, or the
         session store's for a learner_id; with `states`, only what was stored after a learner's cached state)."""
+        if len(learners) == 1:                        # one learner: no task to gather
+            return [await self.history.complete(learners[0], model, deadline, states)]
         return list(await asyncio.gather(*(self.history.complete(learner, model, deadline, states)
                                            for learner in learners)))
 
