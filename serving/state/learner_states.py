@@ -24,8 +24,9 @@ StateLost, and the caller answers again from whole histories. The new state is c
 Learners are taken in chunks of at most `rows` per backend call, and a learner's candidates in pieces of at
 most `candidates` (as the rank path splits them).
 Observe's fill (`observed`, run in the background by serving/pipeline/state_fill.py) appends a learner's
-newly stored answers to its entry ahead of the next Predict, which waits for a fill in flight (`filling`)
-instead of appending the same answers again; whatever a fill leaves, the prefix rule above still decides.
+newly stored answers to its entry ahead of the next Predict, whose history source waits for a fill in flight
+(`settled`) instead of appending the same answers again; whatever a fill leaves, the prefix rule above still
+decides.
 
 The prefix cache (`--prefix-cache`, off by default): a stateless Predict (the history sent in the request)
 looks up the same cache by a hash of its kept history and of that history without its last 1 ..
@@ -138,21 +139,18 @@ class LearnerStates:
         return Keys("history", tried[0], tried)
 
     async def predict(self, model: ModelVersion, keys: list[Keys], learners: list[EncodedLearner],
-                      run: StepCall, rows: int, candidates: int, wait_s: float | None = None,
+                      run: StepCall, rows: int, candidates: int,
                       read: list[tuple[LearnerState | None, Revision | None]] | None = None,
                       held: bool = False) -> list[np.ndarray]:
         """P(correct) per candidate, float32 [C_i], of each learner (`keys`: where its state is cached; its
-        encoded kept history and candidates in `learners`), answered by `model`'s step graphs through `run`;
-        an Observe's fill of one of them in flight is waited for (at most `wait_s`), not done twice.
+        encoded kept history and candidates in `learners`), answered by `model`'s step graphs through `run`
+        (the history source has waited for an Observe's fill in flight first: `settled`).
         `read[i]`: (the entry whose later events alone `learners[i]` holds, or None for a whole history; the
         store's log revision the history was read at, kept with the new entry). `held`: the backend holds
         the states (serving/state/placement.py); a held state it has lost raises StateLost after every
         entry of the chunk is dropped, so that the caller's second try reads whole histories and rebuilds."""
         place = PLACES[held and all(k.store for k in keys)]        # NONE: nothing to keep, nowhere to hold
         read = read or [(None, None)] * len(learners)
-        filling = {self.filling[k.store] for k, (entry, _) in zip(keys, read) if entry is None and k.store in self.filling}
-        if filling:
-            await asyncio.wait(filling, timeout=wait_s)
         plans = [self._continue(model, i, k, learner, entry) if entry is not None else self._plan(model, i, k, learner)
                  for i, (k, learner, (entry, _)) in enumerate(zip(keys, learners, read))]
         for plan, (_, revision) in zip(plans, read):
@@ -169,11 +167,7 @@ class LearnerStates:
                 self._drop(model, chunk)
                 raise
             for plan in chunk:
-                if plan.found is not None and plan.found != plan.keys.store:
-                    self.cache.forget(plan.found)            # a shorter history's entry, now superseded
-                if plan.keys.store:                          # NONE: a stateless band model's long history
-                    self.cache.put(model.name, model.version, plan.keys.store, replace(plan.state,
-                                                                                       revision=plan.revision))
+                self._keep(model, plan)
             try:
                 answered = await self._next(model, chunk, run, candidates, place)
             except StateLost:
@@ -182,6 +176,18 @@ class LearnerStates:
             for plan, probs in zip(chunk, answered):
                 out[plan.index] = probs
         return out
+
+    def _keep(self, model: ModelVersion, plan: _Learner) -> None:
+        """Cache the learner's new state; a hit whose entry is still the cached one, at the same revision, only
+        becomes the most recently used."""
+        if plan.found is not None and plan.found != plan.keys.store:
+            self.cache.forget(plan.found)            # a shorter history's entry, now superseded
+        if not plan.keys.store:                      # NONE: a stateless band model's long history
+            return
+        if (plan.appends == 0 and plan.found == plan.keys.store and plan.state.revision == plan.revision
+                and self.cache.get(model.name, model.version, plan.keys.store) is plan.state):
+            return
+        self.cache.put(model.name, model.version, plan.keys.store, replace(plan.state, revision=plan.revision))
 
     def _drop(self, model: ModelVersion, chunk: list[_Learner]) -> None:
         """Forget the chunk's entries (a held state of one of them was lost)."""
@@ -228,13 +234,18 @@ class LearnerStates:
 
     def _continue(self, model: ModelVersion, index: int, keys: Keys, new: EncodedLearner,
                   state: LearnerState, lookup: bool = True) -> _Learner:
-        """The plan of appending `new` (encoded, no window cut) to the cached `state`."""
-        width = max(state.skills.shape[1], new.skills.shape[1])
-        widen = self.encoder.widen
-        history = EncodedLearner(np.concatenate([state.questions, new.questions]),
-                                 np.concatenate([widen(state.skills, width), widen(new.skills, width)]),
-                                 np.concatenate([state.responses, new.responses]),
-                                 new.candidate_questions, new.candidate_skills)
+        """The plan of appending `new` (encoded, no window cut) to the cached `state` (none to append: the
+        state's own history, nothing copied)."""
+        if new.history_used == 0:
+            history = EncodedLearner(state.questions, state.skills, state.responses, new.candidate_questions,
+                                     new.candidate_skills)
+        else:
+            width = max(state.skills.shape[1], new.skills.shape[1])
+            widen = self.encoder.widen
+            history = EncodedLearner(np.concatenate([state.questions, new.questions]),
+                                     np.concatenate([widen(state.skills, width), widen(new.skills, width)]),
+                                     np.concatenate([state.responses, new.responses]),
+                                     new.candidate_questions, new.candidate_skills)
         if lookup:
             self.on_lookup(model.name, keys.kind, "hit" if new.history_used == 0 else "appended")
         return _Learner(index, history, keys, state, new.history_used, keys.store, base=state.offset,

@@ -5,12 +5,14 @@ the entry meanwhile (superseded), nothing without an entry."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from routerkt.contract.step_signature import RECURRENT, STEP_GRAPHS, UPDATED
+from serving.core.revision import Revision
 from serving.encoder.window import EncodedLearner, WindowEncoder
 from serving.state.cache import LearnerState, StateCache
 from serving.state.learner_states import LearnerStates
@@ -88,7 +90,7 @@ def test_no_entry_no_fill() -> None:
     assert run.appended == [] and len(cache) == 0
 
 
-def test_a_predict_waits_for_the_fill_in_flight_instead_of_appending_again() -> None:
+def test_a_predict_settled_after_the_fill_in_flight_does_not_append_again() -> None:
     cache = StateCache(1 << 20)
     cache.put("m", 1, "k", entry(3))
     looked_up, calls = [], []
@@ -110,8 +112,34 @@ def test_a_predict_waits_for_the_fill_in_flight_instead_of_appending_again() -> 
         history = EncodedLearner(np.append(held.questions, 40), np.vstack([held.skills, [[5]]]),
                                  np.append(held.responses, 0), np.array([7]), np.array([[2]]))
         await asyncio.sleep(0)                             # the fill has started
-        await paths.predict(MODEL, [paths.learner_keys_of("k")], [history], run, rows=4, candidates=4, wait_s=5.0)
+        await paths.settled("k", 5.0)                      # as the history source asks before it reads
+        await paths.predict(MODEL, [paths.learner_keys_of("k")], [history], run, rows=4, candidates=4)
         assert await fill == "filled"
 
     asyncio.run(scenario())
     assert calls == ["step_append", "step_next"] and looked_up == ["hit"]
+
+
+@pytest.mark.parametrize("stored_at, read_at", [(Revision(0, 3), Revision(0, 3)), (None, Revision(0, 3))],
+                         ids=["same-revision", "revision-learnt"])
+def test_a_hit_keeps_its_entry_object_unless_the_read_tells_it_a_new_revision(stored_at, read_at) -> None:
+    cached = replace(entry(3), revision=stored_at)
+    cache = StateCache(cached.nbytes + entry(2).nbytes)   # room for two entries
+    cache.put("m", 1, "k", cached)
+    cache.put("m", 1, "other", entry(2))                  # now the most recently used
+    paths, calls = states(cache), []
+    output = STEP_GRAPHS[RECURRENT].next.output_names[0]
+
+    async def run(graph: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        calls.append(graph)
+        return {output: np.full(feeds["candidate_questions"].shape, 0.25, np.float32)}
+
+    nothing_new = EncodedLearner(np.zeros(0, np.int64), np.zeros((0, 1), np.int64), np.zeros(0, np.int64),
+                                 np.array([7]), np.array([[2]]))
+    probs = asyncio.run(paths.predict(MODEL, [paths.learner_keys_of("k")], [nothing_new], run, rows=4,
+                                      candidates=4, read=[(cached, read_at)]))
+    assert calls == ["step_next"] and probs[0].tolist() == [0.25]
+    kept = cache.peek("m", 1, "k")
+    assert kept.revision == read_at and (kept is cached) == (stored_at == read_at)
+    cache.put("m", 1, "third", entry(2))                  # evicts the least recently used: not the hit
+    assert cache.peek("m", 1, "other") is None and cache.peek("m", 1, "k") is kept
