@@ -49,7 +49,7 @@ from serving.core.encoded import EncodedLearner, StepFeeds
 from serving.core.revision import Revision
 from serving.state.cache import LearnerState, StateCache
 from serving.state.fingerprint import extend
-from serving.state.placement import PLACES, SLOT_MASK, GatewayPlace, HeldPlace, Kept, StateLost, slot_of
+from serving.state.placement import PLACES, GatewayPlace, HeldPlace, Kept, StateLost, held_slot, slot_of
 
 if TYPE_CHECKING:
     from serving.core.catalog import ModelVersion
@@ -308,7 +308,7 @@ class LearnerStates:
         feeds["append_response"] = np.stack([p.encoded.responses[i:i + count] for p, i in zip(moving, positions)])
         feeds["append_skills"] = np.stack([self.encoder.widen(p.encoded.skills[i:i + count], width)
                                            for p, i in zip(moving, positions)])
-        feeds.update(place.keep_feeds([p.state.held & SLOT_MASK for p in moving] if place.held else []))
+        feeds.update(place.keep_feeds([held_slot(p.state.held) for p in moving] if place.held else []))
         tensors = await run(place.graphs(graphs).append.name, feeds)
         return [place.kept(tensors, feeds, k) for k in range(len(moving))]
 

@@ -36,6 +36,11 @@ def slot_of(key: str) -> int:
     return zlib.crc32(key.encode()) & SLOT_MASK
 
 
+def held_slot(held: int) -> int:
+    """The slot a held key was made in (its low SLOT_BITS): a new key of the same learner goes there too."""
+    return held & SLOT_MASK
+
+
 def slots(refs: np.ndarray) -> np.ndarray:
     """The slots of held keys (int64 [rows])."""
     return np.asarray(refs, dtype=np.int64) & SLOT_MASK

@@ -223,22 +223,28 @@ class TritonReplicaBackend:
         return await self._retried(model, timeout_s, lambda backend, left: backend.infer(model, feeds, left))
 
     async def _retried(self, model: ModelVersion, timeout_s: float,
-                       send: Callable[[InferenceBackend, float], Awaitable[T]]) -> T:
-        """`send(replica's backend, seconds left)` on the next ready replica, once more on another after a
-        RETRYABLE failure (module docstring)."""
-        started = time.monotonic()
-        first = self.pick(model)
+                       send: Callable[[InferenceBackend, float], Awaitable[T]],
+                       pick: Callable[[Replica | None], Replica | None] | None = None,
+                       started: float | None = None, holds: bool = False) -> T:
+        """`send(replica's backend, seconds left)` on `pick(None)` (default: the next ready replica,
+        round-robin), once more on `pick(first)` after a RETRYABLE failure (module docstring); a call that
+        names held states (`holds`) fails with STATE_LOST instead: its states went with the replica."""
+        started = time.monotonic() if started is None else started
+        pick = pick or (lambda exclude: self.pick(model, exclude))
+        first = pick(None)
         if first is None:
             raise BackendError(FailureKind.UNAVAILABLE,
                                f"no Triton replica serves model {model.name} version {model.version} now")
         try:
-            return await self._send(first, send, timeout_s)
+            return await self._send(first, send, timeout_s - (time.monotonic() - started))
         except BackendError as exc:
             if exc.kind not in RETRYABLE:
                 raise
             self.refresh_gauges()
+            if holds:                                    # rebuilt elsewhere by the caller
+                raise BackendError(FailureKind.STATE_LOST, f"replica {first.index}: {exc.kind.value}") from None
             remaining = timeout_s - (time.monotonic() - started)
-            second = self.pick(model, exclude=first)
+            second = pick(first)
             if second is None or remaining < MIN_RETRY_S:
                 raise
             self.metrics.triton_replica_retries.labels(reason=exc.kind.value).inc()
@@ -307,17 +313,8 @@ class TritonReplicaBackend:
 
     async def _held(self, model: ModelVersion, graph: str, feeds: dict[str, np.ndarray], holder: Replica, slot: int,
                     timeout_s: float, started: float) -> dict[str, np.ndarray]:
+        """A held call on the replica holding its slot, retried on the slot's next replica (a call that only
+        keeps new states) or failed as STATE_LOST (one that names held states)."""
         send = lambda backend, left: backend.infer_step(model, graph, feeds, left)  # noqa: E731
-        try:
-            return await self._send(holder, send, timeout_s - (time.monotonic() - started))
-        except BackendError as exc:
-            if exc.kind not in RETRYABLE:
-                raise
-            self.refresh_gauges()
-            if STATE_REF.name in feeds:                  # its states went with the replica: rebuild elsewhere
-                raise BackendError(FailureKind.STATE_LOST, f"replica {holder.index}: {exc.kind.value}") from None
-            second, remaining = self.holder(model, slot, exclude=holder), timeout_s - (time.monotonic() - started)
-            if second is None or remaining < MIN_RETRY_S:
-                raise
-            self.metrics.triton_replica_retries.labels(reason=exc.kind.value).inc()
-            return await self._send(second, send, remaining)
+        pick = lambda exclude: holder if exclude is None else self.holder(model, slot, exclude)  # noqa: E731
+        return await self._retried(model, timeout_s, send, pick, started, holds=STATE_REF.name in feeds)
