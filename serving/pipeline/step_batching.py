@@ -71,7 +71,7 @@ class StepBatcher:
         batch.rows += rows
         if batch.rows >= self.max_rows:
             self._flush(shape_key, batch)
-        return await asyncio.shield(future)
+        return await future              # the caller's own: cancelling it leaves the batch running
 
     def _flush(self, shape_key: tuple, batch: _Batch) -> None:
         if batch.sent:

@@ -138,3 +138,25 @@ def test_after_a_member_failure_every_member_goes_again_alone() -> None:
     assert batches == [3, 1, 1, 1]
     assert isinstance(outputs[1], Lost)
     assert np.array_equal(outputs[0]["y"], rows(0)["x"] * 2) and np.array_equal(outputs[2]["y"], rows(2)["x"] * 2)
+
+
+def test_a_member_cancelled_while_its_batch_runs_leaves_the_others_their_rows() -> None:
+    started, release, sent = asyncio.Event(), asyncio.Event(), []
+
+    async def slow(feeds):
+        sent.append(int(feeds["x"].shape[0]))
+        started.set()
+        await release.wait()
+        return {"y": feeds["x"] * 2}
+    batcher = StepBatcher(max_rows=2, gather_s=30.0, inflight=lambda: 10)
+
+    async def main():
+        gone, kept = (asyncio.ensure_future(batcher.run(("m", 1, "g"), rows(k), slow, 60.0)) for k in range(2))
+        await started.wait()
+        gone.cancel()                           # its caller's deadline, while the shared call runs
+        await asyncio.sleep(0)
+        release.set()
+        return await kept, await asyncio.gather(gone, return_exceptions=True)
+    kept, (gone,) = asyncio.run(main())
+    assert sent == [2] and isinstance(gone, asyncio.CancelledError)
+    assert np.array_equal(kept["y"], rows(1)["x"] * 2)
