@@ -68,7 +68,8 @@ class Settings:
     step_batch_rows: int = 64                     # > 1: step calls of concurrent Predicts share one backend call of at
                                                   # most this many rows (serving/pipeline/step_batching.py)
     step_gather_s: float = 0.002                  # how long a batch waits for more calls at most (0: one loop turn;
-                                                  # a lone call, the gateway serving no other, never waits)
+                                                  # a lone call, the gateway serving no other, goes at once but for a
+                                                  # probe at most every 0.25 s: step_batching.py)
     store_probe_s: float = 1.0                    # how often the store is pinged (health, recovery)
     store_expiry_s: float = 60.0                  # how often inactive learners are swept (SQLite)
 

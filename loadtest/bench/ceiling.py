@@ -10,7 +10,8 @@ predicted once (their states cached; each compared with the same history sent: m
 caller count (`--callers`), `--rounds` rounds in which every target runs `--seconds`: the ceiling, Predict
 by learner_id (1 candidate, a random stored learner: a hit) and the same Predict with the learner's history
 sent (stateless) on every gateway. Reported per target: calls/s, p50 / p99, the server's CPU per call; per
-backend: by-id / ceiling (the fraction of the ceiling), by-id / stateless, and the lookups. Last, the session
+backend: by-id / ceiling (the fraction of the ceiling), by-id / stateless, the lookups, and the step calls per
+backend step call (routerkt_step_batch_calls: step batching). Last, the session
 pattern (each call a Predict by learner_id, then the Observe of that answer) at 8 callers on every gateway
 and the do-nothing server, rounds interleaved. Writes OUT/ceiling.json and prints the tables.
 """
@@ -39,6 +40,7 @@ from serving.processes import free_port
 BACKENDS = {"onnxruntime": ["--backend", "onnxruntime"], "triton": ["--backend", "triton"],
             "triton-sent": ["--backend", "triton", "--no-held-states"]}
 LOOKUPS = ("hit", "appended", "miss", "stale")
+BATCHING = ("sum", "count")                 # of routerkt_step_batch_calls: step calls, backend calls
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -127,8 +129,10 @@ class Targets:
                                  learner_id="" if sent else name)
 
     def lookups(self, backend: str) -> dict[str, float]:
-        return {r: self.gateways[backend].metric("routerkt_state_lookups_total", key="learner", result=r)
-                for r in LOOKUPS}
+        """The gateway's learner lookups by result, and its step batching (step calls, backend calls)."""
+        gateway = self.gateways[backend]
+        return {**{r: gateway.metric("routerkt_state_lookups_total", key="learner", result=r) for r in LOOKUPS},
+                **{part: gateway.metric(f"routerkt_step_batch_calls_{part}") for part in BATCHING}}
 
 
 def _rng(local: threading.local) -> random.Random:
@@ -205,23 +209,26 @@ def _report(targets: Targets, merged: dict, before: dict) -> dict:
     """Each target's summary, and each gateway's lookups since `before`."""
     out = {target: _summary(row) for target, row in merged.items()}
     for b in targets.backends:
-        out[f"{b}:lookups"] = {r: v - before[b][r] for r, v in targets.lookups(b).items()}
+        since = {r: v - before[b][r] for r, v in targets.lookups(b).items()}
+        out[f"{b}:lookups"] = {r: since[r] for r in LOOKUPS}
+        out[f"{b}:batching"] = {part: since[part] for part in BATCHING}
     return out
 
 
 def _tables(report: dict) -> str:
     lines = ["| callers | backend | ceiling calls/s | by id calls/s | by id / ceiling | stateless calls/s | "
-             "by id / stateless | by id p50 / p99 ms | gateway CPU ms per call (by id) | hits / lookups |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "by id / stateless | by id p50 / p99 ms | gateway CPU ms per call (by id) | hits / lookups | "
+             "step calls per backend call |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for callers, row in report["predict"].items():
         ceiling = row["ceiling"]["calls_per_s"]
         for b in report["backends"]:
             by_id, sent, looks = row[f"{b}:id"], row[f"{b}:sent"], row[f"{b}:lookups"]
+            batching = row[f"{b}:batching"]
             lines.append(f"| {callers} | {b} | {ceiling:,.0f} | {by_id['calls_per_s']:,.0f} | "
                          f"{by_id['calls_per_s'] / ceiling:.2f} | {sent['calls_per_s']:,.0f} | "
                          f"{by_id['calls_per_s'] / max(sent['calls_per_s'], 1e-9):.2f} | "
                          f"{by_id['p50_ms']:.2f} / {by_id['p99_ms']:.2f} | {by_id['server_cpu_ms_per_call']:.2f} | "
-                         f"{looks['hit']:.0f} / {sum(looks.values()):.0f} |")
+                         f"{looks['hit']:.0f} / {sum(looks.values()):.0f} | {_per_call(batching)} |")
     s = report["sessions"]
     lines += ["", "| session pattern, 8 callers | answers/s | of the ceiling | Predict+Observe p50 / p99 ms | "
               "server CPU ms per answer | lookups hit / appended / miss / stale |", "|---|---|---|---|---|---|"]
@@ -231,6 +238,11 @@ def _tables(report: dict) -> str:
         lines.append(f"| {server} | {row['calls_per_s']:,.0f} | {row['calls_per_s'] / s['ceiling']['calls_per_s']:.2f} | "
                      f"{row['p50_ms']:.2f} / {row['p99_ms']:.2f} | {row['server_cpu_ms_per_call']:.2f} | {lookups} |")
     return "\n".join(lines) + "\n"
+
+
+def _per_call(batching: dict) -> str:
+    """Mean step calls per backend step call ("-": none, step batching off or no step call)."""
+    return f"{batching['sum'] / batching['count']:.2f}" if batching["count"] else "-"
 
 
 def run(args: argparse.Namespace) -> int:

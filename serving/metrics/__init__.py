@@ -25,6 +25,7 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.07
                    1.0, 2.5, 5.0, 10.0)
 HISTORY_BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 CANDIDATE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
 
 # Metric names as exposed (counters with their _total suffix). The dashboard test checks against it.
 METRIC_NAMES = (
@@ -79,6 +80,7 @@ METRIC_NAMES = (
     "routerkt_state_evictions_total",
     "routerkt_state_cache_bytes",
     "routerkt_state_cache_learners",
+    "routerkt_step_batch_calls",
 )
 
 # Metrics read from Triton's own /metrics port (Triton 2.51; docs/operations.md, "Triton 2.51 facts"), plus the
@@ -230,6 +232,10 @@ class Metrics:
         self.state_cache_learners = Gauge(
             "routerkt_state_cache_learners", "Cached learner states (one per learner and model version).",
             registry=registry)
+        self.step_batch_calls = Histogram(
+            "routerkt_step_batch_calls", "Step-graph calls of concurrent Predicts merged into one backend call "
+            "(step batching: step_batch_rows, step_gather_s); 1: a call that went alone.", ("model",),
+            buckets=BATCH_BUCKETS, registry=registry)
 
     def _declare_outcomes(self, registry: CollectorRegistry, outcome_window_s: float) -> None:
         """Served predictions joined with answers: online quality per version (quality.py) and the joins' losses."""

@@ -70,12 +70,15 @@ class PredictionService:
         # a band model's history beyond W - 1 goes through its step graphs, uncached without a state cache
         self._band_steps = states or LearnerStates(StateCache(0), encoder)
         self.step_batcher = StepBatcher(settings.step_batch_rows, settings.step_gather_s, lambda: self._inflight,
-                                        (StateLost,)) if settings.step_batch_rows > 1 else None
+                                        (StateLost,), on_batch=self._batched) if settings.step_batch_rows > 1 else None
         self._slots = asyncio.Semaphore(settings.max_inflight)
         self._inflight = 0
         self._queued = 0                                     # calls waiting for a slot
         self.service_time = ServiceTime()
         self.shadows = ShadowScoring(settings, metrics, sink, self._answer_groups)
+
+    def _batched(self, key: tuple, calls: int) -> None:
+        self.metrics.step_batch_calls.labels(model=key[0]).observe(calls)
 
     def runs_steps(self, model: ModelVersion) -> bool:
         """Whether `model` answers through its step graphs here (the one place this is decided: the

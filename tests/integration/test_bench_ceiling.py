@@ -1,7 +1,8 @@
 """`routerkt bench ceiling` end to end on the tiny model with step graphs (a real `routerkt serve` child over
 in-process onnxruntime with its SQLite store, and the do-nothing server as a child): every target answers
-without a failure, Predict by learner_id is a cache hit on every call and answers as the history sent, and the
-report carries the fraction of the ceiling and the session pattern."""
+without a failure, Predict by learner_id is a cache hit on every call and answers as the history sent (its
+step calls all counted by the batching metric), and the report carries the fraction of the ceiling and the
+session pattern."""
 from __future__ import annotations
 
 import json
@@ -29,6 +30,8 @@ def test_bench_ceiling_puts_the_gateway_beside_the_do_nothing_server(kt_step_rep
         lookups = row["onnxruntime:lookups"]
         assert lookups["hit"] == row["onnxruntime:id"]["calls"] and lookups["miss"] == lookups["stale"] == 0
         assert 0 < row["onnxruntime:id"]["calls_per_s"] / row["ceiling"]["calls_per_s"]
+        batching = row["onnxruntime:batching"]                 # one step_next per hit, some merged or not
+        assert batching["sum"] == row["onnxruntime:id"]["calls"] and 1 <= batching["count"] <= batching["sum"]
     sessions = report["sessions"]
     assert sessions["ceiling"]["calls"] > 0 and sessions["onnxruntime"]["failures"] == 0
     assert sessions["onnxruntime:lookups"]["hit"] + sessions["onnxruntime:lookups"]["appended"] > 0

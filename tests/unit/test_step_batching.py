@@ -160,3 +160,24 @@ def test_a_member_cancelled_while_its_batch_runs_leaves_the_others_their_rows() 
     kept, (gone,) = asyncio.run(main())
     assert sent == [2] and isinstance(gone, asyncio.CancelledError)
     assert np.array_equal(kept["y"], rows(1)["x"] * 2)
+
+
+def test_a_probe_gathers_where_lone_batches_would_go_on_alone() -> None:
+    """inflight() counts only calls that reached the pipeline: after a lone batch, two calls arriving together
+    would each go alone at once; a probe (at most every probe_every_s) gathers them, and its size is reported."""
+    backend, seen = Backend(), []
+    batcher = StepBatcher(max_rows=64, gather_s=0.05, inflight=lambda: 1, probe_every_s=0.2,
+                          on_batch=lambda key, calls: seen.append((key, calls)))
+
+    async def together():
+        first = asyncio.ensure_future(batcher.run(("m", 1, "g"), rows(0), backend.send, 60.0))
+        await asyncio.sleep(0.01)
+        await batcher.run(("m", 1, "g"), rows(1), backend.send, 60.0)
+        await first
+
+    async def main():
+        await together()                        # before the first probe is due: each goes alone
+        await asyncio.sleep(0.2)
+        await together()                        # a probe: both in one call
+    asyncio.run(main())
+    assert backend.batches == [1, 1, 2] and seen == [(("m", 1, "g"), 1), (("m", 1, "g"), 1), (("m", 1, "g"), 2)]
