@@ -10,10 +10,9 @@ windows) -> `infer` / `infer_outputs` (the backend, within the caller's deadline
 learners named by learner_id, the learner-state path of serving/state/ when the backend runs the
 version's step graphs) -> the prediction sink (Predict only). Learners whose route names a shadow version are
 scored again by it in the background, after the answer (serving/pipeline/shadow.py); shadow answers go to the
-sink only. With `issue_prediction_ids`,
-each learner not named by learner_id gets a prediction_id. Every failure a client sees is a
-ServingError with a safe message (`client_error` for backend failures): tracebacks and backend
-texts go to the log only, and nothing about a learner is logged.
+sink only. With `issue_prediction_ids`, each learner not named by learner_id gets a prediction_id. Every failure
+a client sees is a ServingError with a safe message (`client_error` for backend failures): tracebacks and
+backend texts go to the log only, and nothing about a learner is logged.
 """
 from __future__ import annotations
 
@@ -116,14 +115,14 @@ class PredictionService:
         groups: dict[int, list[int]] = {}
         for i, model in enumerate(models):
             groups.setdefault(model.version, []).append(i)
+        if len(groups) == 1:                          # one version (the usual case): no task to gather
+            return await self._answer(models[0], learners, deadline)
         out: list[Answer | None] = [None] * len(learners)
 
         async def group(indices: list[int]) -> None:
             model = models[indices[0]]
             for i, answer in zip(indices, await self._answer(model, [learners[i] for i in indices], deadline)):
                 out[i] = answer
-        if len(groups) == 1:                          # one version (the usual case): no task to gather
-            return await self._answer(models[0], learners, deadline)
         await asyncio.gather(*(group(indices) for indices in groups.values()))
         return out  # type: ignore[return-value]
 

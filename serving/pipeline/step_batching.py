@@ -10,8 +10,8 @@ gathering. A batch is sent at the first of:
   others may still wait in gRPC's queue, and without probes one lone batch could make every later one lone
   (measured: mean batches of 1.7 instead of 3.5 at 8 callers in some runs). A probe that finds company ends that.
 Under load the batch fills while the event loop serves the other calls' earlier steps, so one onnxruntime
-run or Triton request serves several Predicts (docs/benchmarks.md, "The ceiling": mean batch about 3 at 8
-callers with gather_s 2 ms). Waiting only until every call in flight had joined did not gather: the next
+run or Triton request serves several Predicts (docs/benchmarks.md, "The ceiling": mean batch about 4 at 8
+callers with gather_s 2 ms; routerkt_step_batch_calls). Waiting only until every call in flight had joined did not gather: the next
 calls are still in gRPC's queue then, not yet counted.
 Every step graph's inputs and outputs are batch-first and its rows are independent, so each caller gets
 back exactly its rows (the same values within float rounding: tests/integration/test_learner_states.py
