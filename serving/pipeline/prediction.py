@@ -144,17 +144,16 @@ class PredictionService:
         learners = await self.complete_history(learners, model, deadline, states)
         self._observe_sizes(learners)
         encoded = self.encode(learners, model)
-        probs = await self._infer_learners(model, learners, encoded, deadline)
+        probs = await self._infer_learners(model, learners, encoded, deadline, states)
         # a learner read after its cached state (LearnerInput.cached) used the state's interactions too
         return [(p, e.history_used + (0 if learner.cached is None else learner.cached.length), learner.learner_key)
                 for p, e, learner in zip(probs, encoded, learners)]
 
     async def _infer_learners(self, model: ModelVersion, learners: list[LearnerInput], encoded: list[EncodedLearner],
-                              deadline: Deadline) -> list[np.ndarray]:
+                              deadline: Deadline, states: LearnerStates | None) -> list[np.ndarray]:
         """`infer`, except that learners named by learner_id (and, with the prefix cache, the others) take the
-        learner-state path when there is one and the backend runs `model`'s step graphs (the same
-        probabilities, <= 1e-5)."""
-        states = self.states if self.states is not None and self.runs_steps(model) else None
+        learner-state path `states` (None: there is none, or the backend does not run `model`'s step graphs;
+        the same probabilities, <= 1e-5)."""
         keys = [None] * len(learners) if states is None else [
             states.learner_keys_of(learner.learner_key) if learner.learner_key else None if learner.learner_id
             else states.history_keys(learner_encoded) if self.settings.prefix_cache else None
