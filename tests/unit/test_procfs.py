@@ -18,6 +18,10 @@ def test_a_child_is_found_named_and_waited_for():
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)  # procfs-test"])
     try:
         assert child.pid in children(os.getpid())
+        # Popen returns once exec has begun; the new command line shows a moment later on a busy host
+        deadline = time.monotonic() + 10
+        while "procfs-test" not in cmdline(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert "procfs-test" in cmdline(child.pid)
         start = start_time(child.pid)
         child.kill()
