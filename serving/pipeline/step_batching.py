@@ -58,8 +58,6 @@ class StepBatcher:
         self.probe_every_s = probe_every_s
         self._probe_at = time.monotonic() + probe_every_s     # loop time of the next probe (the default clock)
         self.on_batch = on_batch             # (key, step calls in one backend call): a metric
-        self.calls = 0                      # backend calls made (for tests and benchmarks)
-        self.joined = 0                     # step calls that went in them
 
     async def run(self, key: tuple, feeds: dict[str, np.ndarray], send: Send, time_left_s: float) -> dict[str, np.ndarray]:
         rows = int(next(iter(feeds.values())).shape[0])
@@ -103,8 +101,6 @@ class StepBatcher:
         task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
 
     async def _send(self, batch: _Batch) -> None:
-        self.calls += 1
-        self.joined += len(batch.feeds)
         self.on_batch(batch.key, len(batch.feeds))
         send = max(batch.sends, key=lambda s: s[0])[1]
         try:

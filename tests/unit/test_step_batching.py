@@ -33,13 +33,15 @@ def rows(k: int, n: int = 1, width: int = 3) -> dict[str, np.ndarray]:
 
 
 def test_calls_in_one_turn_share_one_backend_call_and_get_their_rows() -> None:
-    backend, batcher = Backend(), StepBatcher(max_rows=64)
+    seen: list[tuple[tuple, int]] = []
+    backend = Backend()
+    batcher = StepBatcher(max_rows=64, on_batch=lambda key, calls: seen.append((key, calls)))
 
     async def main():
         return await asyncio.gather(*(batcher.run(("m", 1, "step_next"), rows(k, n=1 + k % 2), backend.send, 5.0)
                                       for k in range(5)))
     outputs = asyncio.run(main())
-    assert backend.batches == [7] and batcher.calls == 1 and batcher.joined == 5
+    assert backend.batches == [7] and seen == [(("m", 1, "step_next"), 5)]
     for k, out in enumerate(outputs):
         expected = rows(k, n=1 + k % 2)["x"]
         assert np.array_equal(out["y"], expected * 2) and np.array_equal(out["z"], expected[:, :1] + 1)
