@@ -10,7 +10,7 @@ pytestmark = pytest.mark.unit
 def test_sample_request_body_has_no_empty_lists():
     from google.protobuf import json_format
 
-    request = pb.PredictRequest(model="m", history=[pb.Interaction(question_id=3, skill_id=0, correct=False)],
+    request = pb.PredictRequest(model="m", history=[pb.Interaction(question_id=3, skill_id=0, correct=0)],
                                 candidates=[pb.Candidate(question_id=4, skill_ids=[5, 6])])
     body = json_format.MessageToDict(request, preserving_proto_field_name=True,
                                      always_print_fields_with_no_presence=True)
