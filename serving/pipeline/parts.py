@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from serving.core.revision import Revision
     from serving.core.validation import LearnerInput
 
+Answer = tuple[np.ndarray, int, str]      # a learner's probabilities, history_used, learner key ("" unnamed)
+
 
 class FailureKind(str, Enum):
     """Why an inference failed, independent of the backend that ran it."""

@@ -31,7 +31,7 @@ from serving.core.catalog import ModelCatalog, ModelVersion
 from serving.status_errors import ServingError, shown
 from serving.core.encoded import EncodedLearner
 from serving.metrics import Metrics
-from serving.pipeline.parts import (BackendError, Encoder, FailureKind, HistorySource, InferenceBackend,
+from serving.pipeline.parts import (Answer, BackendError, Encoder, FailureKind, HistorySource, InferenceBackend,
                            PredictionRecord, PredictionSink, Route, VersionPolicy)
 from serving.core.calls import Deadline, LearnerPrediction, PredictQuery, PredictResult
 from serving.settings import Settings
@@ -46,7 +46,6 @@ from serving.core.validation import LearnerInput, validate_query
 log = logging.getLogger("routerkt.gateway.service")
 
 T = TypeVar("T")
-Answer = tuple[np.ndarray, int, str]      # a learner's probabilities, history_used, learner key ("" unnamed)
 
 
 class PredictionService:

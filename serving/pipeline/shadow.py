@@ -5,18 +5,16 @@ import asyncio
 import logging
 from typing import Awaitable, Callable
 
-import numpy as np
-
 from serving.core.calls import Deadline, LearnerPrediction, PredictQuery, PredictResult
 from serving.core.catalog import ModelVersion
 from serving.core.validation import LearnerInput
 from serving.metrics import Metrics
-from serving.pipeline.parts import PredictionRecord, PredictionSink, Route
+from serving.pipeline.parts import Answer, PredictionRecord, PredictionSink, Route
 from serving.settings import Settings
 
 log = logging.getLogger("routerkt.gateway.service")
 
-Answers = Callable[[list[LearnerInput], list[ModelVersion], Deadline], Awaitable[list[tuple[np.ndarray, int, str]]]]
+Answers = Callable[[list[LearnerInput], list[ModelVersion], Deadline], Awaitable[list[Answer]]]
 
 
 class ShadowScoring:
