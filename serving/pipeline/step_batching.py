@@ -5,12 +5,13 @@ gathering. A batch is sent at the first of:
 - `max_rows` rows in it;
 - `gather_s` after its first call;
 - the event loop's next turn, for a lone call: the gateway serves no other call (`inflight()` <= 1) and the
-  last batch sent had one call, so at low load a call never waits. At most every `probe_every_s` such a call
-  gathers anyway (a probe): `inflight()` counts only the calls that reached the pipeline, so under load the
-  others may still wait in gRPC's queue, and without probes one lone batch could make every later one lone
-  (measured: mean batches of 1.7 instead of 3.5 at 8 callers in some runs). A probe that finds company ends that.
+  last `lone_after` batches sent had one call each, so at low load a call never waits. `inflight()` counts
+  only the calls that reached the pipeline, so under load the others may still wait in gRPC's queue: one
+  gathered batch that found no company is not enough to go lone (with that rule, 56% of the onnxruntime runs
+  at 8 callers were lone, mean 3.0 calls per run; with 3 in a row, mean 5.1-5.4), and at most every
+  `probe_every_s` a lone call gathers anyway (a probe); a probe that finds company ends a run of lone batches.
 Under load the batch fills while the event loop serves the other calls' earlier steps, so one onnxruntime
-run or Triton request serves several Predicts (docs/benchmarks.md, "The ceiling": mean batch about 4 at 8
+run or Triton request serves several Predicts (docs/benchmarks.md, "The ceiling": mean batch 4-5 at 8
 callers with gather_s 2 ms; routerkt_step_batch_calls). Waiting only until every call in flight had joined did not gather: the next
 calls are still in gRPC's queue then, not yet counted.
 Every step graph's inputs and outputs are batch-first and its rows are independent, so each caller gets
@@ -31,6 +32,7 @@ import numpy as np
 
 Send = Callable[[dict[str, np.ndarray]], Awaitable[dict[str, np.ndarray]]]
 PROBE_EVERY_S = 0.25       # a lone call gathers anyway at most this often (module docstring)
+LONE_AFTER = 3             # batches of one call in a row before lone calls go at once (module docstring)
 
 
 @dataclass
@@ -48,13 +50,14 @@ class StepBatcher:
 
     def __init__(self, max_rows: int, gather_s: float = 0.0, inflight: Callable[[], int] | None = None,
                  alone_after: tuple[type[Exception], ...] = (), probe_every_s: float = PROBE_EVERY_S,
-                 on_batch: Callable[[tuple, int], None] = lambda key, calls: None) -> None:
+                 on_batch: Callable[[tuple, int], None] = lambda key, calls: None, lone_after: int = LONE_AFTER) -> None:
         self.max_rows = max(1, max_rows)
         self.gather_s = max(0.0, gather_s)
         self.alone_after = alone_after       # failures of a merged call that may be one member's: each goes alone
         self._gathering: dict[tuple, _Batch] = {}
         self.inflight = inflight             # the calls the gateway is serving now (None: unknown, a batch waits)
-        self._last_lone = True               # the last batch sent had one call
+        self.lone_after = max(1, lone_after)
+        self._lone_run = self.lone_after     # batches of one call sent in a row (from the start: lone)
         self.probe_every_s = probe_every_s
         self._probe_at = time.monotonic() + probe_every_s     # loop time of the next probe (the default clock)
         self.on_batch = on_batch             # (key, step calls in one backend call): a metric
@@ -83,7 +86,7 @@ class StepBatcher:
 
     def _lone(self, now: float) -> bool:
         """A new batch goes at the next turn: no one to wait for, unless it is time for a probe."""
-        if not (self._last_lone and self.inflight is not None and self.inflight() <= 1):
+        if not (self._lone_run >= self.lone_after and self.inflight is not None and self.inflight() <= 1):
             return False
         if now < self._probe_at:
             return True
@@ -94,7 +97,7 @@ class StepBatcher:
         if batch.sent:
             return
         batch.sent = True
-        self._last_lone = len(batch.futures) == 1
+        self._lone_run = self._lone_run + 1 if len(batch.futures) == 1 else 0
         if self._gathering.get(shape_key) is batch:
             del self._gathering[shape_key]
         task = asyncio.ensure_future(self._send(batch))

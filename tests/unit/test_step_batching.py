@@ -164,6 +164,29 @@ def test_a_member_cancelled_while_its_batch_runs_leaves_the_others_their_rows() 
     assert np.array_equal(kept["y"], rows(1)["x"] * 2)
 
 
+def test_calls_go_alone_again_only_after_lone_after_lone_batches_in_a_row() -> None:
+    """One gathered batch that found no company does not make the next calls go at once: lone_after do."""
+    backend, inflight = Backend(), [3]
+    batcher = StepBatcher(max_rows=64, gather_s=0.5, inflight=lambda: inflight[0], lone_after=3, probe_every_s=60.0)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        first = asyncio.ensure_future(batcher.run(("m", 1, "g"), rows(0), backend.send, 60.0))
+        await asyncio.sleep(0.01)
+        await batcher.run(("m", 1, "g"), rows(1), backend.send, 60.0)
+        await first                             # a batch of two: lone calls gather again
+        inflight[0] = 1
+        took = []
+        for k in range(4):
+            started = loop.time()
+            await batcher.run(("m", 1, "g"), rows(k), backend.send, 60.0)
+            took.append(loop.time() - started)
+        return took
+    took = asyncio.run(main())
+    assert backend.batches == [2, 1, 1, 1, 1]
+    assert all(t >= 0.45 for t in took[:3]) and took[3] < 0.25, took
+
+
 def test_a_probe_gathers_where_lone_batches_would_go_on_alone() -> None:
     """inflight() counts only calls that reached the pipeline: after a lone batch, two calls arriving together
     would each go alone at once; a probe (at most every probe_every_s) gathers them, and its size is reported."""
