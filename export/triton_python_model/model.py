@@ -14,9 +14,10 @@ parameters N_QUESTIONS / N_SKILLS only when it lacks them: one config.pbtxt serv
 different vocabularies, so a retrain whose vocabulary grew leaves it unchanged.
 
 Copied verbatim into every version folder of a python-backend model by `routerkt export`, with
-routerkt_held_states.py beside it (the python backend puts the version folder on sys.path). It runs
-inside Triton's `triton_python_backend_stub` with the project venv's interpreter, so it imports only
-numpy, onnxruntime, the standard library, `triton_python_backend_utils` and that file, never the project.
+routerkt_held_states.py (the held states) and routerkt_version_setup.py (what an instance reads as it starts)
+beside it: the python backend puts the version folder on sys.path. It runs inside Triton's
+`triton_python_backend_stub` with the project venv's interpreter, so it imports only numpy, onnxruntime,
+the standard library, `triton_python_backend_utils` and those two files, never the project.
 The tensor names below mirror routerkt/contract/signature.py (a unit test keeps them equal).
 
 Triton 2.51 facts this file is written around (docs/operations.md, "Triton 2.51"):
@@ -35,6 +36,7 @@ import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 from routerkt_held_states import HeldStates, held_gauges
+from routerkt_version_setup import checked_session, exec_histogram, id_bounds, session_options, version_info
 
 # Mirrors routerkt/contract/signature.py: the score graph (SCORE, ONNX_FILE) ...
 QUESTIONS = "questions"
@@ -75,21 +77,10 @@ ID_LIMITS = {HISTORY_QUESTIONS: "questions", CANDIDATE_QUESTIONS: "questions", A
 RESPONSE_INPUTS = (HISTORY_RESPONSES, APPEND_RESPONSE)
 ORT_DTYPES = {"tensor(int64)": np.int64, "tensor(float)": np.float32}
 
-# Parameter keys of config.pbtxt (mirrors export/triton_config.py).
-PARAM_ORT_INTRA_OP_THREADS = "ORT_INTRA_OP_THREADS"
-PARAM_ORT_MEM_ARENA = "ORT_CPU_MEM_ARENA"
+# Parameter keys of config.pbtxt (mirrors export/triton_config.py; the others: routerkt_version_setup.py).
 PARAM_WINDOW = "WINDOW"
-PARAM_N_QUESTIONS = "N_QUESTIONS"
-PARAM_N_SKILLS = "N_SKILLS"
 PARAM_GRAPH = "GRAPH"
 PARAM_HELD_STATE_BYTES = "HELD_STATE_BYTES"
-# The version folder's model_info.json (mirrors routerkt/contract/signature.py INFO_FILE and the fields of
-# routerkt/contract/model_info.py): its id bounds, read first; the config parameters above are the fallback.
-INFO_FILE = "model_info.json"
-INFO_BOUNDS = (("n_questions", "N_QUESTIONS"), ("n_skills", "N_SKILLS"))   # (field, fallback parameter)
-
-EXEC_METRIC = "routerkt_triton_model_exec_seconds"
-EXEC_BUCKETS = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0]
 
 
 class TritonPythonModel:
@@ -100,8 +91,8 @@ class TritonPythonModel:
         params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
         self.model_name = args["model_name"]
         folder = os.path.join(args["model_repository"], args["model_version"])
-        self.n_questions, self.n_skills = _id_bounds(folder, params)
-        self.band = _info(folder).get("context") == "band"      # a band model's state_length has no bound
+        self.n_questions, self.n_skills = id_bounds(pb_utils, folder, params)
+        self.band = version_info(folder).get("context") == "band"      # a band model's state_length has no bound
         self.window = int(params[PARAM_WINDOW]) if params.get(PARAM_WINDOW, "").isdigit() else None
         self.graph = params.get(PARAM_GRAPH, "") or "score"
         if self.graph not in GRAPHS:
@@ -109,15 +100,11 @@ class TritonPythonModel:
                                                 f"{sorted(GRAPHS)}, got {self.graph!r}")
         self.input_names, self.output_name, onnx_file = GRAPHS[self.graph]
 
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.intra_op_num_threads = int(params.get(PARAM_ORT_INTRA_OP_THREADS, "1") or "1")
-        options.enable_cpu_mem_arena = params.get(PARAM_ORT_MEM_ARENA, "0") == "1"
-        options.inter_op_num_threads = 1
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")   # routerkt/contract/onnx_session.py
-        self.session = _session(os.path.join(folder, onnx_file), options, self.input_names, (self.output_name,))
+        options = session_options(params)
+        self.session = checked_session(pb_utils, os.path.join(folder, onnx_file), options, self.input_names,
+                                       (self.output_name,))
         explain = os.path.join(folder, EXPLAIN_ONNX_FILE)
-        self.explain_session = (_session(explain, options, RANK_INPUT_NAMES, EXPLAIN_OUTPUTS)
+        self.explain_session = (checked_session(pb_utils, explain, options, RANK_INPUT_NAMES, EXPLAIN_OUTPUTS)
                                 if self.graph == "rank" and os.path.isfile(explain) else None)
         steps = {k: os.path.join(folder, f) for k, f in STEP_ONNX_FILES.items()}
         served = self.graph == "rank" and all(os.path.isfile(p) for p in steps.values())
@@ -127,7 +114,7 @@ class TritonPythonModel:
         self.held = HeldStates(int(budget)) if served and budget.isdigit() and int(budget) > 0 else None
         self.held_gauges = held_gauges(pb_utils, self.model_name, args["model_version"]) if self.held else []
         # The family must stay referenced as long as its metric: dropping it unregisters the metric.
-        self.exec_family, self.exec_seconds = _exec_histogram(self.model_name, args["model_version"])
+        self.exec_family, self.exec_seconds = exec_histogram(pb_utils, self.model_name, args["model_version"])
 
     def execute(self, requests):
         responses = [None] * len(requests)
@@ -363,18 +350,6 @@ class TritonPythonModel:
         self.exec_family = None
 
 
-def _session(path, options, input_names, output_names):
-    """An onnxruntime session of `path`, checked against the signature's input and output names."""
-    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-    names = {i.name for i in session.get_inputs()}
-    missing = set(output_names) - {o.name for o in session.get_outputs()}
-    if names != set(input_names) or missing:
-        raise pb_utils.TritonModelException(
-            f"{os.path.basename(path)} does not match the signature: inputs {sorted(names)}, "
-            f"expected {sorted(input_names)} and outputs {list(output_names)}")
-    return session
-
-
 def _wants_explain(request):
     """True when the request asks for an explain output (Triton's requested_output_names)."""
     requested = getattr(request, "requested_output_names", None)
@@ -383,49 +358,3 @@ def _wants_explain(request):
 
 def _error(message, code):
     return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message, code))
-
-
-def _info(folder):
-    """The version folder's model_info.json as a dict ({} when missing or unreadable)."""
-    try:
-        with open(os.path.join(folder, INFO_FILE), encoding="utf-8") as f:
-            info = json.load(f)
-    except (OSError, ValueError):
-        info = None
-    return info if isinstance(info, dict) else {}
-
-
-def _id_bounds(folder, params):
-    """(n_questions, n_skills): valid ids are [0, n). From the version folder's model_info.json, so a
-    version with a grown vocabulary needs no other config.pbtxt; for a version whose model_info.json
-    lacks them (or has none), from the config parameters N_QUESTIONS / N_SKILLS."""
-    info = _info(folder)
-    bounds = []
-    for field, key in INFO_BOUNDS:
-        value = info.get(field)
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-            bounds.append(value)
-            continue
-        text = params.get(key, "")
-        if not text.isdigit() or int(text) < 1:
-            raise pb_utils.TritonModelException(
-                f"no id bound {field}: {INFO_FILE} of version {os.path.basename(folder)} has no positive "
-                f"'{field}' and config.pbtxt parameter {key} is {text!r}")
-        bounds.append(int(text))
-    return tuple(bounds)
-
-
-def _exec_histogram(model_name, version):
-    """(family, histogram) of ORT run time per execution; (None, None) without the histogram API."""
-    family_cls = getattr(pb_utils, "MetricFamily", None)
-    if family_cls is None or not hasattr(family_cls, "HISTOGRAM"):
-        return None, None
-    try:
-        family = family_cls(
-            name=EXEC_METRIC,
-            description="onnxruntime execution time of one (dynamic) batch in the python backend",
-            kind=family_cls.HISTOGRAM)
-        metric = family.Metric(labels={"model": model_name, "version": str(version)}, buckets=EXEC_BUCKETS)
-        return family, metric
-    except Exception:                              # metrics disabled or API mismatch: serve anyway
-        return None, None

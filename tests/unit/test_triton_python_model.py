@@ -18,7 +18,7 @@ import pytest
 
 from export import triton_config
 from routerkt.contract import signature
-from export.triton_python_model import HELD_STATES_PY, MODEL_PY
+from export.triton_python_model import HELD_STATES_PY, MODEL_PY, PYTHON_MODEL_FILES, VERSION_SETUP_PY
 
 pytestmark = pytest.mark.unit
 
@@ -26,10 +26,11 @@ N_Q, N_S, WINDOW = 20, 6, 5
 
 
 def _literals() -> dict[str, object]:
-    tree = ast.parse(MODEL_PY.read_text())
+    """The module-level literals of model.py and routerkt_version_setup.py (no name in both)."""
     found = {}
-    for node in tree.body:
+    for node in ast.parse(MODEL_PY.read_text()).body + ast.parse(VERSION_SETUP_PY.read_text()).body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            assert node.targets[0].id not in found, node.targets[0].id
             try:
                 found[node.targets[0].id] = ast.literal_eval(node.value)
             except ValueError:
@@ -45,8 +46,8 @@ def test_tensor_and_parameter_literals_match_the_signature() -> None:
     assert lit["PARAM_ORT_INTRA_OP_THREADS"] == triton_config.PARAM_ORT_INTRA_OP_THREADS
     assert lit["PARAM_ORT_MEM_ARENA"] == triton_config.PARAM_ORT_MEM_ARENA
     assert lit["PARAM_WINDOW"] == triton_config.PARAM_WINDOW
-    assert lit["PARAM_N_QUESTIONS"] == triton_config.PARAM_N_QUESTIONS
-    assert lit["PARAM_N_SKILLS"] == triton_config.PARAM_N_SKILLS
+    from serving.metrics import TRITON_METRICS
+    assert lit["EXEC_METRIC"] in TRITON_METRICS
     assert lit["INFO_FILE"] == signature.INFO_FILE
     assert lit["PARAM_HELD_STATE_BYTES"] == triton_config.PARAM_HELD_STATE_BYTES
     from routerkt.contract import step_signature
@@ -68,11 +69,16 @@ def test_model_py_imports_nothing_from_the_project() -> None:
                for alias in node.names}
     modules |= {node.module.split(".")[0] for node in ast.walk(tree)
                 if isinstance(node, ast.ImportFrom) and node.module}
-    assert modules <= {"json", "os", "time", "numpy", "onnxruntime", "triton_python_backend_utils", "routerkt_held_states"}
-    tree = ast.parse(HELD_STATES_PY.read_text())
-    assert {alias.name for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
-            for alias in node.names} | {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)} <= {
-        "collections", "OrderedDict", "numpy"}
+    assert modules <= {"json", "os", "time", "numpy", "onnxruntime", "triton_python_backend_utils",
+                       "routerkt_held_states", "routerkt_version_setup"}
+    for path, allowed in ((HELD_STATES_PY, {"collections", "OrderedDict", "numpy"}),
+                          (VERSION_SETUP_PY, {"json", "os", "onnxruntime"})):
+        tree = ast.parse(path.read_text())
+        assert {alias.name for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+                for alias in node.names} | {node.module for node in ast.walk(tree)
+                                            if isinstance(node, ast.ImportFrom)} <= allowed, path.name
+    assert {name[:-3] for name in PYTHON_MODEL_FILES} >= modules - {"json", "os", "time", "numpy", "onnxruntime",
+                                                                    "triton_python_backend_utils"}
 
 
 # -- a fake triton_python_backend_utils -----------------------------------------------------------
