@@ -120,8 +120,13 @@ class TritonModelOptions:
     # for offline bulk scoring). Spinning is off in model.py (session.intra_op.allow_spinning=0).
     # Re-run 2026-12-02 on the AVX-512 host (same command): 0 us would have won at 1 caller (gateway
     # p50 7.1 vs 8.6 ms) and 32 callers (401 vs 352 gateway calls/s), 500 us at 8 callers through
-    # Triton (357 vs 326); with the earlier run's 1.45x at 8 callers for 500 us, 500 us stays.
-    max_queue_delay_us: int = 500       # dynamic batcher: how long a request may wait for company
+    # Triton (357 vs 326); with the earlier run's 1.45x at 8 callers for 500 us, 500 us stayed then.
+    # 2026-12-07, after the gateway began batching its step calls itself (AVX-512/AMX host): 0 us gave
+    # 1.12-1.14x the by-id calls/s of 500 us at 8 callers and 1.08-1.09x at 32 (`routerkt bench ceiling`
+    # through Triton, 2 rounds alternating; stateless and the session pattern no worse), and `routerkt bench
+    # cost --queue-delays 0,500` (the rank graph sent the history) 0 us won or tied 5 of its 6 cells
+    # (gateway 147 / 221 / 218 calls/s vs 138 / 215 / 205 at 1 / 8 / 32 callers): 0 us since.
+    max_queue_delay_us: int = 0         # dynamic batcher: how long a request may wait for company
     instance_count: int = 1             # model instances (2 cores here: 1 instance x 1 ORT thread)
     ort_intra_op_threads: int = 1       # ORT intra-op threads per instance
     ort_mem_arena: bool = False         # ORT's CPU arena keeps each instance's peak (~2 GB at batch 512): off
@@ -190,8 +195,9 @@ def settings_comment(options: TritonModelOptions) -> str:
     ours = (options.max_queue_delay_us, options.ort_intra_op_threads, options.instance_count)
     default = TritonModelOptions()
     measured = (default.max_queue_delay_us, default.ort_intra_op_threads, default.instance_count)
-    origin = ("the defaults, chosen by `routerkt bench cost` under 1, 8 and 32 callers (docs/benchmarks.md, "
-              "\"One Predict's cost\"; the measurement is quoted in export/triton_config.py)" if ours == measured else
+    origin = ("the defaults, chosen by `routerkt bench cost` and `routerkt bench ceiling` under 1, 8 and 32 "
+              "callers (docs/benchmarks.md; the measurements are quoted in export/triton_config.py)"
+              if ours == measured else
               f"set at export; the measured defaults are {measured[0]} us, {measured[1]} thread(s), "
               f"{measured[2]} instance(s) (`routerkt bench cost`)")
     return (f"# Runtime settings: max_queue_delay_microseconds {ours[0]}, {PARAM_ORT_INTRA_OP_THREADS} {ours[1]}, "

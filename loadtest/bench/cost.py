@@ -72,10 +72,13 @@ def setting_repository(source: Path, model: str, out: Path, delay_us: int, threa
     config = repo / model / "config.pbtxt"
     text = config.read_text()
     text, n_delay = re.subn(r"max_queue_delay_microseconds: \d+", f"max_queue_delay_microseconds: {delay_us}", text)
+    if n_delay == 0:                   # a delay of 0 is protobuf's default: the text leaves the field out
+        text, n_delay = re.subn(r"(?m)^dynamic_batching \{\n",
+                                f"dynamic_batching {{\n  max_queue_delay_microseconds: {delay_us}\n", text)
     text, n_threads = re.subn(r'(key: "ORT_INTRA_OP_THREADS"\s*value \{\s*string_value: )"\d+"',
                               rf'\1"{threads}"', text)
     if n_delay != 1 or n_threads != 1:
-        raise UserError(f"{config}: expected one max_queue_delay_microseconds and one ORT_INTRA_OP_THREADS "
+        raise UserError(f"{config}: expected one dynamic_batching block and one ORT_INTRA_OP_THREADS "
                         "(re-export with `routerkt export`)")
     config.write_text(text)
     return repo

@@ -4,6 +4,8 @@ phase counts failures by name."""
 from __future__ import annotations
 
 import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
 
 from export.triton_config import PARAM_N_QUESTIONS, PARAM_N_SKILLS, TritonModelOptions, render_config
 from loadtest.bench.cost import _ints, setting_repository
@@ -14,21 +16,22 @@ from routerkt.errors import UserError
 pytestmark = pytest.mark.unit
 
 
-def test_setting_repository_rewrites_delay_and_threads(tmp_path):
+@pytest.mark.parametrize("exported_delay_us", [0, 500])     # 0, the default, is absent from the text
+def test_setting_repository_rewrites_delay_and_threads(tmp_path, exported_delay_us):
     source = tmp_path / "repo"
     (source / "kt" / "1").mkdir(parents=True)
     (source / "kt" / "1" / "rank.onnx").write_bytes(b"graph")
-    options = TritonModelOptions(window=20, graph=signature.RANK.name,
+    options = TritonModelOptions(window=20, graph=signature.RANK.name, max_queue_delay_us=exported_delay_us,
                                  parameters={PARAM_N_QUESTIONS: "30", PARAM_N_SKILLS: "10"})
-    (source / "kt" / "config.pbtxt").write_text(render_config("kt", options))
+    rendered = render_config("kt", options)
+    (source / "kt" / "config.pbtxt").write_text(rendered)
     repo = setting_repository(source, "kt", tmp_path / "out", delay_us=123, threads=3)
     text = (repo / "kt" / "config.pbtxt").read_text()
-    assert "max_queue_delay_microseconds: 123" in text
-    assert f"max_queue_delay_microseconds: {options.max_queue_delay_us}\n" not in text
-    assert 'key: "ORT_INTRA_OP_THREADS"\n  value {\n    string_value: "3"' in text
+    config = text_format.Parse(text, mc.ModelConfig())
+    assert config.dynamic_batching.max_queue_delay_microseconds == 123
+    assert config.parameters["ORT_INTRA_OP_THREADS"].string_value == "3"
     assert (repo / "kt" / "1" / "rank.onnx").read_bytes() == b"graph"
-    # the source is untouched
-    assert f"max_queue_delay_microseconds: {options.max_queue_delay_us}" in (source / "kt" / "config.pbtxt").read_text()
+    assert (source / "kt" / "config.pbtxt").read_text() == rendered        # the source is untouched
 
 
 def test_setting_repository_refuses_a_config_without_the_fields(tmp_path):

@@ -83,7 +83,7 @@ def test_defaults_match_the_measured_setup() -> None:
     assert config.parameters[PARAM_ORT_INTRA_OP_THREADS].string_value == "1"      # `routerkt bench cost`
     assert config.instance_group[0].count == 1
     assert config.version_policy.HasField("all")
-    assert config.dynamic_batching.max_queue_delay_microseconds == 500
+    assert config.dynamic_batching.max_queue_delay_microseconds == 0              # `routerkt bench ceiling`
 
 
 def test_warmup_is_one_zero_filled_batch_of_every_input() -> None:
@@ -130,11 +130,11 @@ def test_rendered_text_explains_the_missing_queue_policy_only_in_comments() -> N
 
 def test_rendered_text_names_where_its_runtime_settings_come_from() -> None:
     measured = render_config("kt", _options())
-    assert "max_queue_delay_microseconds 500, ORT_INTRA_OP_THREADS 1, instance count 1" in measured
-    assert "chosen by `routerkt bench cost` under 1, 8 and 32 callers" in measured
-    changed = render_config("kt", _options(max_queue_delay_us=0, instance_count=2))
-    assert "max_queue_delay_microseconds 0, ORT_INTRA_OP_THREADS 1, instance count 2" in changed
-    assert "set at export; the measured defaults are 500 us" in changed
+    assert "max_queue_delay_microseconds 0, ORT_INTRA_OP_THREADS 1, instance count 1" in measured
+    assert "chosen by `routerkt bench cost` and `routerkt bench ceiling` under 1, 8 and 32 callers" in measured
+    changed = render_config("kt", _options(max_queue_delay_us=500, instance_count=2))
+    assert "max_queue_delay_microseconds 500, ORT_INTRA_OP_THREADS 1, instance count 2" in changed
+    assert "set at export; the measured defaults are 0 us" in changed
 
 
 @pytest.mark.parametrize("kwargs, message", [
