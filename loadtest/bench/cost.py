@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import statistics
 import sys
@@ -31,7 +30,10 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
 
+from export.triton_config import PARAM_ORT_INTRA_OP_THREADS
 from loadtest.closed_loop import run_phase, summary
 from loadtest.harness import add_common_flags, gateway_over, start_triton, stop_children_on_sigterm, wait_replicas
 from loadtest.learners import load_vocabulary
@@ -69,18 +71,15 @@ def setting_repository(source: Path, model: str, out: Path, delay_us: int, threa
     if repo.exists():
         shutil.rmtree(repo)
     shutil.copytree(source / model, repo / model, ignore=shutil.ignore_patterns("__pycache__"))
-    config = repo / model / "config.pbtxt"
-    text = config.read_text()
-    text, n_delay = re.subn(r"max_queue_delay_microseconds: \d+", f"max_queue_delay_microseconds: {delay_us}", text)
-    if n_delay == 0:                   # a delay of 0 is protobuf's default: the text leaves the field out
-        text, n_delay = re.subn(r"(?m)^dynamic_batching \{\n",
-                                f"dynamic_batching {{\n  max_queue_delay_microseconds: {delay_us}\n", text)
-    text, n_threads = re.subn(r'(key: "ORT_INTRA_OP_THREADS"\s*value \{\s*string_value: )"\d+"',
-                              rf'\1"{threads}"', text)
-    if n_delay != 1 or n_threads != 1:
-        raise UserError(f"{config}: expected one dynamic_batching block and one ORT_INTRA_OP_THREADS "
+    path = repo / model / "config.pbtxt"
+    config = text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+    if not config.HasField("dynamic_batching") or PARAM_ORT_INTRA_OP_THREADS not in config.parameters:
+        raise UserError(f"{path}: expected a dynamic_batching block and the {PARAM_ORT_INTRA_OP_THREADS} parameter "
                         "(re-export with `routerkt export`)")
-    config.write_text(text)
+    config.dynamic_batching.max_queue_delay_microseconds = delay_us
+    config.parameters[PARAM_ORT_INTRA_OP_THREADS].string_value = str(threads)
+    path.write_text(f"# routerkt bench cost: max_queue_delay_microseconds {delay_us}, "
+                    f"{PARAM_ORT_INTRA_OP_THREADS} {threads}\n" + text_format.MessageToString(config))
     return repo
 
 

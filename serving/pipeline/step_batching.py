@@ -12,8 +12,8 @@ gathering. A batch is sent at the first of:
   `probe_every_s` a lone call gathers anyway (a probe); a probe that finds company ends a run of lone batches.
 Under load the batch fills while the event loop serves the other calls' earlier steps, so one onnxruntime
 run or Triton request serves several Predicts (docs/benchmarks.md, "The ceiling": mean batch 4-5 at 8
-callers with gather_s 2 ms; routerkt_step_batch_calls). Waiting only until every call in flight had joined did not gather: the next
-calls are still in gRPC's queue then, not yet counted.
+callers with gather_s 2 ms; routerkt_step_batch_calls). Waiting only until every call in flight had joined
+did not gather: the next calls are still in gRPC's queue then, not yet counted.
 Every step graph's inputs and outputs are batch-first and its rows are independent, so each caller gets
 back exactly its rows (the same values within float rounding: tests/integration/test_learner_states.py
 compares them with the full forward). The merged call runs under the longest deadline among its callers;
@@ -50,7 +50,8 @@ class StepBatcher:
 
     def __init__(self, max_rows: int, gather_s: float = 0.0, inflight: Callable[[], int] | None = None,
                  alone_after: tuple[type[Exception], ...] = (), probe_every_s: float = PROBE_EVERY_S,
-                 on_batch: Callable[[tuple, int], None] = lambda key, calls: None, lone_after: int = LONE_AFTER) -> None:
+                 on_batch: Callable[[tuple, int], None] = lambda key, calls: None,
+                 lone_after: int = LONE_AFTER) -> None:
         self.max_rows = max(1, max_rows)
         self.gather_s = max(0.0, gather_s)
         self.alone_after = alone_after       # failures of a merged call that may be one member's: each goes alone
