@@ -1,6 +1,7 @@
 """`routerkt bench loop --quick` end to end on a small synthetic file (real Triton, the real gateway and its SQLite
 store, `routerkt train`, `export` and `retrain` as child processes): the table has every day, no call failed, the
-retrain ran each night, and the static v1 arm saw the same window as the served calls v1 answered."""
+retrain answered each night (trained and compared, or held off while its canary is undecided), and the static v1
+arm saw the same window as the served calls v1 answered."""
 from __future__ import annotations
 
 import json
@@ -35,7 +36,11 @@ def test_quick_replay_runs_every_day_and_night_without_a_failed_call(tmp_path) -
         night = row["retrain"]                                            # the retrain ran, and answered
         assert night["exit"] in (0, 3) and night["seconds"] > 0, night
         assert night["report_outcome"] in ("published", "not_better", "canary_undecided"), night
-        assert night["served"]["n"] > 0
+        if night["report_outcome"] == "canary_undecided":                # held off: the canary met is undecided
+            assert night["canary_met"] and night["canary_met"]["replace"] is False, night
+            assert night["candidate"] == {} and night["new_version"] is None, night
+        else:                                                             # trained, and compared on held-out data
+            assert night["served"]["n"] > 0 and night["candidate"]["n"] == night["served"]["n"], night
         if row["v1_parity_max_abs"] is not None:                          # the same window on both sides
             assert row["v1_parity_max_abs"] < 1e-4
     table = (out / "loop.md").read_text()
