@@ -18,8 +18,8 @@
                        `routerkt sessions import/export`
     rollout/           which version answers: the policy, its watcher, canaries, guardrail, promotion, kinds/
     outcomes/          served predictions joined with answers: online quality per version
-    metrics/           Prometheus metrics declared by concern (__init__.py), the gRPC interceptor
-                       (interceptor.py), the prediction sink (sink.py), online quality per version (quality.py)
+    metrics/           Prometheus metrics declared by concern (__init__.py), gRPC calls counted by their
+                       handlers (grpc_calls.py), the prediction sink (sink.py), online quality per version (quality.py)
     state/             the learner-state cache: states per learner, the step path (learner_states.py), fingerprints
     security/          TLS, API keys, scopes, audit, failed-key limits, serve's own keys
     api/               the routerkt.v1 proto, its generated code and codegen.py; dashboards/, deploy/: ops files

@@ -1,6 +1,6 @@
 """Every Prometheus metric of the gateway, built on an injectable CollectorRegistry (each test builds
 its own), declared in groups by concern (the `_declare_*` methods of Metrics). Beside it:
-interceptor.py (the grpc.aio server interceptor that fills the grpc_server_* family), sink.py (the
+grpc_calls.py (the grpc_server_* family, counted by the handlers as they register), sink.py (the
 pipeline's PredictionSink that counts served probabilities), quality.py (online quality per version).
 
 Names: `grpc_server_started_total`, `grpc_server_handled_total` and `grpc_server_handling_seconds`
@@ -18,7 +18,7 @@ import functools
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from routerkt import build
-from serving.metrics.interceptor import MetricsInterceptor
+from serving.metrics.grpc_calls import CountingRegistry
 from serving.metrics.quality import OutcomeQuality
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5,
@@ -124,8 +124,9 @@ class Metrics:
         self._declare_security(self.registry)
         self._declare_build(self.registry)
 
-    def interceptor(self) -> MetricsInterceptor:
-        return MetricsInterceptor(self)
+    def counting(self, server) -> CountingRegistry:
+        """What a service registers on instead of the grpc.aio `server`: its unary calls are counted."""
+        return CountingRegistry(server, self)
 
     def _declare_calls(self, registry: CollectorRegistry) -> None:
         """The calls of both transports: gRPC's standard family, HTTP requests, errors, slots."""

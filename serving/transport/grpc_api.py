@@ -63,8 +63,9 @@ def _decoder(message_type, on_failure):
     return decode
 
 
-def add_to_server(servicer: "KnowledgeTracingServicer", server: grpc.aio.Server) -> None:
-    """Register the service's methods with the gateway's safe decoding (see the module docstring)."""
+def add_to_server(servicer: "KnowledgeTracingServicer", server) -> None:
+    """Register the service's methods with the gateway's safe decoding (see the module docstring) on `server`
+    (a grpc.aio.Server, or serving/metrics' CountingRegistry in front of one), as registered methods."""
     handlers = {}
     for method in SERVICE.methods:
         request_type = getattr(pb, method.input_type.name)
@@ -75,6 +76,7 @@ def add_to_server(servicer: "KnowledgeTracingServicer", server: grpc.aio.Server)
             request_deserializer=_decoder(request_type, servicer.undecodable(method.name)),
             response_serializer=response_type.SerializeToString)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),))
+    server.add_registered_method_handlers(SERVICE.full_name, handlers)
 
 
 def learner_query(history: Sequence, candidates: Sequence, learner_id: str = "",

@@ -123,6 +123,29 @@ def test_metrics_count_every_code(gateway) -> None:
     assert 'grpc_server_started_total{grpc_method="Predict"' in text
 
 
+def test_metrics_count_health_checks_and_undecodable_bodies(gateway) -> None:
+    """grpc_server_* is counted by the handlers as registered (serving/metrics/grpc_calls.py), so the health
+    service's calls and a body refused before the servicer count too, each once."""
+    def handled(text: str, service: str, method: str, code: str) -> float:
+        prefix = (f'grpc_server_handled_total{{grpc_code="{code}",grpc_method="{method}",grpc_service="{service}",'
+                  'grpc_type="unary"}')
+        line = next((l for l in text.splitlines() if l.startswith(prefix)), None)
+        return float(line.rsplit(" ", 1)[1]) if line else 0.0
+    before = gateway[2].get("/metrics").text
+    for _ in range(3):
+        health_pb2_grpc.HealthStub(gateway[1]).Check(health_pb2.HealthCheckRequest(), timeout=5.0)
+    garbage = gateway[1].unary_unary(f"/{SERVICE_NAME}/Predict", request_serializer=None,
+                                      response_deserializer=None)
+    with pytest.raises(grpc.RpcError) as info:
+        garbage(b"\xff\xff\xff", timeout=5.0)
+    assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    after = gateway[2].get("/metrics").text
+    assert handled(after, "grpc.health.v1.Health", "Check", "OK") - handled(before, "grpc.health.v1.Health",
+                                                                               "Check", "OK") == 3
+    assert handled(after, SERVICE_NAME, "Predict", "INVALID_ARGUMENT") - handled(
+        before, SERVICE_NAME, "Predict", "INVALID_ARGUMENT") == 1
+
+
 def test_http_health_and_json_errors(gateway) -> None:
     http = gateway[2]
     assert http.get("/livez").status_code == 200

@@ -1,11 +1,11 @@
-"""serving/metrics/ (__init__.py, interceptor.py): the promised metric names and labels, one registry per test."""
+"""serving/metrics/ (__init__.py, grpc_calls.py): the promised metric names and labels, one registry per test."""
 from __future__ import annotations
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from serving.metrics import METRIC_NAMES, Metrics
-from serving.metrics.interceptor import split_method
+from serving.metrics.grpc_calls import split_method
 
 pytestmark = pytest.mark.unit
 
