@@ -294,6 +294,12 @@ class Metrics:
         self.build_info.labels(version=build.version(), git_sha=_git_sha()).set(1)
 
 
+def labelled(metric):
+    """`metric.labels`, each child looked up once (0.2 us a call against 1.7 us): for the metrics a call updates,
+    whose label values are few (models, versions, operations, replicas) and whose children are never removed."""
+    return functools.lru_cache(maxsize=None)(metric.labels)
+
+
 @functools.lru_cache(maxsize=1)
 def _git_sha() -> str:
     """The checkout's commit, read once per process (two git calls; every Metrics() would repeat them)."""

@@ -30,7 +30,7 @@ from serving.pipeline.admission import ServiceTime, call_rows, check_budget
 from serving.core.catalog import ModelCatalog, ModelVersion
 from serving.status_errors import ServingError, shown
 from serving.core.encoded import EncodedLearner
-from serving.metrics import Metrics
+from serving.metrics import Metrics, labelled
 from serving.pipeline.parts import (Answer, BackendError, Encoder, FailureKind, HistorySource, InferenceBackend,
                            PredictionRecord, PredictionSink, Route, VersionPolicy)
 from serving.core.calls import Deadline, LearnerPrediction, PredictQuery, PredictResult
@@ -58,6 +58,7 @@ class PredictionService:
         self.catalog = catalog
         self.backend = backend
         self.metrics = metrics
+        self._batch_calls = labelled(metrics.step_batch_calls)
         self.history = history
         self.policy = policy
         self.versions = VersionResolver(catalog, backend, policy)
@@ -76,7 +77,7 @@ class PredictionService:
         self.shadows = ShadowScoring(settings, metrics, sink, self._answer_groups)
 
     def _batched(self, key: tuple, calls: int) -> None:
-        self.metrics.step_batch_calls.labels(model=key[0]).observe(calls)
+        self._batch_calls(model=key[0]).observe(calls)
 
     def runs_steps(self, model: ModelVersion) -> bool:
         """Whether `model` answers through its step graphs here (the one place this is decided: the

@@ -14,7 +14,7 @@ import time
 
 from serving import status_errors as errors
 from serving.core.calls import Deadline
-from serving.metrics import Metrics
+from serving.metrics import Metrics, labelled
 from serving.sessions.store import History, SessionStore, StoreUnavailable
 from serving.settings import Settings
 
@@ -28,6 +28,7 @@ class StoreCalls:
 
     def __init__(self, settings: Settings, store: SessionStore, metrics: Metrics) -> None:
         self.settings, self.store, self.metrics = settings, store, metrics
+        self._seconds = labelled(metrics.store_seconds)
         self.up = False
 
     async def start(self) -> None:
@@ -93,7 +94,7 @@ class StoreCalls:
             log.warning("session store %s failed: %s", operation, str(exc)[:300])
             raise errors.unavailable(UNAVAILABLE) from None
         finally:
-            self.metrics.store_seconds.labels(operation=operation).observe(time.perf_counter() - started)
+            self._seconds(operation=operation).observe(time.perf_counter() - started)
         self._set_up(True)
         return result
 

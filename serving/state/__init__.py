@@ -13,7 +13,7 @@ exported with `--step-graphs` on a backend whose `steps()` says it runs them.
 from __future__ import annotations
 
 from serving.core.encoded import StepFeeds
-from serving.metrics import Metrics
+from serving.metrics import Metrics, labelled
 from serving.settings import Settings
 from serving.state.cache import StateCache
 from serving.state.learner_states import LearnerStates
@@ -31,5 +31,6 @@ def learner_states(settings: Settings, metrics: Metrics, encoder: StepFeeds) -> 
     cache = StateCache(int(settings.state_cache_mb * MIB),
                        on_evict=lambda model, count: metrics.state_evictions.labels(model=model).inc(count),
                        on_size=sized)
-    return LearnerStates(cache, encoder, on_lookup=lambda model, kind, result: metrics.state_lookups.labels(
+    lookups = labelled(metrics.state_lookups)
+    return LearnerStates(cache, encoder, on_lookup=lambda model, kind, result: lookups(
         model=model, key=kind, result=result).inc())

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from serving.metrics import METRIC_NAMES, Metrics
+from serving.metrics import METRIC_NAMES, Metrics, labelled
 from serving.metrics.grpc_calls import split_method
 
 pytestmark = pytest.mark.unit
@@ -63,3 +63,16 @@ def test_latency_buckets_suit_milliseconds() -> None:
 def test_split_method() -> None:
     assert split_method("/routerkt.v1.KnowledgeTracingService/Predict") == ("routerkt.v1.KnowledgeTracingService", "Predict")
     assert split_method("weird") == ("unknown", "weird")
+
+
+def test_labelled_children_are_the_metrics_own_and_looked_up_once() -> None:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    seconds = labelled(metrics.store_seconds)
+    first = seconds(operation="history")
+    assert seconds(operation="history") is first is metrics.store_seconds.labels(operation="history")
+    first.observe(0.002)
+    seconds(operation="history_since").observe(0.001)
+    assert registry.get_sample_value("routerkt_store_seconds_count", {"operation": "history"}) == 1
+    assert registry.get_sample_value("routerkt_store_seconds_count", {"operation": "history_since"}) == 1
+    assert seconds.cache_info().misses == 2 and seconds.cache_info().hits == 1

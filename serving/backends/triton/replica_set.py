@@ -45,7 +45,7 @@ import numpy as np
 from routerkt.contract.step_signature import KEEP_AS, STATE_REF
 from serving.backends.triton.backend import TritonInferenceBackend, tls_of
 from serving.core.catalog import ModelCatalog, ModelVersion
-from serving.metrics import Metrics
+from serving.metrics import Metrics, labelled
 from serving.pipeline.parts import BackendError, FailureKind, InferenceBackend
 from serving.settings import Settings
 from serving.backends.triton.triton_client import TritonClient, control_headers
@@ -112,6 +112,7 @@ class TritonReplicaBackend:
                  names: Sequence[str] | None = None) -> None:
         self.settings = settings
         self.metrics = metrics
+        self._inferences = labelled(metrics.triton_replica_inferences)
         if backends is None:
             urls = settings.triton_urls
             view = _ReplicaMetrics(metrics)
@@ -258,7 +259,7 @@ class TritonReplicaBackend:
 
     async def _send(self, replica: Replica, send: Callable[[InferenceBackend, float], Awaitable[T]],
                     timeout_s: float) -> T:
-        self.metrics.triton_replica_inferences.labels(replica=str(replica.index)).inc()
+        self._inferences(replica=str(replica.index)).inc()
         return await send(replica.backend, timeout_s)
 
     async def infer_outputs(self, model: ModelVersion, feeds: dict[str, np.ndarray], outputs: tuple[str, ...],
@@ -268,7 +269,7 @@ class TritonReplicaBackend:
         if replica is None:
             raise BackendError(FailureKind.UNAVAILABLE,
                                f"no Triton replica serves model {model.name} version {model.version} now")
-        self.metrics.triton_replica_inferences.labels(replica=str(replica.index)).inc()
+        self._inferences(replica=str(replica.index)).inc()
         return await replica.backend.infer_outputs(model, feeds, outputs, timeout_s)
 
     def steps(self, model: ModelVersion) -> bool:

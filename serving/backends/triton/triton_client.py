@@ -21,6 +21,7 @@ certificate takes a gateway restart, a renewed Triton certificate from the same 
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,7 @@ from tritonclient.utils import InferenceServerException
 
 from routerkt.contract.signature import Graph
 from routerkt.contract.step_signature import STATE_NOT_HELD
-from serving.metrics import Metrics
+from serving.metrics import Metrics, labelled
 from serving.pipeline.parts import BackendError, FailureKind
 from serving.security.triton_access import TRITON_KEY_HEADER, grpc_headers  # noqa: F401
 
@@ -124,6 +125,7 @@ class TritonClient:
                  tls: TritonTLS | None = None) -> None:
         self.url = url
         self.metrics = metrics
+        self._seconds = labelled(metrics.triton_seconds)
         self.headers = headers                     # sent on the repository index, load and unload
         self.tls = tls
         self._control = {"headers": headers} if headers else {}
@@ -199,7 +201,7 @@ class TritonClient:
         got = {}
         for tensor, data in zip(response.outputs, response.raw_output_contents):
             shape = tuple(tensor.shape)
-            if tensor.datatype != "FP32" or len(data) != 4 * int(np.prod(shape)):
+            if tensor.datatype != "FP32" or len(data) != 4 * math.prod(shape):
                 raise BackendError(FailureKind.FAILED, f"output {tensor.name} is not FP32 {list(shape)}")
             got[tensor.name] = np.frombuffer(data, dtype=np.float32).reshape(shape)
         rows = feeds[graph.inputs[0].name].shape[0]
@@ -218,7 +220,7 @@ class TritonClient:
         for tensor, data in zip(response.outputs, response.raw_output_contents):
             spec, shape = specs.get(tensor.name), tuple(tensor.shape)
             dtype = np.dtype(spec.dtype) if spec is not None else None
-            if dtype is None or tensor.datatype != spec.onnx_dtype or len(data) != dtype.itemsize * int(np.prod(shape)):
+            if dtype is None or tensor.datatype != spec.onnx_dtype or len(data) != dtype.itemsize * math.prod(shape):
                 raise BackendError(FailureKind.FAILED, f"output {tensor.name} is not {list(shape)} of the "
                                                        f"{graph.name} graph")
             array = np.frombuffer(data, dtype=dtype).reshape(shape)
@@ -240,7 +242,7 @@ class TritonClient:
             raise BackendError(classify_status(code, detail), f"{code}: {detail}") from None
         finally:
             if observe:
-                self.metrics.triton_seconds.labels(model=request.model_name, version=request.model_version).observe(
+                self._seconds(model=request.model_name, version=request.model_version).observe(
                     time.perf_counter() - started)
 
     async def model_states(self, timeout_s: float) -> dict[str, dict[int, str]] | None:
@@ -272,6 +274,6 @@ def _output(response: service_pb2.ModelInferResponse) -> np.ndarray | None:
     if len(response.outputs) != 1 or len(response.raw_output_contents) != 1 or response.outputs[0].datatype != "FP32":
         return None
     data, shape = response.raw_output_contents[0], tuple(response.outputs[0].shape)
-    if len(data) != 4 * int(np.prod(shape)):
+    if len(data) != 4 * math.prod(shape):
         return None
     return np.frombuffer(data, dtype=np.float32).reshape(shape)
