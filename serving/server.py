@@ -105,8 +105,9 @@ class GatewayServer:
             options=[("grpc.max_receive_message_length", settings.max_message_bytes),
                      ("grpc.max_send_message_length", settings.max_message_bytes),
                      ("grpc.so_reuseport", 0)])
-        add_to_server(KnowledgeTracingServicer(self.endpoints), metrics.counting(self.grpc))
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, metrics.counting(self.grpc))
+        counting = metrics.counting(self.grpc)            # registers each service's unary calls counted
+        add_to_server(KnowledgeTracingServicer(self.endpoints), counting)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, counting)
         reflection.enable_server_reflection(
             (pb.DESCRIPTOR.services_by_name["KnowledgeTracingService"].full_name,
              health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), self.grpc)

@@ -7,6 +7,7 @@ one, grpc.aio awaits the interceptor chain on every call, and the gateway spent 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from typing import Any, Protocol, Sequence
 
@@ -76,14 +77,8 @@ def counted(handler: Any, full_method: str, metrics: GrpcCallMetrics) -> Any:
     inner = handler.unary_unary
     started_total = metrics.grpc_started.labels(**labels)
     seconds = metrics.grpc_handling_seconds.labels(**labels)
-    handled_family = metrics.grpc_handled
-    handled: dict[Any, Any] = {}
-
-    def count(code: Any) -> None:
-        child = handled.get(code)
-        if child is None:
-            child = handled[code] = handled_family.labels(**labels, grpc_code=_code_name(code))
-        child.inc()
+    handled = functools.lru_cache(maxsize=None)(
+        lambda code: metrics.grpc_handled.labels(**labels, grpc_code=_code_name(code)))  # a child per final code
 
     async def observed(request: Any, context: grpc.aio.ServicerContext) -> Any:
         started_total.inc()
@@ -102,7 +97,7 @@ def counted(handler: Any, full_method: str, metrics: GrpcCallMetrics) -> Any:
             code = context.code() or grpc.StatusCode.UNKNOWN     # abort() sets the code first
             raise
         finally:
-            count(code)
+            handled(code).inc()
             seconds.observe(time.perf_counter() - started)
 
     return grpc.unary_unary_rpc_method_handler(
