@@ -112,8 +112,10 @@ def test_reflection_lists_the_services(gateway) -> None:
 
 
 def test_metrics_count_every_code(gateway) -> None:
-    call_error(stub(gateway).Predict, valid_request(model=""))
-    call_error(stub(gateway).Predict, valid_request(model="unknown-model"))
+    """Each code from a call of this test's own (no other test's calls needed: it passes alone)."""
+    assert call_error(stub(gateway).Predict, valid_request(model="")).code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert call_error(stub(gateway).Predict, valid_request(model="unknown-model")).code() is grpc.StatusCode.NOT_FOUND
+    assert call_error(stub(gateway).Predict, valid_request()).code() is grpc.StatusCode.UNAVAILABLE
     text = gateway[2].get("/metrics").text
     for code in ("INVALID_ARGUMENT", "NOT_FOUND", "UNAVAILABLE"):
         assert (f'grpc_server_handled_total{{grpc_code="{code}",grpc_method="Predict",'
