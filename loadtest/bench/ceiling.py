@@ -14,6 +14,10 @@ backend: by-id / ceiling (the fraction of the ceiling), by-id / stateless, the l
 backend step call (routerkt_step_batch_calls: step batching). Last, the session
 pattern (each call a Predict by learner_id, then the Observe of that answer) at 8 callers on every gateway
 and the do-nothing server, rounds interleaved. Writes OUT/ceiling.json and prints the tables.
+
+`--gateways N` (N > 1): N gateways per backend, each with its own SQLite store, and N do-nothing servers; the
+client reaches them through serving/client.py's LearnerRouter (a learner's calls go to its owner by consistent
+hashing, a stateless call to its first candidate's), every arm alike. A server's CPU is the sum over its N.
 """
 from __future__ import annotations
 
@@ -53,48 +57,66 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seconds", type=float, default=2.0, help="length of each phase")
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds per caller count")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gateways", type=int, default=1,
+                   help="gateways per backend and do-nothing servers, the client routing learners among them")
     p.add_argument("--serve-config", type=Path, default=None, metavar="TOML",
                    help="a `routerkt serve --config` file every gateway starts with (e.g. step_batch_rows = 1)")
 
 
+def _client(addresses: list[str], stack: ExitStack):
+    """call(method, request, timeout) on one server (a plain stub) or, with several, through a LearnerRouter."""
+    import grpc
+
+    from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
+    from serving.client import LearnerRouter
+    if len(addresses) > 1:
+        return stack.enter_context(LearnerRouter(addresses)).call
+    stub = pb_grpc.KnowledgeTracingServiceStub(stack.enter_context(grpc.insecure_channel(addresses[0])))
+    return lambda method, request, timeout: getattr(stub, method)(request, timeout=timeout)
+
+
 class Targets:
-    """The gateways and the do-nothing server, their stubs, pids and the stored learners."""
+    """The gateways and the do-nothing servers, their clients, pids and the stored learners."""
 
     def __init__(self, args: argparse.Namespace, stack: ExitStack) -> None:
         import grpc
 
         from serving.api import knowledge_tracing_pb2 as pb
-        from serving.api import knowledge_tracing_pb2_grpc as pb_grpc
         self.pb, self.args, self.rng = pb, args, random.Random(args.seed)
         self.vocabulary = load_vocabulary(args.repository, args.model)
         self.backends = [b for b in args.backends.split(",") if b]
         if not self.backends or set(self.backends) - set(BACKENDS):
             raise UserError(f"--backends: one or more of {', '.join(BACKENDS)}")
-        self.stubs, self.pids, self.gateways = {}, {}, {}
+        self.clients, self.pids, self.gateways = {}, {}, {}
         triton = None
         for backend in self.backends:
-            folder = args.out / f"gateway-{backend}"
-            for old in folder.glob("sessions.sqlite3*"):
-                old.unlink()
             flags = list(BACKENDS[backend])
             if "triton" in flags:
                 triton = triton or start_triton(stack, args.repository.resolve(), args.out).grpc_url
                 flags += ["--triton-url", triton]
-            gateway = GatewayProcess(args.repository.resolve(), folder, [
-                *flags, "--store", f"sqlite:///{folder / 'sessions.sqlite3'}", "--no-track-outcomes",
-                *(["--config", str(args.serve_config.resolve())] if args.serve_config else [])]).start()
-            stack.callback(gateway.stop)
-            self.gateways[backend] = gateway.wait_serving()
-            self.pids[backend] = gateway.process.pid
-            self.stubs[backend] = pb_grpc.KnowledgeTracingServiceStub(
-                stack.enter_context(grpc.insecure_channel(gateway.address)))
-        port = free_port()
-        null = subprocess.Popen([sys.executable, "-m", "loadtest.null_server", "--port", str(port)],
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        stack.callback(lambda: (null.terminate(), null.wait(10)))
-        channel = stack.enter_context(grpc.insecure_channel(f"127.0.0.1:{port}"))
-        grpc.channel_ready_future(channel).result(timeout=30)
-        self.stubs["ceiling"], self.pids["ceiling"] = pb_grpc.KnowledgeTracingServiceStub(channel), null.pid
+            self.gateways[backend] = []
+            for k in range(args.gateways):
+                folder = args.out / (f"gateway-{backend}" + (f"-{k}" if args.gateways > 1 else ""))
+                for old in folder.glob("sessions.sqlite3*"):
+                    old.unlink()
+                gateway = GatewayProcess(args.repository.resolve(), folder, [
+                    *flags, "--store", f"sqlite:///{folder / 'sessions.sqlite3'}", "--no-track-outcomes",
+                    *(["--config", str(args.serve_config.resolve())] if args.serve_config else [])]).start()
+                stack.callback(gateway.stop)
+                self.gateways[backend].append(gateway.wait_serving())
+            self.pids[backend] = [g.process.pid for g in self.gateways[backend]]
+            self.clients[backend] = _client([g.address for g in self.gateways[backend]], stack)
+        addresses, self.pids["ceiling"] = [], []
+        for _ in range(args.gateways):
+            port = free_port()
+            null = subprocess.Popen([sys.executable, "-m", "loadtest.null_server", "--port", str(port)],
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            stack.callback(lambda null=null: (null.terminate(), null.wait(10)))
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+                grpc.channel_ready_future(channel).result(timeout=30)
+            addresses.append(f"127.0.0.1:{port}")
+            self.pids["ceiling"].append(null.pid)
+        self.clients["ceiling"] = _client(addresses, stack)
         self.histories: dict[str, list[tuple[int, int]]] = {}
         self.sent = itertools.count()
 
@@ -109,9 +131,9 @@ class Targets:
             for backend in self.backends:
                 self.observe(backend, name, self.histories[name])
                 candidates = [pb.Candidate(question_id=q) for q in self.rng.sample(self.vocabulary.questions, 3)]
-                by_id = self.stubs[backend].Predict(pb.PredictRequest(
-                    model=self.vocabulary.model, learner_id=name, candidates=candidates), timeout=60)
-                sent = self.stubs[backend].Predict(self.request(name, candidates, sent=True), timeout=60)
+                by_id = self.clients[backend]("Predict", pb.PredictRequest(
+                    model=self.vocabulary.model, learner_id=name, candidates=candidates), 60)
+                sent = self.clients[backend]("Predict", self.request(name, candidates, sent=True), 60)
                 gap = max(gap, float(np.abs(np.asarray(by_id.probabilities) - np.asarray(sent.probabilities)).max()))
         return gap
 
@@ -120,7 +142,7 @@ class Targets:
         for start in range(0, len(items), 100):
             events = [pb.Event(event_id=f"{name}-{next(self.sent)}", question_id=q, correct=c)
                       for q, c in items[start:start + 100]]
-            self.stubs[target].Observe(pb.ObserveRequest(learner_id=name, events=events), timeout=60)
+            self.clients[target]("Observe", pb.ObserveRequest(learner_id=name, events=events), 60)
 
     def request(self, name: str, candidates, sent: bool):
         pb = self.pb
@@ -129,10 +151,11 @@ class Targets:
                                  learner_id="" if sent else name)
 
     def lookups(self, backend: str) -> dict[str, float]:
-        """The gateway's learner lookups by result, and its step batching (step calls, backend calls)."""
-        gateway = self.gateways[backend]
-        return {**{r: gateway.metric("routerkt_state_lookups_total", key="learner", result=r) for r in LOOKUPS},
-                **{part: gateway.metric(f"routerkt_step_batch_calls_{part}") for part in BATCHING}}
+        """The gateways' learner lookups by result, and their step batching (step calls, backend calls)."""
+        gateways = self.gateways[backend]
+        return {**{r: sum(g.metric("routerkt_state_lookups_total", key="learner", result=r) for g in gateways)
+                   for r in LOOKUPS},
+                **{part: sum(g.metric(f"routerkt_step_batch_calls_{part}") for g in gateways) for part in BATCHING}}
 
 
 def _rng(local: threading.local) -> random.Random:
@@ -146,13 +169,13 @@ def _phase(targets: Targets, target: str, call, callers: int, seconds: float, me
     """One timed phase of `call` on `target`, added to merged[target]."""
     server = target.split(":")[0]
     print(f"{target}: {callers} callers, {seconds:g}s", file=sys.stderr, flush=True)
-    cpu = process_cpu_s(targets.pids[server])
+    cpu = sum(process_cpu_s(pid) for pid in targets.pids[server])
     latencies, failures, wall = run_phase(call, callers, seconds)
     row = merged.setdefault(target, {"latencies": [], "failures": 0, "seconds": 0.0, "cpu_s": 0.0})
     row["latencies"] += latencies
     row["failures"] += len(failures)
     row["seconds"] += wall
-    row["cpu_s"] += process_cpu_s(targets.pids[server]) - cpu
+    row["cpu_s"] += sum(process_cpu_s(pid) for pid in targets.pids[server]) - cpu
 
 
 def _summary(row: dict) -> dict:
@@ -177,8 +200,8 @@ def _predicts(targets: Targets, callers: int) -> dict:
             def call(server=server, mode=mode) -> None:
                 rng = _rng(local)
                 candidates = [pb.Candidate(question_id=rng.choice(questions))]
-                targets.stubs[server].Predict(targets.request(rng.choice(names), candidates, mode == "sent"),
-                                              timeout=60)
+                targets.clients[server]("Predict", targets.request(rng.choice(names), candidates, mode == "sent"),
+                                        60)
             _phase(targets, target, call, callers, targets.args.seconds, merged)
     return _report(targets, merged, before)
 
@@ -195,12 +218,12 @@ def _sessions(targets: Targets, callers: int = 8) -> dict:
             def call(server=server) -> None:
                 rng = _rng(local)
                 name, question = rng.choice(names), rng.choice(questions)
-                stub = targets.stubs[server]
-                stub.Predict(pb.PredictRequest(model=targets.vocabulary.model, learner_id=name,
-                                               candidates=[pb.Candidate(question_id=question)]), timeout=60)
-                stub.Observe(pb.ObserveRequest(learner_id=name, events=[pb.Event(
+                client = targets.clients[server]
+                client("Predict", pb.PredictRequest(model=targets.vocabulary.model, learner_id=name,
+                                                    candidates=[pb.Candidate(question_id=question)]), 60)
+                client("Observe", pb.ObserveRequest(learner_id=name, events=[pb.Event(
                     event_id=f"s-{name}-{next(targets.sent)}", question_id=question, correct=rng.randint(0, 1))]),
-                    timeout=60)
+                    60)
             _phase(targets, server, call, callers, targets.args.seconds, merged)
     return _report(targets, merged, before)
 
@@ -247,14 +270,15 @@ def _per_call(batching: dict) -> str:
 
 def run(args: argparse.Namespace) -> int:
     callers = [int(c) for c in args.callers.split(",") if c]
-    if not callers or min(callers) < 1 or args.learners < 1 or args.history < 0 or args.rounds < 1:
-        raise UserError("--callers, --learners, --rounds must be >= 1 and --history >= 0")
+    if (not callers or min(callers) < 1 or args.learners < 1 or args.history < 0 or args.rounds < 1
+            or args.gateways < 1):
+        raise UserError("--callers, --learners, --rounds, --gateways must be >= 1 and --history >= 0")
     args.out.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
         stop_children_on_sigterm(stack)
         targets = Targets(args, stack)
         gap = targets.store()
-        report = {"backends": targets.backends, "history": args.history, "learners": args.learners,
+        report = {"backends": targets.backends, "gateways": args.gateways, "history": args.history, "learners": args.learners,
                   "seconds": args.seconds, "rounds": args.rounds, "max_abs_diff": gap,
                   "predict": {str(c): _predicts(targets, c) for c in callers}, "sessions": _sessions(targets)}
     atomic_write_json(args.out / "ceiling.json", report)
