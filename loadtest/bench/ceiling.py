@@ -75,12 +75,26 @@ def _client(addresses: list[str], stack: ExitStack):
     return lambda method, request, timeout: getattr(stub, method)(request, timeout=timeout)
 
 
+def _null_servers(n: int, stack: ExitStack) -> tuple[list[str], list[int]]:
+    """`n` do-nothing servers (loadtest/null_server.py) serving, stopped with `stack`: their addresses and pids."""
+    import grpc
+    addresses, pids = [], []
+    for _ in range(n):
+        port = free_port()
+        null = subprocess.Popen([sys.executable, "-m", "loadtest.null_server", "--port", str(port)],
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        stack.callback(lambda null=null: (null.terminate(), null.wait(10)))
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            grpc.channel_ready_future(channel).result(timeout=30)
+        addresses.append(f"127.0.0.1:{port}")
+        pids.append(null.pid)
+    return addresses, pids
+
+
 class Targets:
     """The gateways and the do-nothing servers, their clients, pids and the stored learners."""
 
     def __init__(self, args: argparse.Namespace, stack: ExitStack) -> None:
-        import grpc
-
         from serving.api import knowledge_tracing_pb2 as pb
         self.pb, self.args, self.rng = pb, args, random.Random(args.seed)
         self.vocabulary = load_vocabulary(args.repository, args.model)
@@ -106,16 +120,7 @@ class Targets:
                 self.gateways[backend].append(gateway.wait_serving())
             self.pids[backend] = [g.process.pid for g in self.gateways[backend]]
             self.clients[backend] = _client([g.address for g in self.gateways[backend]], stack)
-        addresses, self.pids["ceiling"] = [], []
-        for _ in range(args.gateways):
-            port = free_port()
-            null = subprocess.Popen([sys.executable, "-m", "loadtest.null_server", "--port", str(port)],
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
-            stack.callback(lambda null=null: (null.terminate(), null.wait(10)))
-            with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-                grpc.channel_ready_future(channel).result(timeout=30)
-            addresses.append(f"127.0.0.1:{port}")
-            self.pids["ceiling"].append(null.pid)
+        addresses, self.pids["ceiling"] = _null_servers(args.gateways, stack)
         self.clients["ceiling"] = _client(addresses, stack)
         self.histories: dict[str, list[tuple[int, int]]] = {}
         self.sent = itertools.count()
